@@ -1,0 +1,1 @@
+"""Node health: collect, parse, check, verdict."""

@@ -1,0 +1,1 @@
+"""Job planning, sbatch rendering and submission."""

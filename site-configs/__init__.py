@@ -1,0 +1,1 @@
+"""Sample site configurations shipped with trainctl (package data)."""

@@ -1,0 +1,74 @@
+"""Typed errors for the whole library, and the exit codes the CLI maps them to.
+
+Library code raises these with the context a user needs (file, key, command, node);
+`trainctl.cli.main` is the one place that turns them into a line on stderr and an
+exit code. Exit codes, documented in the README:
+
+    0  ok                     1  warning (health)         2  failure (health) or bad input
+    3  unknown (health)       4  an external command or service failed
+    70 internal error         130 interrupted (Ctrl-C)
+"""
+
+EXIT_OK = 0
+EXIT_WARN = 1
+EXIT_FAIL = 2
+EXIT_USAGE = 2
+EXIT_UNKNOWN = 3
+EXIT_EXTERNAL = 4
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+
+class TrainctlError(Exception):
+    """Base of every error trainctl raises on purpose; `str()` is the one-line message."""
+
+    exit_code = EXIT_EXTERNAL
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} ({self.hint})"
+
+
+class UsageError(TrainctlError):
+    """The user asked for something that cannot be done as asked (bad option, bad file)."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """A site config is missing, malformed, or has unknown or mistyped keys."""
+
+
+class ParseError(TrainctlError):
+    """A recorded command output is not in a format the parser knows, or is truncated."""
+
+    exit_code = EXIT_UNKNOWN
+
+    def __init__(self, message: str, *, source: str = "<text>", line: int | None = None,
+                 hint: str | None = None):
+        where = source if line is None else f"{source}:{line}"
+        super().__init__(f"{where}: {message}", hint=hint)
+        self.source = source
+        self.line = line
+
+
+class ExternalCommandError(TrainctlError):
+    """A command trainctl ran (sbatch, scontrol, ssh, ip ...) failed, timed out or is missing."""
+
+    exit_code = EXIT_EXTERNAL
+
+
+class PrivilegeError(TrainctlError):
+    """The operation needs rights this user lacks (root, Slurm operator)."""
+
+    exit_code = EXIT_USAGE
+
+
+class CommandLoadError(TrainctlError):
+    """A subcommand's module failed to import: a bug or a broken install, never 'no such command'."""
+
+    exit_code = EXIT_INTERNAL
