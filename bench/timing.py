@@ -1,0 +1,54 @@
+"""Side-by-side timing for benchmarks on a shared, noisy machine.
+
+Commands are run in interleaved rounds (each round runs every command once, in a
+shuffled order), so a burst of load from a neighbour hits all of them alike; we report
+medians and ratios to a named floor, never absolute targets.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import subprocess
+import time
+
+
+def time_once(argv: list[str], env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env,
+                   timeout=120)
+    return time.perf_counter() - start
+
+
+def interleaved_medians(commands: dict[str, list[str]], rounds: int, warmup: int = 2,
+                        env: dict[str, str] | None = None) -> dict[str, float]:
+    """Median wall time in seconds of each named command over `rounds` interleaved rounds."""
+    for _ in range(warmup):  # page cache, .pyc files
+        for argv in commands.values():
+            time_once(argv, env)
+    samples: dict[str, list[float]] = {name: [] for name in commands}
+    rng = random.Random(0)
+    for _ in range(rounds):
+        order = list(commands)
+        rng.shuffle(order)
+        for name in order:
+            samples[name].append(time_once(commands[name], env))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def print_table(medians: dict[str, float], floor: str, targets: dict[str, float]) -> bool:
+    """Print medians and ratios to `floor`; return whether every row in `targets` meets its ratio."""
+    base = medians[floor]
+    all_met = True
+    print(f"{'command':<44} {'median ms':>10} {'ratio':>7}  target")
+    for name, value in medians.items():
+        ratio = value / base
+        target = targets.get(name)
+        note = ""
+        if target is not None:
+            met = ratio <= target
+            all_met &= met
+            note = f"<= {target} {'met' if met else 'MISSED'}"
+        print(f"{name:<44} {value * 1e3:>10.1f} {ratio:>7.2f}  {note}")
+    print(f"(ratio = median / median of {floor!r})")
+    return all_met
