@@ -21,6 +21,8 @@ from trainctl.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, Comman
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "dev-cluster": ("trainctl.devcluster.cli", "dev_cluster",
                     "Start, inspect and stop the local demo Slurm cluster (needs root)."),
+    "health": ("trainctl.health.cli", "health",
+               "Node health: collect a snapshot, check it, list the checks."),
 }
 
 

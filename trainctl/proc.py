@@ -38,7 +38,7 @@ class ProcResult:
         """One line saying why this command did not succeed."""
         name = self.argv[0]
         if self.missing:
-            return f"{name}: command not found"
+            return self.stderr  # names the binary and the PATH searched
         if self.timed_out:
             return f"{name}: timed out after {self.timeout_s:g} s"
         tail = self.stderr.strip().splitlines()[-1:] or self.stdout.strip().splitlines()[-1:]

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: staging real recorded outputs as a node's commands."""
