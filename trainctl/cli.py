@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                     "Start, inspect and stop the local demo Slurm cluster (needs root)."),
     "health": ("trainctl.health.cli", "health",
                "Node health: collect a snapshot, check it, list the checks."),
+    "site": ("trainctl.launcher.site_cli", "site",
+             "Site configs: list them, show what one sets and where each value came from."),
 }
 
 
