@@ -100,7 +100,9 @@ class LoadedSite:
     explicit_keys: frozenset[str]  # dotted key paths set in the file; the rest are defaults
 
     def source_of(self, key_path: str) -> str:
-        return str(self.path) if key_path in self.explicit_keys else "default"
+        from_file = key_path in self.explicit_keys or any(
+            key.startswith(key_path + ".") for key in self.explicit_keys)
+        return str(self.path) if from_file else "default"
 
 
 def site_dirs(environ: typing.Mapping[str, str] = os.environ, cwd: Path | None = None) -> list[Path]:

@@ -108,6 +108,9 @@ def test_provenance_tells_file_from_default(tmp_path):
     loaded = load_site(str(write_site(tmp_path, text)))
     assert loaded.source_of("slurm.qos") == "default"
     assert loaded.source_of("slurm.account") == str(tmp_path / "bad.toml")
+    dgx = load_site("dgx-h100", dirs=[BUILTIN_SITE_DIR])
+    assert dgx.source_of("probes") == str(BUILTIN_SITE_DIR / "dgx-h100.toml")
+    assert load_site("local-demo", dirs=[BUILTIN_SITE_DIR]).source_of("probes") == "default"
 
 
 def run_cli(*args, cwd=None):
