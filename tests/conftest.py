@@ -1,0 +1,31 @@
+"""Shared fixtures. `devcluster`: the real 4-node Slurm test cluster (tests marked `cluster`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from trainctl.devcluster.cluster import ClusterSpec, DevCluster, missing_prerequisites
+
+# Another test session on this machine may hold the cluster: wait for it rather than
+# rebuilding the cluster under its feet.
+DEVCLUSTER_LOCK_WAIT_S = 300.0
+
+
+@pytest.fixture(scope="session")
+def devcluster() -> Iterator[DevCluster]:
+    """A running 4-node cluster (node1 MTU 1500, node2-4 MTU 9000, 8 fake GPUs each).
+
+    Shared by the whole session: a test that changes it (rate, MTU, drain, files in a
+    node_bin_dir) restores it. Torn down at session end, also after failures and Ctrl-C.
+    """
+    problems = missing_prerequisites()
+    if problems:
+        pytest.skip("dev cluster unavailable: " + "; ".join(problems))
+    cluster = DevCluster(ClusterSpec())
+    cluster.up(lock_wait_s=DEVCLUSTER_LOCK_WAIT_S)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
