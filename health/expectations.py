@@ -1,0 +1,53 @@
+"""What a site expects of a node. Every default means "no expectation".
+
+With no expectations a check still flags what is wrong on its face (an inactive link,
+a Down port, mixed rates, uncorrectable ECC); an expectation adds the comparison
+against the site's hardware. The site-config loader fills this in from TOML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeExpectations:
+    # GPUs. gpus=0 says the node has none: GPU and NVLink checks are skipped.
+    gpus: int | None = None
+    gpu_model: str | None = None            # a substring of the product name: "H100 80GB HBM3"
+    persistence_mode: bool | None = None    # True: every GPU must have persistence mode on
+    max_retired_pages: int | None = None    # per GPU, single + double bit
+    # NVLink. nvlink=False says the GPUs have none (PCIe cards): NVLink checks are skipped.
+    nvlink: bool | None = None
+    nvlink_type: str | None = None          # every GPU pair in topo -m: "NV18"
+    nvlink_links_per_gpu: int | None = None
+    nvlink_speed_gbps: float | None = None  # per link, as nvlink -s prints it (GB/s)
+    # InfiniBand / RoCE. ib_ports=() says the node has none: fabric port checks are skipped.
+    ib_ports: tuple[str, ...] | None = None     # "mlx5_0" (port 1) or "mlx5_0:2"
+    ib_rate_gbps: float | None = None
+    ib_link_layer: str | None = None        # "InfiniBand" or "Ethernet"
+    ib_mtu: int | None = None               # active MTU from ibv_devinfo, bytes: 4096
+    # Ethernet / IP interfaces that carry data, and their MTU (9000 for jumbo frames).
+    data_interfaces: tuple[str, ...] | None = None
+    netdev_mtu: int | None = None
+    # Topology: each GPU should have a NIC closer than SYS (a rail-optimised node).
+    nic_per_gpu: bool = False
+    # Kernel log: count Xid events of the last N hours; None counts everything since boot.
+    xid_window_hours: float | None = None
+    # Host.
+    min_available_memory_gib: float | None = None
+    min_shm_gib: float | None = None
+    min_free_disk_gib: dict[str, float] = field(default_factory=dict)   # path -> GiB
+    max_defunct_processes: int | None = None
+    max_load_per_cpu: float | None = None
+    numa_nodes: int | None = None
+
+    def lacks(self, hardware: str) -> bool:
+        """True where the site says this node has no such hardware, so its checks skip."""
+        if hardware == "gpu":
+            return self.gpus == 0
+        if hardware == "nvlink":
+            return self.gpus == 0 or self.nvlink is False
+        if hardware == "ib":
+            return self.ib_ports == ()
+        raise ValueError(f"unknown hardware kind {hardware!r}")

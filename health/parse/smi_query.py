@@ -1,0 +1,365 @@
+"""`nvidia-smi -q -x` (XML) and `nvidia-smi -q` (text): the per-GPU health fields.
+
+Both forms become the same `SmiQuery`. Only the fields the checks judge are kept;
+a field the driver does not report (older DTD, `-q -d SECTION`, "N/A") is None.
+XML tag names differ between DTD versions (v11 `clocks_throttle_reasons`, v12
+`clocks_event_reasons`); both are read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from xml.parsers import expat
+
+from trainctl.errors import ParseError
+from trainctl.health.parse.common import to_int
+
+XML_SOURCE = "nvidia-smi -q -x"
+TEXT_SOURCE = "nvidia-smi -q"
+
+# Clock event (throttle) reasons, by their text-form names -> one canonical name each.
+_TEXT_CLOCK_REASONS = {
+    "Idle": "gpu_idle",
+    "Applications Clocks Setting": "applications_clocks_setting",
+    "SW Power Cap": "sw_power_cap",
+    "HW Slowdown": "hw_slowdown",
+    "HW Thermal Slowdown": "hw_thermal_slowdown",
+    "HW Power Brake Slowdown": "hw_power_brake_slowdown",
+    "Sync Boost": "sync_boost",
+    "SW Thermal Slowdown": "sw_thermal_slowdown",
+    "Display Clock Setting": "display_clocks_setting",
+}
+_XML_CLOCK_SECTIONS = {"clocks_event_reasons": "clocks_event_reason_",
+                       "clocks_throttle_reasons": "clocks_throttle_reason_"}
+_TEXT_CLOCK_SECTIONS = ("Clocks Event Reasons", "Clocks Throttle Reasons")
+_PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]")
+_TEXT_BANNER = "==============NVSMI LOG=============="
+_TEXT_LINE = re.compile(r"(?P<key>\S.*?)\s+: ?(?P<value>.*)")
+
+
+@dataclass(frozen=True)
+class GpuQuery:
+    index: int                      # position in the output: nvidia-smi's index order
+    pci_bus_id: str                 # as printed, "00000000:9B:00.0"
+    product_name: str | None = None
+    uuid: str | None = None
+    persistence_mode: str | None = None     # "Enabled" / "Disabled"
+    mig_mode: str | None = None
+    ecc_mode: str | None = None
+    ecc_uncorrectable_volatile: int | None = None   # all SRAM + DRAM uncorrectable counters
+    ecc_uncorrectable_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    reset_required: bool | None = None
+    drain_and_reset_recommended: bool | None = None
+    recovery_action: str | None = None      # text -q of new drivers: "None" when healthy
+    clock_events_active: tuple[str, ...] = ()
+    fabric_state: str | None = None         # NVSwitch systems: "Completed" when ready
+    fabric_status: str | None = None
+
+
+@dataclass(frozen=True)
+class SmiQuery:
+    driver_version: str | None
+    attached_gpus: int | None
+    gpus: tuple[GpuQuery, ...]
+
+
+# --- XML ---------------------------------------------------------------------------------
+
+@dataclass
+class _Node:
+    tag: str
+    attrs: dict[str, str]
+    line: int
+    parts: list[str] = field(default_factory=list)
+    children: list["_Node"] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts).strip()
+
+    def find(self, path: str) -> "_Node | None":
+        node = self
+        for tag in path.split("/"):
+            node = next((c for c in node.children if c.tag == tag), None)
+            if node is None:
+                return None
+        return node
+
+
+def parse_smi_xml(text: str, *, source: str = XML_SOURCE) -> SmiQuery:
+    root = _xml_tree(text, source)
+    if root.tag != "nvidia_smi_log":
+        raise ParseError(f"root element is <{root.tag}>, not <nvidia_smi_log>", source=source,
+                         line=root.line)
+    reader = _XmlReader(source)
+    gpus = tuple(reader.gpu(i, node) for i, node in
+                 enumerate(c for c in root.children if c.tag == "gpu"))
+    attached = root.find("attached_gpus")
+    return SmiQuery(driver_version=reader.text(root, "driver_version"),
+                    attached_gpus=None if attached is None else
+                    to_int(attached.text, what="attached_gpus", source=source, line=attached.line),
+                    gpus=gpus)
+
+
+def _xml_tree(text: str, source: str) -> _Node:
+    """The element tree with line numbers (ElementTree keeps none), via expat."""
+    parser = expat.ParserCreate()
+    stack: list[_Node] = []
+    roots: list[_Node] = []
+
+    def start(tag: str, attrs: dict[str, str]) -> None:
+        node = _Node(tag, attrs, parser.CurrentLineNumber)
+        (stack[-1].children if stack else roots).append(node)
+        stack.append(node)
+
+    def end(tag: str) -> None:
+        stack.pop()
+
+    def characters(data: str) -> None:
+        if stack:
+            stack[-1].parts.append(data)
+
+    parser.StartElementHandler = start
+    parser.EndElementHandler = end
+    parser.CharacterDataHandler = characters
+    try:
+        parser.Parse(text, True)
+    except expat.ExpatError as exc:
+        raise ParseError(f"malformed XML: {expat.ErrorString(exc.code)}", source=source,
+                         line=exc.lineno) from None
+    return roots[0]
+
+
+class _XmlReader:
+    """Typed field reads off `<gpu>` elements; a bad value is a ParseError at its line."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def text(self, node: _Node, path: str) -> str | None:
+        found = node.find(path)
+        return None if found is None or found.text in ("", "N/A") else found.text
+
+    def count(self, node: _Node, path: str) -> int | None:
+        found = node.find(path)
+        if found is None or found.text in ("", "N/A"):
+            return None
+        return to_int(found.text, what=path, source=self.source, line=found.line)
+
+    def yes_no(self, node: _Node, path: str) -> bool | None:
+        found = node.find(path)
+        return None if found is None else _yes_no(found.text, path, self.source, found.line)
+
+    def uncorrectable(self, node: _Node, path: str) -> int | None:
+        section = node.find(path)
+        if section is None:
+            return None
+        counts = [self.count(section, c.tag) for c in section.children if "uncorrectable" in c.tag]
+        return _sum_known(counts)
+
+    def clock_events(self, gpu: _Node) -> tuple[str, ...]:
+        active = []
+        for section_tag, prefix in _XML_CLOCK_SECTIONS.items():
+            section = gpu.find(section_tag)
+            for reason in section.children if section is not None else ():
+                if _active(reason.text, reason.tag, self.source, reason.line):
+                    active.append(reason.tag.removeprefix(prefix))
+        return tuple(active)
+
+    def gpu(self, index: int, gpu: _Node) -> GpuQuery:
+        bus_id = gpu.attrs.get("id") or self.text(gpu, "pci/pci_bus_id")
+        if not bus_id or not _PCI_BUS_ID.fullmatch(bus_id):
+            raise ParseError(f"<gpu> without a PCI bus id: {bus_id!r}", source=self.source,
+                             line=gpu.line)
+        return GpuQuery(
+            index=index, pci_bus_id=bus_id,
+            product_name=self.text(gpu, "product_name"), uuid=self.text(gpu, "uuid"),
+            persistence_mode=self.text(gpu, "persistence_mode"),
+            mig_mode=self.text(gpu, "mig_mode/current_mig"),
+            ecc_mode=self.text(gpu, "ecc_mode/current_ecc"),
+            ecc_uncorrectable_volatile=self.uncorrectable(gpu, "ecc_errors/volatile"),
+            ecc_uncorrectable_aggregate=self.uncorrectable(gpu, "ecc_errors/aggregate"),
+            retired_pages_sbe=self.count(gpu, "retired_pages/multiple_single_bit_retirement/retired_count"),
+            retired_pages_dbe=self.count(gpu, "retired_pages/double_bit_retirement/retired_count"),
+            retired_pages_pending=_any_true(self.yes_no(gpu, "retired_pages/pending_blacklist"),
+                                            self.yes_no(gpu, "retired_pages/pending_retirement")),
+            remapped_rows_uncorrectable=self.count(gpu, "remapped_rows/remapped_row_unc"),
+            remapped_rows_pending=self.yes_no(gpu, "remapped_rows/remapped_row_pending"),
+            remapped_rows_failure=self.yes_no(gpu, "remapped_rows/remapped_row_failure"),
+            reset_required=self.yes_no(gpu, "gpu_reset_status/reset_required"),
+            drain_and_reset_recommended=self.yes_no(gpu, "gpu_reset_status/drain_and_reset_recommended"),
+            clock_events_active=self.clock_events(gpu),
+            fabric_state=self.text(gpu, "fabric/state"), fabric_status=self.text(gpu, "fabric/status"))
+
+
+# --- text --------------------------------------------------------------------------------
+
+@dataclass
+class _Entry:
+    key: str
+    value: str | None
+    line: int
+    children: list["_Entry"] = field(default_factory=list)
+
+    def find(self, path: str) -> "_Entry | None":
+        entry = self
+        for key in path.split("/"):
+            entry = next((c for c in entry.children if c.key == key), None)
+            if entry is None:
+                return None
+        return entry
+
+
+def parse_smi_text(text: str, *, source: str = TEXT_SOURCE) -> SmiQuery:
+    top = _text_tree(text, source)
+    reader = _TextReader(source)
+    gpu_entries = [e for e in top.children if e.key.startswith("GPU ") and e.value is None]
+    gpus = []
+    for index, entry in enumerate(gpu_entries):
+        bus_id = entry.key.removeprefix("GPU ")
+        if not _PCI_BUS_ID.fullmatch(bus_id):
+            raise ParseError(f"not a GPU section: {entry.key!r}", source=source, line=entry.line)
+        gpus.append(reader.gpu(index, bus_id, entry))
+    attached = top.find("Attached GPUs")
+    return SmiQuery(driver_version=reader.text(top, "Driver Version"),
+                    attached_gpus=None if attached is None else
+                    to_int(attached.value or "", what="Attached GPUs", source=source,
+                           line=attached.line),
+                    gpus=tuple(gpus))
+
+
+def _text_tree(text: str, source: str) -> _Entry:
+    """Indentation (4 spaces a level) -> a tree of `Key : value` entries and sections."""
+    top = _Entry("", None, 0)
+    stack = [top]
+    banner_seen = False
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if not banner_seen:
+            if line.strip() != _TEXT_BANNER:
+                raise ParseError("not nvidia-smi -q output (no NVSMI LOG banner)", source=source,
+                                 line=lineno)
+            banner_seen = True
+            continue
+        content = line.lstrip(" ")
+        indent = len(line) - len(content)
+        depth, misaligned = divmod(indent, 4)
+        if misaligned or depth > len(stack) - 1:
+            raise ParseError("bad indentation", source=source, line=lineno)
+        del stack[depth + 1:]
+        match = _TEXT_LINE.fullmatch(content.rstrip())
+        entry = (_Entry(match["key"], match["value"].strip(), lineno) if match
+                 else _Entry(content.strip(), None, lineno))
+        stack[-1].children.append(entry)
+        stack.append(entry)
+    if not banner_seen:
+        raise ParseError("empty output", source=source, line=1)
+    _reject_empty_sections(top, source)
+    return top
+
+
+def _reject_empty_sections(entry: _Entry, source: str) -> None:
+    """A section heading always heads fields; a bare one is a line cut off mid-way."""
+    for child in entry.children:
+        if child.value is None and not child.children:
+            raise ParseError(f"section {child.key!r} is empty (truncated?)", source=source,
+                             line=child.line)
+        _reject_empty_sections(child, source)
+
+
+class _TextReader:
+    def __init__(self, source: str):
+        self.source = source
+
+    def text(self, entry: _Entry, path: str) -> str | None:
+        found = entry.find(path)
+        return None if found is None or found.value in (None, "", "N/A") else found.value
+
+    def count(self, entry: _Entry, path: str) -> int | None:
+        found = entry.find(path)
+        if found is None or found.value in (None, "", "N/A"):
+            return None
+        return to_int(found.value, what=path, source=self.source, line=found.line)
+
+    def yes_no(self, entry: _Entry, path: str) -> bool | None:
+        found = entry.find(path)
+        return None if found is None else _yes_no(found.value or "", path, self.source, found.line)
+
+    def uncorrectable(self, entry: _Entry, path: str) -> int | None:
+        section = entry.find(path)
+        if section is None:
+            return None
+        return _sum_known([self.count(section, c.key) for c in section.children
+                           if "Uncorrectable" in c.key])
+
+    def clock_events(self, gpu: _Entry) -> tuple[str, ...]:
+        active = []
+
+        def visit(entries: list[_Entry]) -> None:
+            for reason in entries:
+                name = _TEXT_CLOCK_REASONS.get(reason.key, reason.key.lower().replace(" ", "_"))
+                if _active(reason.value or "", reason.key, self.source, reason.line):
+                    active.append(name)
+                visit(reason.children)   # HW Slowdown holds its thermal and power-brake parts
+
+        for section in _TEXT_CLOCK_SECTIONS:
+            found = gpu.find(section)
+            if found is not None:
+                visit(found.children)
+        return tuple(active)
+
+    def gpu(self, index: int, bus_id: str, gpu: _Entry) -> GpuQuery:
+        return GpuQuery(
+            index=index, pci_bus_id=bus_id,
+            product_name=self.text(gpu, "Product Name"), uuid=self.text(gpu, "GPU UUID"),
+            persistence_mode=self.text(gpu, "Persistence Mode"),
+            mig_mode=self.text(gpu, "MIG Mode/Current"),
+            ecc_mode=self.text(gpu, "ECC Mode/Current") or self.text(gpu, "Ecc Mode/Current"),
+            ecc_uncorrectable_volatile=self.uncorrectable(gpu, "ECC Errors/Volatile"),
+            ecc_uncorrectable_aggregate=self.uncorrectable(gpu, "ECC Errors/Aggregate"),
+            retired_pages_sbe=self.count(gpu, "Retired Pages/Single Bit ECC"),
+            retired_pages_dbe=self.count(gpu, "Retired Pages/Double Bit ECC"),
+            retired_pages_pending=self.yes_no(gpu, "Retired Pages/Pending Page Blacklist"),
+            remapped_rows_uncorrectable=self.count(gpu, "Remapped Rows/Uncorrectable Error"),
+            remapped_rows_pending=self.yes_no(gpu, "Remapped Rows/Pending"),
+            remapped_rows_failure=self.yes_no(gpu, "Remapped Rows/Remapping Failure Occurred"),
+            reset_required=self.yes_no(gpu, "GPU Reset Status/Reset Required"),
+            drain_and_reset_recommended=self.yes_no(gpu, "GPU Reset Status/Drain and Reset Recommended"),
+            recovery_action=self.text(gpu, "GPU Recovery Action"),
+            clock_events_active=self.clock_events(gpu),
+            fabric_state=self.text(gpu, "Fabric/State"), fabric_status=self.text(gpu, "Fabric/Status"))
+
+
+# --- shared ------------------------------------------------------------------------------
+
+def _yes_no(value: str, what: str, source: str, line: int) -> bool | None:
+    if value in ("", "N/A"):
+        return None
+    if value not in ("Yes", "No"):
+        raise ParseError(f"{what}: expected Yes or No, got {value!r}", source=source, line=line)
+    return value == "Yes"
+
+
+def _active(value: str, what: str, source: str, line: int) -> bool:
+    if value not in ("Active", "Not Active", "N/A"):
+        raise ParseError(f"{what}: expected Active or Not Active, got {value!r}", source=source,
+                         line=line)
+    return value == "Active"
+
+
+def _sum_known(counts: list[int | None]) -> int | None:
+    known = [c for c in counts if c is not None]
+    return sum(known) if known else None
+
+
+def _any_true(*flags: bool | None) -> bool | None:
+    known = [f for f in flags if f is not None]
+    return any(known) if known else None

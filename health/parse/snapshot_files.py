@@ -1,0 +1,149 @@
+"""The two snapshot files trainctl itself writes: `meta.json` and `host.json`.
+
+Keys not listed are ignored, so the collector may record more.
+
+meta.json:
+    {"host": "node2",
+     "collected_at": "2025-02-23T16:31:00+00:00",   # ISO 8601 with its UTC offset
+     "probes": {"<output file>": {
+         "command": ["nvidia-smi", "topo", "-m"],
+         "exit_code": 0,                            # null when it never ran or was killed
+         "duration_s": 0.21, "timed_out": false,
+         "missing": false,                          # the binary was not found (optional)
+         "error": null,                             # one line when it failed: why (optional)
+         "stderr_tail": ""}}}
+
+host.json (psutil and /proc):
+    {"memory": {"total_bytes": 2164..., "available_bytes": 1980...},
+     "disks": [{"path": "/dev/shm", "total_bytes": ..., "free_bytes": ...}, ...],
+     "defunct_processes": [{"pid": 4242, "ppid": 1, "name": "python"}],
+     "load_avg": [1.5, 1.2, 0.9],                   # 1, 5 and 15 minutes
+     "cpu_count": 224,
+     "boot_time": "2025-02-20T08:00:00+00:00"}      # optional: dates dmesg's seconds-since-boot
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from trainctl.errors import ParseError
+from trainctl.health.parse.common import json_field, load_json
+
+
+@dataclass(frozen=True)
+class Probe:
+    command: tuple[str, ...]
+    exit_code: int | None
+    duration_s: float
+    timed_out: bool
+    missing: bool
+    error: str | None
+    stderr_tail: str
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    host: str | None
+    collected_at: datetime | None
+    probes: dict[str, Probe]        # output file name -> how its command went
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    path: str
+    total_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class DefunctProcess:
+    pid: int
+    ppid: int
+    name: str
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    memory_total_bytes: int
+    memory_available_bytes: int
+    disks: tuple[Filesystem, ...]
+    defunct_processes: tuple[DefunctProcess, ...]
+    load_average: tuple[float, float, float]
+    cpu_count: int
+    boot_time: datetime | None
+
+
+def parse_meta(text: str, *, source: str = "meta.json") -> SnapshotMeta:
+    doc = load_json(text, source=source)
+    probes_doc = json_field(doc, "probes", dict, where="meta", source=source, required=False) or {}
+    probes = {}
+    for output, probe in probes_doc.items():
+        where = f"probe {output}"
+        command = json_field(probe, "command", list, where=where, source=source)
+        if not all(isinstance(arg, str) for arg in command):
+            raise ParseError(f"{where}: 'command' is not a list of strings", source=source)
+        probes[output] = Probe(
+            command=tuple(command),
+            exit_code=json_field(probe, "exit_code", int, where=where, source=source,
+                                 required=False),
+            duration_s=_float(json_field(probe, "duration_s", (int, float), where=where,
+                                         source=source), where, source),
+            timed_out=json_field(probe, "timed_out", bool, where=where, source=source),
+            missing=bool(json_field(probe, "missing", bool, where=where, source=source,
+                                    required=False)),
+            error=json_field(probe, "error", str, where=where, source=source, required=False),
+            stderr_tail=json_field(probe, "stderr_tail", str, where=where, source=source,
+                                   required=False) or "")
+    return SnapshotMeta(host=json_field(doc, "host", str, where="meta", source=source,
+                                        required=False),
+                        collected_at=_time(doc, "collected_at", source), probes=probes)
+
+
+def parse_host(text: str, *, source: str = "host.json") -> HostInfo:
+    doc = load_json(text, source=source)
+    memory = json_field(doc, "memory", dict, where="host", source=source)
+    disks = json_field(doc, "disks", list, where="host", source=source)
+    defunct = json_field(doc, "defunct_processes", list, where="host", source=source)
+    load = json_field(doc, "load_avg", list, where="host", source=source)
+    if len(load) != 3 or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                 for x in load):
+        raise ParseError("host: 'load_avg' is not three numbers", source=source)
+    return HostInfo(
+        memory_total_bytes=json_field(memory, "total_bytes", int, where="memory", source=source),
+        memory_available_bytes=json_field(memory, "available_bytes", int, where="memory",
+                                          source=source),
+        disks=tuple(Filesystem(
+            path=json_field(fs, "path", str, where=f"disk #{i}", source=source),
+            total_bytes=json_field(fs, "total_bytes", int, where=f"disk #{i}", source=source),
+            free_bytes=json_field(fs, "free_bytes", int, where=f"disk #{i}", source=source))
+            for i, fs in enumerate(disks)),
+        defunct_processes=tuple(DefunctProcess(
+            pid=json_field(p, "pid", int, where=f"defunct process #{i}", source=source),
+            ppid=json_field(p, "ppid", int, where=f"defunct process #{i}", source=source),
+            name=json_field(p, "name", str, where=f"defunct process #{i}", source=source))
+            for i, p in enumerate(defunct)),
+        load_average=(_float(load[0], "load", source), _float(load[1], "load", source),
+                      _float(load[2], "load", source)),
+        cpu_count=json_field(doc, "cpu_count", int, where="host", source=source),
+        boot_time=_time(doc, "boot_time", source))
+
+
+def _float(value: int | float, where: str, source: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        raise ParseError(f"{where}: number out of range", source=source) from None
+
+
+def _time(doc: object, key: str, source: str) -> datetime | None:
+    value = json_field(doc, key, str, where=source, source=source, required=False)
+    if value is None:
+        return None
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        raise ParseError(f"{key!r} is not an ISO 8601 time: {value!r}", source=source) from None
+    if stamp.tzinfo is None:
+        raise ParseError(f"{key!r} has no UTC offset: {value!r}", source=source)
+    return stamp
