@@ -45,3 +45,135 @@ def _probe_outcome(record: dict) -> str:
     if record["timed_out"] or record["exit_code"] != 0:
         return record["error"]
     return "ok"
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """nccl-tests style sizes: 1M = 1048576 bytes, 64K, 1G, or a plain byte count."""
+    text = text.strip().upper().removesuffix("B")
+    unit = text[-1:] if text[-1:] in SIZE_UNITS else ""
+    number = text[: len(text) - len(unit)]
+    if not number.isdigit() or int(number) == 0:
+        raise click.BadParameter(f"{text!r} is not a size like 1M, 64M or 1048576")
+    size = int(number) * SIZE_UNITS[unit]
+    if size % 4:
+        raise click.BadParameter(f"{text!r}: sizes are float32 buffers, so a multiple of 4 bytes")
+    return size
+
+
+@health.command("fabric")
+@click.option("--sizes", default=None, help="all_reduce sizes, e.g. 1M,64M (default: site, else 1M,64M).")
+@click.option("--iters", type=click.IntRange(min=1), default=None, help="Timed iterations per size (default 5).")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed iterations before timing.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=5), default=None,
+              help="Deadline for the whole test in seconds (default: site, else 120).")
+@click.option("--join-timeout", "join_timeout_s", type=click.FloatRange(min=1), default=None,
+              help="How long rank 0 waits for every node to join (default: a quarter of --timeout).")
+@click.option("--factor", type=click.FloatRange(min=0.01, max=1), default=None,
+              help="Straggler factor: slower than factor x peers' median (default: site, else 0.7).")
+@click.option("--floor", "floor_gbps", type=click.FloatRange(min=0), default=None,
+              help="Absolute busbw floor in GB/s for inter-node pairs (default: site, else none).")
+@click.option("--site", default=None, help="Site name or .toml file for the gate policy and interface.")
+@click.option("--partition", default=None, help="Partition of --site (default: the site's default).")
+@click.option("--master-addr", default=None,
+              help="Address of rank 0 (default: $MASTER_ADDR, else the first node of the Slurm step).")
+@click.option("--port", type=click.IntRange(1024, 65535), default=None,
+              help="TCPStore port (default: $TRAINCTL_FABRIC_PORT, else derived from the job id).")
+@click.option("--no-intra", is_flag=True, help="Skip the intra-node test.")
+@click.option("--local-procs", type=click.IntRange(min=0), default=0,
+              help="Intra-node ranks (default: one per GPU, or 2 CPU processes without GPUs).")
+@click.option("--json", "as_json", is_flag=True, help="Rank 0 prints the report as JSON.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+              help="Rank 0 also writes the JSON report to this file.")
+def fabric(sizes, iters, warmup, timeout_s, join_timeout_s, factor, floor_gbps, site, partition,
+           master_addr, port, no_intra, local_procs, as_json, out_file):
+    """Measure intra-node and pairwise inter-node all_reduce bandwidth; name the stragglers.
+
+    Start it with one task per node, e.g. `srun --ntasks-per-node=1 trainctl health fabric`.
+    Ranks meet at a TCPStore on rank 0; a node that does not join in time, dies, or is
+    slow against more than one partner is reported, and rank 0 prints the verdict and exits
+    with the worst node status (0 ok, 1 warn, 2 fail, 3 unknown). Bus bandwidth is computed
+    as nccl-tests does: algbw = bytes / time, busbw = algbw x 2(n-1)/n.
+    """
+    import os
+
+    policy = _fabric_policy(site, partition)
+    options, factor, floor_gbps = _fabric_options(policy, sizes, iters, warmup, timeout_s, join_timeout_s,
+                                                  factor, floor_gbps, no_intra, local_procs)
+    from trainctl.health.fabric.runner import identity_from_env, run_rank
+
+    identity = identity_from_env(os.environ, master_addr or _slurm_master_addr(), port)
+    report = run_rank(identity, options, straggler_factor=factor, floor_gbps=floor_gbps)
+    if report is None:
+        return 0
+    if out_file:
+        with open(out_file, "w") as handle:
+            json.dump(report, handle, indent=1)
+    click.echo(json.dumps(report, indent=1) if as_json else format_fabric_report(report))
+    from trainctl.health.status import Status
+
+    return int(Status[report["status"].upper()])
+
+
+def _fabric_policy(site: str | None, partition: str | None):
+    if site is None:
+        return None
+    from trainctl.launcher.site import load_site, partition as pick_partition
+
+    config = load_site(site).config
+    _, part = pick_partition(config, partition)
+    return config.gate, part
+
+
+def _fabric_options(policy, sizes, iters, warmup, timeout_s, join_timeout_s, factor, floor_gbps,
+                    no_intra, local_procs):
+    from trainctl.health.fabric.runner import FabricOptions
+
+    gate, part = policy if policy else (None, None)
+    size_list = sizes.split(",") if sizes else (list(gate.fabric_sizes) if gate else ["1M", "64M"])
+    timeout = timeout_s or (gate.fabric_timeout_s if gate else 120.0)
+    options = FabricOptions(
+        sizes=tuple(parse_size(s) for s in size_list),
+        iters=iters or (gate.fabric_iters if gate else 5),
+        warmup=warmup,
+        timeout_s=timeout,
+        join_timeout_s=join_timeout_s or timeout / 4,
+        op_timeout_s=timeout / 4,
+        local_procs=local_procs,
+        socket_ifname=part.socket_ifname if part else None,
+        intra=not no_intra,
+    )
+    chosen_factor = factor or (gate.straggler_factor if gate else 0.7)
+    floor = floor_gbps if floor_gbps is not None else (gate.busbw_floor_gbps if gate else 0.0)
+    return options, chosen_factor, floor or None
+
+
+def _slurm_master_addr() -> str | None:
+    """The first node of this Slurm step, at the address Slurm reaches it by."""
+    import os
+
+    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    if os.environ.get("MASTER_ADDR") or not nodelist:
+        return None
+    from trainctl.slurm import expand_hostlist, node_address
+
+    return node_address(expand_hostlist(nodelist)[0])
+
+
+def format_fabric_report(report: dict) -> str:
+    size_mib = report["judged_size"] / (1 << 20)
+    lines = [f"fabric test: {report['joined']} of {report['world']} nodes joined, {report['rounds']} rounds"
+             f" (+{report['retest_rounds']} retest), judged at {size_mib:g} MiB, {report['duration_s']:.1f} s,"
+             f" status {report['status']}"]
+    lines.append(f"{'NODE':<12} {'STATUS':<8} {'INTRA GB/s':>10}  INTER GB/s (partner)  REASON")
+    for host, node in sorted(report["nodes"].items(), key=lambda item: item[1]["rank"]):
+        intra = node.get("intra_busbw_gbps")
+        inter = ", ".join(f"{peer} {bw:.2f}" for peer, bw in sorted((node.get("inter_busbw_gbps") or {}).items()))
+        lines.append(f"{host:<12} {node['status']:<8} {'-' if intra is None else f'{intra:.2f}':>10}  "
+                     f"{inter or '-'}  {node['reason']}")
+    for item in report["excluded"]:
+        lines.append(f"excluded: {item['host']}: {item['reason']}")
+    return "\n".join(lines)
