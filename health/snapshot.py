@@ -1,0 +1,130 @@
+"""A snapshot directory, and the parsed inputs the checks take from it.
+
+Layout (a contract: other tools and tests write snapshots by hand; a missing file means
+"not collected"):
+
+    meta.json                 host, time, and how each probe went (see parse/snapshot_files.py)
+    host.json                 memory, filesystems, defunct processes, load (ditto)
+    nvidia-smi-topo-m.txt     nvidia-smi topo -m
+    nvidia-smi-nvlink-s.txt   nvidia-smi nvlink -s
+    nvidia-smi-nvlink-e.txt   nvidia-smi nvlink -e (kept for people; not judged yet)
+    nvidia-smi-q.xml          nvidia-smi -q -x   (or nvidia-smi-q.txt: nvidia-smi -q)
+    ibstat.txt                ibstat
+    ibv_devinfo.txt           ibv_devinfo -v
+    ip-link.json              ip -j -d link
+    lscpu.txt                 lscpu
+    dmesg.txt                 dmesg -T, or journalctl -k where dmesg is restricted
+    sys/class/infiniband/<hca>/ports/<n>/{state,phys_state,rate,link_layer}, <hca>/hca_type
+    sys/class/infiniband/<hca>/device/net/<if>/{operstate,mtu,dev_port}   (the port's netdev)
+    sys/class/net/<if>/{mtu,operstate,speed,type}
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainctl.errors import ParseError, UsageError
+from trainctl.health.parse.ibstat import parse_ibstat
+from trainctl.health.parse.ibv_devinfo import parse_ibv_devinfo
+from trainctl.health.parse.ip_link import parse_ip_link
+from trainctl.health.parse.kernel_log import parse_kernel_log
+from trainctl.health.parse.lscpu import parse_lscpu
+from trainctl.health.parse.nvlink import parse_nvlink_status
+from trainctl.health.parse.smi_query import parse_smi_text, parse_smi_xml
+from trainctl.health.parse.snapshot_files import parse_host, parse_meta
+from trainctl.health.parse.sysfs import parse_ib_sysfs, parse_net_sysfs
+from trainctl.health.parse.topo import parse_topo
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    path: str
+    files: Mapping[str, str]    # path relative to the snapshot ("sys/class/...") -> contents
+
+
+def load_snapshot(path: str | os.PathLike) -> Snapshot:
+    """Read every file of a snapshot directory; nothing is run or parsed here."""
+    root = Path(path)
+    if not root.is_dir():
+        raise UsageError(f"snapshot directory not found: {root}")
+    files = {}
+    for file in sorted(root.rglob("*")):
+        if file.is_file():
+            files[file.relative_to(root).as_posix()] = file.read_bytes().decode("utf-8", "replace")
+    return Snapshot(path=str(root), files=files)
+
+
+@dataclass(frozen=True)
+class FileSource:
+    name: str
+    parse: Callable[..., object]    # parse(text, source=name)
+
+    def read(self, snapshot: Snapshot) -> object | None:
+        text = snapshot.files.get(self.name)
+        return None if text is None else self.parse(text, source=self.name)
+
+
+@dataclass(frozen=True)
+class TreeSource:
+    name: str                       # a directory prefix ending in "/"
+    parse: Callable[[Mapping[str, str]], object]
+
+    def read(self, snapshot: Snapshot) -> object | None:
+        tree = {path: text for path, text in snapshot.files.items() if path.startswith(self.name)}
+        return self.parse(tree) if tree else None
+
+
+# Named inputs a check can ask for: the first source the snapshot holds is used.
+INPUTS: dict[str, tuple[FileSource | TreeSource, ...]] = {
+    "meta": (FileSource("meta.json", parse_meta),),
+    "host": (FileSource("host.json", parse_host),),
+    "topo": (FileSource("nvidia-smi-topo-m.txt", parse_topo),),
+    "nvlink": (FileSource("nvidia-smi-nvlink-s.txt", parse_nvlink_status),),
+    "smi": (FileSource("nvidia-smi-q.xml", parse_smi_xml), FileSource("nvidia-smi-q.txt", parse_smi_text)),
+    "ib": (FileSource("ibstat.txt", parse_ibstat), TreeSource("sys/class/infiniband/", parse_ib_sysfs)),
+    "ib_sysfs": (TreeSource("sys/class/infiniband/", parse_ib_sysfs),),
+    "ibv_devinfo": (FileSource("ibv_devinfo.txt", parse_ibv_devinfo),),
+    "netdevs": (FileSource("ip-link.json", parse_ip_link), TreeSource("sys/class/net/", parse_net_sysfs)),
+    "lscpu": (FileSource("lscpu.txt", parse_lscpu),),
+    "kernel_log": (FileSource("dmesg.txt", parse_kernel_log),),
+}
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Why an input cannot be had: not collected, or collected but not readable."""
+    reason: str
+    unreadable: bool = False
+
+
+class SnapshotInputs:
+    """Parses each named input of one snapshot at most once."""
+
+    def __init__(self, snapshot: Snapshot):
+        self.snapshot = snapshot
+        self._cache: dict[str, object] = {}
+
+    def get(self, name: str) -> object:
+        """The parsed input, or `Unavailable` saying why there is none."""
+        if name not in self._cache:
+            self._cache[name] = self._resolve(name)
+        return self._cache[name]
+
+    def _resolve(self, name: str) -> object:
+        sources = INPUTS[name]
+        for source in sources:
+            try:
+                parsed = source.read(self.snapshot)
+            except ParseError as exc:
+                return Unavailable(f"unreadable: {exc}", unreadable=True)
+            if parsed is not None:
+                return parsed
+        return Unavailable("not collected: " + "; ".join(self._why_missing(s.name) for s in sources))
+
+    def _why_missing(self, file: str) -> str:
+        meta = self.get("meta") if file != "meta.json" else None
+        probe = meta.probes.get(file) if meta is not None and not isinstance(meta, Unavailable) else None
+        return f"{file} ({probe.error})" if probe is not None and probe.error else file
