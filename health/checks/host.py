@@ -30,7 +30,8 @@ def host_shm(host: HostInfo, expected: NodeExpectations) -> Finding:
     size, free = shm.total_bytes / GIB, shm.free_bytes / GIB
     issues = []
     if expected.min_shm_gib is not None and size < expected.min_shm_gib:
-        issues.append((Status.FAIL, f"/dev/shm is {size:.1f} GiB, the site wants {expected.min_shm_gib:g} GiB"))
+        issues.append((Status.FAIL, f"/dev/shm is {size:.1f} GiB, the site wants "
+                                    f"{expected.min_shm_gib:g} GiB"))
     if shm.free_bytes == 0:
         issues.append((Status.FAIL, "/dev/shm is full"))
     return summarize(issues, f"/dev/shm {size:.1f} GiB, {free:.1f} GiB free",

@@ -36,9 +36,6 @@ class IbvDevice:
     hca_id: str
     ports: tuple[IbvPort, ...]
 
-    def port(self, number: int) -> IbvPort | None:
-        return next((p for p in self.ports if p.port == number), None)
-
 
 def parse_ibv_devinfo(text: str, *, source: str = SOURCE) -> tuple[IbvDevice, ...]:
     devices: list[dict] = []

@@ -33,6 +33,10 @@ _TEXT_CLOCK_REASONS = {
 _XML_CLOCK_SECTIONS = {"clocks_event_reasons": "clocks_event_reason_",
                        "clocks_throttle_reasons": "clocks_throttle_reason_"}
 _TEXT_CLOCK_SECTIONS = ("Clocks Event Reasons", "Clocks Throttle Reasons")
+# The children of <gpu> that _XmlReader.gpu reads.
+_XML_GPU_SECTIONS = frozenset({
+    "product_name", "uuid", "persistence_mode", "mig_mode", "ecc_mode", "ecc_errors",
+    "retired_pages", "remapped_rows", "gpu_reset_status", "fabric", "pci", *_XML_CLOCK_SECTIONS})
 _PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]")
 _TEXT_BANNER = "==============NVSMI LOG=============="
 _TEXT_LINE = re.compile(r"(?P<key>\S.*?)\s+: ?(?P<value>.*)")
@@ -109,21 +113,36 @@ def parse_smi_xml(text: str, *, source: str = XML_SOURCE) -> SmiQuery:
 
 
 def _xml_tree(text: str, source: str) -> _Node:
-    """The element tree with line numbers (ElementTree keeps none), via expat."""
+    """The element tree with line numbers (ElementTree keeps none), via expat.
+
+    Only the `<gpu>` sections the checks read are built; the rest (supported clocks,
+    processes, MIG devices: most of the document) is skipped, which keeps an 8-GPU
+    document within the time budget of a node check.
+    """
     parser = expat.ParserCreate()
+    parser.buffer_text = True
     stack: list[_Node] = []
     roots: list[_Node] = []
+    skipped_depth = 0
 
     def start(tag: str, attrs: dict[str, str]) -> None:
+        nonlocal skipped_depth
+        if skipped_depth or (stack and stack[-1].tag == "gpu" and tag not in _XML_GPU_SECTIONS):
+            skipped_depth += 1
+            return
         node = _Node(tag, attrs, parser.CurrentLineNumber)
         (stack[-1].children if stack else roots).append(node)
         stack.append(node)
 
     def end(tag: str) -> None:
-        stack.pop()
+        nonlocal skipped_depth
+        if skipped_depth:
+            skipped_depth -= 1
+        else:
+            stack.pop()
 
     def characters(data: str) -> None:
-        if stack:
+        if stack and not skipped_depth:
             stack[-1].parts.append(data)
 
     parser.StartElementHandler = start

@@ -6,7 +6,7 @@ import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from health_fixtures import parsed
+from health_fixtures import parsed, read
 
 from trainctl.health.checks.fabric import ib_mtu, ib_netdev, ib_ports, net_links, net_mtu
 from trainctl.health.checks.gpu import (gpu_clock_events, gpu_count, gpu_ecc, gpu_fabric, gpu_model,
@@ -16,6 +16,7 @@ from trainctl.health.checks.kernel import gpu_xid, nvswitch_sxid
 from trainctl.health.checks.nvlink import nvlink_links, nvlink_topology
 from trainctl.health.checks.topo import topo_affinity
 from trainctl.health.expectations import NodeExpectations
+from trainctl.health.parse.kernel_log import parse_kernel_log
 from trainctl.health.parse.smi_query import GpuQuery, SmiQuery
 from trainctl.health.parse.snapshot_files import DefunctProcess, Filesystem, HostInfo, SnapshotMeta
 from trainctl.health.status import Status
@@ -156,7 +157,8 @@ def test_gpu_count_and_model_against_the_site():
     nvl = gpu_model(parsed("nvidia-smi/query/h100-nvl-2gpu-q.txt"),
                     NodeExpectations(gpu_model="H100 80GB HBM3"))
     assert nvl.status == Status.FAIL
-    assert nvl.reason.startswith("GPU 0 (00000000:AD:00.0) is NVIDIA H100 NVL, the site expects H100 80GB HBM3")
+    assert nvl.reason.startswith("GPU 0 (00000000:AD:00.0) is NVIDIA H100 NVL, "
+                                 "the site expects H100 80GB HBM3")
 
 
 def test_uncorrectable_ecc_fails_and_lifetime_errors_warn():
@@ -179,9 +181,11 @@ def test_reset_and_recovery_action_fail():
 
 def test_clock_slowdowns():
     smi = parsed("nvidia-smi/query/h100-80gb-hbm3-q-idle.txt")
-    hot = gpu_clock_events(_replace_gpu(smi, 0, clock_events_active=("hw_slowdown", "hw_thermal_slowdown")), NONE)
-    assert (hot.status, hot.reason) == (Status.FAIL, "GPU 0 (00000000:00:09.0): hardware slowdown active; "
-                                                     "GPU 0 (00000000:00:09.0): hardware thermal slowdown active")
+    hot = gpu_clock_events(
+        _replace_gpu(smi, 0, clock_events_active=("hw_slowdown", "hw_thermal_slowdown")), NONE)
+    assert (hot.status, hot.reason) == (Status.FAIL,
+                                        "GPU 0 (00000000:00:09.0): hardware slowdown active; "
+                                        "GPU 0 (00000000:00:09.0): hardware thermal slowdown active")
     soft = gpu_clock_events(_replace_gpu(smi, 0, clock_events_active=("sw_thermal_slowdown",)), NONE)
     assert soft.status == Status.WARN
     capped = gpu_clock_events(_replace_gpu(smi, 0, clock_events_active=("sw_power_cap", "gpu_idle")), NONE)
@@ -245,7 +249,8 @@ def _meta(at: datetime) -> SnapshotMeta:
 
 def _host(boot: datetime | None = None, **changes) -> HostInfo:
     host = HostInfo(memory_total_bytes=512 * GIB, memory_available_bytes=480 * GIB,
-                    disks=(Filesystem("/dev/shm", 256 * GIB, 250 * GIB), Filesystem("/", 100 * GIB, 40 * GIB)),
+                    disks=(Filesystem("/dev/shm", 256 * GIB, 250 * GIB),
+                           Filesystem("/", 100 * GIB, 40 * GIB)),
                     defunct_processes=(), load_average=(3.0, 2.0, 1.0), cpu_count=224, boot_time=boot)
     return dataclasses.replace(host, **changes)
 
@@ -258,7 +263,8 @@ def test_xid_window_in_hours():
     (event,) = recent.details["events"]   # 16:27:12 and 16:30:13 are within 6 minutes
     assert (event["count"], event["first_line"], event["last_line"]) == (2, 42, 43)
     later = gpu_xid(log, None, _meta(at + timedelta(hours=2)), None, NodeExpectations(xid_window_hours=1))
-    assert (later.status, later.reason) == (Status.OK, "no Xid events in the 1 h before 2025-02-23T18:31:00+00:00")
+    assert (later.status, later.reason) == (
+        Status.OK, "no Xid events in the 1 h before 2025-02-23T18:31:00+00:00")
 
 
 def test_xid_window_seconds_since_boot_and_undated():
@@ -271,6 +277,18 @@ def test_xid_window_seconds_since_boot_and_undated():
     # without a boot time the event cannot be dated: it is counted, and said to be
     undated = gpu_xid(log, None, _meta(event_at + timedelta(days=2)), None, window)
     assert (undated.status, undated.details["undated_events"]) == (Status.FAIL, 1)
+
+
+def test_xid_window_places_yearless_syslog_stamps():
+    # journalctl -k prints no year: the Azure syslog prefix in front of a real Xid 63 line
+    line = read("kernel/syslog/azure-syslog-ib6-lost-gained-carrier-flaps.txt").splitlines()[2]
+    prefix = line[:line.index("systemd-networkd")] + "kernel: "
+    log = parse_kernel_log(prefix + read("kernel/xid/ml-engineering-xid63-row-remapper-a100.txt"))
+    january = _meta(datetime(2026, 1, 10, tzinfo=timezone.utc))      # "Aug 17" was in 2025
+    days = NodeExpectations(xid_window_hours=24 * 150)
+    assert gpu_xid(log, None, january, None, days).status == Status.FAIL
+    days = NodeExpectations(xid_window_hours=24 * 140)
+    assert gpu_xid(log, None, january, None, days).status == Status.OK
 
 
 def test_sxid_nonfatal_warns():
@@ -291,8 +309,10 @@ def test_down_and_disabled_ports_fail_naming_them():
 
 
 @pytest.mark.parametrize("name, summary", [
-    ("gpud-h100-12hca-cx7-ndr400-ib-plus-cx6dx-eth-all-active.txt", "12 port(s) Active/LinkUp: 100 Gb/s Ethernet, 400 Gb/s Ethernet"),
-    ("gpud-a100-9hca-cx6-hdr200-all-active.txt", "9 port(s) Active/LinkUp: 200 Gb/s Ethernet, 200 Gb/s InfiniBand"),
+    ("gpud-h100-12hca-cx7-ndr400-ib-plus-cx6dx-eth-all-active.txt",
+     "12 port(s) Active/LinkUp: 100 Gb/s Ethernet, 400 Gb/s Ethernet"),
+    ("gpud-a100-9hca-cx6-hdr200-all-active.txt",
+     "9 port(s) Active/LinkUp: 200 Gb/s Ethernet, 200 Gb/s InfiniBand"),
     ("fdr-mlx4-2hca-4ports-all-active.txt", "4 port(s) Active/LinkUp: 56 Gb/s InfiniBand"),
 ])
 def test_healthy_ports_pass(name, summary):
@@ -325,7 +345,8 @@ def test_a_port_slower_than_its_peers_fails():
     ports = tuple(dataclasses.replace(p, rate_gbps=100.0) if p.device == "mlx5_3" else p
                   for p in inventory.ports)
     result = ib_ports(dataclasses.replace(inventory, ports=ports), NONE)
-    assert (result.status, result.reason) == (Status.FAIL, "mlx5_3 port 1 at 100 Gb/s while its peers run 200 Gb/s")
+    assert (result.status, result.reason) == (
+        Status.FAIL, "mlx5_3 port 1 at 100 Gb/s while its peers run 200 Gb/s")
 
 
 def test_expected_ports_and_link_layer():
@@ -346,7 +367,8 @@ def test_synthetic_phys_state_in_the_procfs_tree_is_flagged():
 
 def test_ib_interface_down_fails_naming_port_and_interface():
     result = ib_netdev(parsed("infiniband/sysfs/gcm-a100-8hca-ib4-operstate-down.json"), NONE)
-    assert (result.status, result.reason) == (Status.FAIL, "mlx5_6 port 1 is Active but its interface ib4 is down")
+    assert (result.status, result.reason) == (
+        Status.FAIL, "mlx5_6 port 1 is Active but its interface ib4 is down")
     healthy = ib_netdev(parsed("infiniband/sysfs/gcm-a100-8hca-hdr200-healthy.json"), NONE)
     assert (healthy.status, healthy.reason) == (Status.OK, "8 HCA interface(s) up")
 
@@ -354,8 +376,8 @@ def test_ib_interface_down_fails_naming_port_and_interface():
 def test_ib_mtu():
     devices = parsed("infiniband/ibv_devinfo/fdr-mlx4-2hca-port2-down.txt")
     assert ib_mtu(devices, NodeExpectations(ib_mtu=4096)).status == Status.OK
-    small = tuple(dataclasses.replace(d, ports=tuple(dataclasses.replace(p, active_mtu=2048) for p in d.ports))
-                  for d in devices)
+    small = tuple(dataclasses.replace(d, ports=tuple(dataclasses.replace(p, active_mtu=2048)
+                                                     for p in d.ports)) for d in devices)
     assert ib_mtu(small, NONE).reason == ("mlx4_1 port 1: active MTU 2048 below the port's 4096; "
                                           "mlx4_0 port 1: active MTU 2048 below the port's 4096")
     assert ib_mtu(small, NodeExpectations(ib_mtu=4096)).status == Status.FAIL
@@ -366,10 +388,12 @@ def test_netdev_mtu_against_the_site():
     assert net_mtu(parsed("net/gcm-ip-j-link-bond-mtu9192-healthy.json"), jumbo).status == Status.OK
     result = net_mtu(parsed("net/gcm-ip-j-link-bond-mtu1500-bad.json"), jumbo)
     assert (result.status, result.reason) == (
-        Status.FAIL, "enp97s0f0: MTU 1500, the site expects 9000; enp225s0f0: MTU 1500, the site expects 9000; "
+        Status.FAIL, "enp97s0f0: MTU 1500, the site expects 9000; "
+                     "enp225s0f0: MTU 1500, the site expects 9000; "
                      "front0: MTU 1500, the site expects 9000")
     # IPoIB interfaces are not Ethernet data interfaces: their 2044 is not judged
-    assert net_mtu(parsed("net/gcm-ip-j-link-bond-slave-down.json"), NodeExpectations(netdev_mtu=1500)).status == Status.OK
+    with_ipoib = parsed("net/gcm-ip-j-link-bond-slave-down.json")
+    assert net_mtu(with_ipoib, NodeExpectations(netdev_mtu=1500)).status == Status.OK
 
 
 def test_bond_member_mtu_must_match_the_bond():
@@ -377,15 +401,16 @@ def test_bond_member_mtu_must_match_the_bond():
     netdevs = tuple(dataclasses.replace(d, master="front0", mtu=1500) if d.name == "enp225s0f0" else d
                     for d in netdevs)
     result = net_mtu(netdevs, NONE)
-    assert (result.status, result.reason) == (Status.FAIL, "enp225s0f0: MTU 1500 differs from its bond front0's 9192")
+    assert (result.status, result.reason) == (
+        Status.FAIL, "enp225s0f0: MTU 1500 differs from its bond front0's 9192")
 
 
 def test_interfaces_without_link():
     netdevs = parsed("net/gcm-ip-j-link-bond-slave-down.json")
     result = net_links(netdevs, NONE)
     assert result.status == Status.WARN
-    assert result.reason == ("enp226s0 is brought up but has no link; enp97s0f1 is brought up but has no link; "
-                             "enp225s0f0 is brought up but has no link; enp225s0f1 is brought up but has no link")
+    assert result.reason.split("; ") == [f"{name} is brought up but has no link" for name in
+                                         ("enp226s0", "enp97s0f1", "enp225s0f0", "enp225s0f1")]
     data = net_links(netdevs, NodeExpectations(data_interfaces=("enp97s0f0", "enp225s0f0", "bond1")))
     assert data.status == Status.FAIL
     assert data.reason.startswith("bond1 not found; enp225s0f0 is down; ")
@@ -410,8 +435,8 @@ def test_host_checks_against_the_site():
     host = _host()
     assert [c(host, NONE).status for c in (host_memory, host_shm, host_disk, host_defunct, host_load)] \
         == [Status.OK] * 5
-    strict = NodeExpectations(min_available_memory_gib=500, min_shm_gib=300, min_free_disk_gib={"/": 50, "/scratch": 1},
-                              max_load_per_cpu=0.01)
+    strict = NodeExpectations(min_available_memory_gib=500, min_shm_gib=300,
+                              min_free_disk_gib={"/": 50, "/scratch": 1}, max_load_per_cpu=0.01)
     assert host_memory(host, strict).reason == "480.0 GiB memory available, the site wants 500 GiB"
     assert host_shm(host, strict).reason == "/dev/shm is 256.0 GiB, the site wants 300 GiB"
     disk = host_disk(host, strict)

@@ -60,7 +60,8 @@ def healthy_node() -> dict[str, str]:
         "nvidia-smi-q.txt": read("nvidia-smi/query/h100-sxm5-80gb-8gpu-q.txt"),
         "ibstat.txt": read("infiniband/ibstat/gpud-a100-9hca-cx6-hdr200-all-active.txt"),
         "ibv_devinfo.txt": read("infiniband/ibv_devinfo/fdr-mlx4-2hca-port2-down.txt"),
-        "ip-link.json": json.dumps(json.loads(read("net/gcm-ip-j-link-bond-mtu9192-healthy.json"))["intf_status"]),
+        "ip-link.json": json.dumps(
+            json.loads(read("net/gcm-ip-j-link-bond-mtu9192-healthy.json"))["intf_status"]),
         "lscpu.txt": read("cpu/utillinux-lscpu-epyc7451-2socket-8numa-with-parsable.txt"),
         "dmesg.txt": read("kernel/syslog/imbue-dmesg-mlx5-pcie-link-degraded-x8.txt"),
         **gcm_sysfs_as_class_view("gcm-a100-8hca-hdr200-healthy.json"),
@@ -117,7 +118,8 @@ def test_missing_files_are_unknown_and_say_why(tmp_path):
     report = evaluate(load_snapshot(write_snapshot(tmp_path, {"meta.json": json.dumps(meta)})),
                       only=["gpu.count", "nvlink.links"])
     assert [(c.status, c.reason) for c in report.checks] == [
-        (Status.UNKNOWN, "not collected: nvidia-smi-q.xml (nvidia-smi: timed out after 20 s); nvidia-smi-q.txt"),
+        (Status.UNKNOWN,
+         "not collected: nvidia-smi-q.xml (nvidia-smi: timed out after 20 s); nvidia-smi-q.txt"),
         (Status.UNKNOWN, "not collected: nvidia-smi-nvlink-s.txt")]
     assert report.status == Status.UNKNOWN and int(report.status) == 3
 
@@ -151,13 +153,15 @@ def test_site_without_gpus_or_ib_skips_those_checks(tmp_path):
 
 
 def test_host_name_falls_back_to_the_directory(tmp_path):
-    snapshot = write_snapshot(tmp_path / "node7", {"lscpu.txt": read("cpu/xeon-e5-2695v4-2socket-lscpu-old-format.txt")})
+    lscpu = read("cpu/xeon-e5-2695v4-2socket-lscpu-old-format.txt")
+    snapshot = write_snapshot(tmp_path / "node7", {"lscpu.txt": lscpu})
     report = evaluate(load_snapshot(snapshot), only=["host.cpus"])
     assert (report.host, report.status) == ("node7", Status.OK)
 
 
 def test_only_takes_names_and_families():
-    assert [s.name for s in select_checks(["ib", "gpu.xid"])] == ["gpu.xid", "ib.mtu", "ib.netdev", "ib.ports"]
+    assert [s.name for s in select_checks(["ib", "gpu.xid"])] == [
+        "gpu.xid", "ib.mtu", "ib.netdev", "ib.ports"]
     with pytest.raises(UsageError, match="unknown check\\(s\\): gpu.bogus"):
         select_checks(["gpu.bogus"])
 

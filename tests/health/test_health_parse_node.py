@@ -38,7 +38,8 @@ def test_ibstat_initializing_port_without_ca_type():
 
 
 def test_ibstat_h100_roce_some_down():
-    ports = {p.device: p for p in parsed(IBSTAT + "gpud-h100-12hca-roce-eth-400-some-down-disabled.txt").ports}
+    inventory = parsed(IBSTAT + "gpud-h100-12hca-roce-eth-400-some-down-disabled.txt")
+    ports = {p.device: p for p in inventory.ports}
     assert len(ports) == 12
     down = sorted(d for d, p in ports.items() if p.state != "Active")
     assert down == ["mlx5_11", "mlx5_5"]
@@ -285,7 +286,8 @@ def test_kernel_log_syslog_prefix_has_no_year():
     prefix = prefix[:prefix.index("systemd-networkd")] + "kernel: "
     line = read(XID + "ml-engineering-xid63-row-remapper-a100.txt")
     (event,) = parse_kernel_log(prefix + line).xids
-    assert (event.xid, event.time.wall.month, event.time.wall.day, event.time.year_known) == (63, 8, 17, False)
+    stamp = event.time
+    assert (event.xid, stamp.wall.month, stamp.wall.day, stamp.year_known) == (63, 8, 17, False)
 
 
 @pytest.mark.parametrize("text, message", [
