@@ -54,6 +54,8 @@ def nvlink_links(gpus: tuple[NvlinkGpu, ...], expected: NodeExpectations) -> Fin
     details = {"gpus": [{"index": g.index, "state": g.state,
                          "link_speeds_gbps": [link.speed_gbps for link in g.links]} for g in gpus],
                "reference_speed_gbps": reference}
+    if not gpus and wants_nvlink:
+        issues.append((Status.FAIL, "nvidia-smi nvlink -s lists no GPU; the site expects NVLink"))
     ok = ("no NVLink on these GPUs" if reference is None
           else f"all NVLinks up at {reference:g} GB/s")
     return summarize(issues, ok, details)

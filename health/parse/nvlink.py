@@ -2,7 +2,8 @@
 
 Link lines read `Link 0: 26.562 GB/s`, or `Link 3: <inactive>` for a dead link (the
 form in Azure/azhpc-diagnostics#73). A GPU whose links are all down, that is in MIG
-mode, or that has no NVLink prints one sentence instead of links.
+mode, or that has no NVLink prints one sentence instead of links. Some systems without
+NVLink print nothing at all (a single H100 in a VM, driver 580): no GPUs listed.
 
 `nvidia-smi nvlink -e` (error counters) is not parsed: no complete real sample of it
 exists to test against.
@@ -69,9 +70,8 @@ def parse_nvlink_status(text: str, *, source: str = SOURCE) -> tuple[NvlinkGpu, 
         else:
             raise ParseError(f"unexpected line for GPU {current['index']}: {stripped!r}",
                              source=source, line=lineno)
-    if current is None:
-        raise ParseError("no GPU in the output", source=source, line=1)
-    gpus.append(_finish(current, source))
+    if current is not None:
+        gpus.append(_finish(current, source))
     return tuple(gpus)
 
 

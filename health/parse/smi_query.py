@@ -36,7 +36,8 @@ _TEXT_CLOCK_SECTIONS = ("Clocks Event Reasons", "Clocks Throttle Reasons")
 # The children of <gpu> that _XmlReader.gpu reads.
 _XML_GPU_SECTIONS = frozenset({
     "product_name", "uuid", "persistence_mode", "mig_mode", "ecc_mode", "ecc_errors",
-    "retired_pages", "remapped_rows", "gpu_reset_status", "fabric", "pci", *_XML_CLOCK_SECTIONS})
+    "retired_pages", "remapped_rows", "gpu_reset_status", "gpu_recovery_action", "fabric", "pci",
+    *_XML_CLOCK_SECTIONS})
 _PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]")
 _TEXT_BANNER = "==============NVSMI LOG=============="
 _TEXT_LINE = re.compile(r"(?P<key>\S.*?)\s+: ?(?P<value>.*)")
@@ -61,7 +62,7 @@ class GpuQuery:
     remapped_rows_failure: bool | None = None
     reset_required: bool | None = None
     drain_and_reset_recommended: bool | None = None
-    recovery_action: str | None = None      # text -q of new drivers: "None" when healthy
+    recovery_action: str | None = None      # newer drivers (565 on): "None" when healthy
     clock_events_active: tuple[str, ...] = ()
     fabric_state: str | None = None         # NVSwitch systems: "Completed" when ready
     fabric_status: str | None = None
@@ -214,6 +215,7 @@ class _XmlReader:
             remapped_rows_failure=self.yes_no(gpu, "remapped_rows/remapped_row_failure"),
             reset_required=self.yes_no(gpu, "gpu_reset_status/reset_required"),
             drain_and_reset_recommended=self.yes_no(gpu, "gpu_reset_status/drain_and_reset_recommended"),
+            recovery_action=self.text(gpu, "gpu_recovery_action"),
             clock_events_active=self.clock_events(gpu),
             fabric_state=self.text(gpu, "fabric/state"), fabric_status=self.text(gpu, "fabric/status"))
 

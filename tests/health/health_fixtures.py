@@ -55,6 +55,12 @@ CASES: dict[str, Case] = {
         "h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt", "h200-1gpu-18links-nvlink-s.txt",
         "h100-mig-mode-nvlink-s-not-supported.txt", "l40s-nvlink-s-no-nvlink.txt")},
     "local/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt": Case(parse_nvlink_status),
+    # recorded by trainctl's tests on a real H100 VM (see fixtures/README.md)
+    "local/h100-vm-580-topo-m.txt": Case(parse_topo),
+    "local/h100-vm-580-nvlink-s-empty.txt": Case(parse_nvlink_status),
+    "local/h100-vm-580-q-x-v13.xml": Case(parse_smi_xml),
+    "local/h100-vm-580-q.txt": Case(parse_smi_text),
+    "local/h100-vm-580-lscpu.txt": Case(parse_lscpu),
     **{f"nvidia-smi/query/{name}": Case(parse_smi_xml) for name in (
         "a100-sxm4-80gb-1gpu-q-x-v12.xml", "a10g-1gpu-q-x-v11.xml")},
     **{f"nvidia-smi/query/{name}": Case(parse_smi_text) for name in (

@@ -72,6 +72,14 @@ def test_nvlink_link_slower_than_its_peers_fails():
         Status.FAIL, "GPU 0 (NVIDIA H100 80GB HBM3): NVLink 7 (13.281 GB/s) below 26.562 GB/s")
 
 
+def test_empty_nvlink_status_passes_unless_the_site_expects_nvlink():
+    empty = parsed("local/h100-vm-580-nvlink-s-empty.txt")
+    assert nvlink_links(empty, NONE).reason == "no NVLink on these GPUs"
+    expected = nvlink_links(empty, NodeExpectations(nvlink_type="NV18"))
+    assert (expected.status, expected.reason) == (
+        Status.FAIL, "nvidia-smi nvlink -s lists no GPU; the site expects NVLink")
+
+
 def test_nvlink_mig_is_unknown_and_no_nvlink_depends_on_the_site():
     mig = nvlink_links(parsed("nvidia-smi/nvlink/h100-mig-mode-nvlink-s-not-supported.txt"), NONE)
     assert (mig.status, mig.reason) == (
@@ -116,7 +124,8 @@ def test_nvswitch_fabric_state():
 
 # --- GPUs ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["nvidia-smi/query/a100-sxm4-80gb-1gpu-q-x-v12.xml",
+@pytest.mark.parametrize("name", ["local/h100-vm-580-q-x-v13.xml",
+                                  "nvidia-smi/query/a100-sxm4-80gb-1gpu-q-x-v12.xml",
                                   "nvidia-smi/query/a10g-1gpu-q-x-v11.xml",
                                   "nvidia-smi/query/h100-sxm5-80gb-8gpu-q.txt",
                                   "nvidia-smi/query/h100-80gb-hbm3-q-load.txt",

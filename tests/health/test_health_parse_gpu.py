@@ -26,13 +26,14 @@ TOPO_VALUES = {
     "h200-8gpu-nv18-12nic-mlx5-dgx-layout.txt":
         (8, [f"mlx5_{i}" for i in range(12)], "0-55,112-167", 0, "NV18", 1),
     "l40s-1gpu-pcie-ansi-underline.txt": (1, [], "0-7", 0, None, None),
+    "local/h100-vm-580-topo-m.txt": (1, [], "0-15", 0, None, None),
 }
 
 
 @pytest.mark.parametrize("name", sorted(TOPO_VALUES))
 def test_topo_values(name):
     gpus, nic_names, cpu0, numa0, link01, numa7 = TOPO_VALUES[name]
-    topo = parsed(TOPO + name)
+    topo = parsed(name if name.startswith("local/") else TOPO + name)
     assert [g.index for g in topo.gpus] == list(range(gpus))
     assert [topo.nic_names[n] for n in topo.nics] == nic_names
     assert (topo.gpus[0].cpu_affinity, topo.gpus[0].numa_node) == (cpu0, numa0)
@@ -117,6 +118,11 @@ def test_nvlink_status_values(name):
     assert all([link.number for link in g.links] == list(range(len(g.links))) for g in gpus)
 
 
+def test_nvlink_status_empty_on_a_single_h100_vm():
+    assert read("local/h100-vm-580-nvlink-s-empty.txt") == ""
+    assert parsed("local/h100-vm-580-nvlink-s-empty.txt") == ()
+
+
 def test_nvlink_status_per_link_inactive():
     (gpu,) = parsed("local/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt")
     assert (gpu.index, gpu.name, gpu.uuid) == (3, "Tesla V100-SXM2-32GB", "...")
@@ -124,7 +130,6 @@ def test_nvlink_status_per_link_inactive():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("", "no GPU"),
     ("GPU 0: NVIDIA H200 (UUID: GPU-0)\n", "truncated"),
     ("\t Link 0: 26.562 GB/s\n", "expected a 'GPU N"),
     ("GPU 0: NVIDIA H200 (UUID: GPU-0)\n\t Link 0: 26.562 Gb/s\n", "unexpected line"),
@@ -146,6 +151,20 @@ def test_smi_xml_a100_v12():
     # remapped_rows is the single text "N/A" in this capture; retired pages are N/A too
     assert (gpu.remapped_rows_pending, gpu.retired_pages_pending, gpu.retired_pages_sbe) == (None,) * 3
     assert gpu.clock_events_active == ()
+
+
+def test_smi_xml_h100_v13_recorded_on_the_test_machine():
+    smi = parsed("local/h100-vm-580-q-x-v13.xml")
+    assert (smi.driver_version, smi.attached_gpus) == ("580.159.04", 1)
+    (gpu,) = smi.gpus
+    assert (gpu.pci_bus_id, gpu.product_name, gpu.uuid) == (
+        "00000000:00:06.0", "NVIDIA H100 80GB HBM3", "GPU-0afcf76d-b9a0-2234-515f-a3aa0fdddc16")
+    assert (gpu.persistence_mode, gpu.mig_mode, gpu.ecc_mode) == ("Enabled", "Disabled", "Enabled")
+    assert (gpu.recovery_action, gpu.reset_required) == ("None", None)   # v13: no gpu_reset_status
+    assert (gpu.remapped_rows_pending, gpu.remapped_rows_failure) == (False, False)
+    assert (gpu.fabric_state, gpu.clock_events_active) == (None, ("gpu_idle",))
+    # the text form of the same moment says the same
+    assert parsed("local/h100-vm-580-q.txt").gpus[0] == gpu
 
 
 def test_smi_xml_a10g_v11_throttle_reasons_and_remapped_rows():

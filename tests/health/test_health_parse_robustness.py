@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from health_fixtures import CASES, NOT_PARSED, RELEVANT_DIRS, SHARED, read
+from health_fixtures import CASES, LOCAL, NOT_PARSED, RELEVANT_DIRS, SHARED, read
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +16,8 @@ def test_every_fixture_in_the_relevant_folders_has_a_parser_or_a_reason():
     shared_cases = {name for name in CASES if not name.startswith("local/")}
     assert on_disk - shared_cases - set(NOT_PARSED) == set(), "new fixture files without a parser test"
     assert (shared_cases | set(NOT_PARSED)) - on_disk == set(), "listed fixtures that do not exist"
+    local = {f"local/{path.name}" for path in LOCAL.iterdir() if path.name != "README.md"}
+    assert local == set(CASES) - shared_cases
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
