@@ -287,13 +287,15 @@ def _text_tree(text: str, source: str) -> _Entry:
     return top
 
 
-def _reject_empty_sections(entry: _Entry, source: str) -> None:
+def _reject_empty_sections(top: _Entry, source: str) -> None:
     """A section heading always heads fields; a bare one is a line cut off mid-way."""
-    for child in entry.children:
-        if child.value is None and not child.children:
-            raise ParseError(f"section {child.key!r} is empty (truncated?)", source=source,
-                             line=child.line)
-        _reject_empty_sections(child, source)
+    pending = list(top.children)
+    while pending:
+        entry = pending.pop()
+        if entry.value is None and not entry.children:
+            raise ParseError(f"section {entry.key!r} is empty (truncated?)", source=source,
+                             line=entry.line)
+        pending.extend(entry.children)
 
 
 class _TextReader:
