@@ -63,6 +63,20 @@ class GateConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    db: str = doc("sweep history database (SQLite), used by sweep, report, drain and resume",
+                  "/var/lib/trainctl/sweeps.db")
+    checks: tuple[str, ...] = doc("node checks a sweep runs ('all' or check names/families)", ("all",))
+    node_timeout_s: float = doc("a node whose checks take longer is recorded as timed out", 120.0)
+    fanout: int = doc("SSH sweeps and resume re-checks: nodes checked at once", 32)
+    ssh_user: str = doc("SSH sweeps and resume re-checks log in as this user", "root")
+    ssh_port: int = doc("sshd port on the nodes", 22)
+    ssh_key: str = doc("private key for SSH (empty: ssh-agent and ~/.ssh/id_*)", "")
+    known_hosts: str = doc("host keys are verified against this file (empty: ~/.ssh/known_hosts)", "")
+    node_python: str = doc("Python with trainctl on the nodes (empty: the one running the sweep)", "")
+
+
+@dataclass(frozen=True, kw_only=True)
 class PartitionConfig:
     gpus_per_node: int = doc("GPUs per node")
     gpu_model: str = doc("product name as nvidia-smi prints it (empty: do not check)", "")
@@ -90,6 +104,7 @@ class SiteConfig:
                                  default_factory=dict)
     slurm: SlurmConfig = doc("Slurm specifics", default_factory=SlurmConfig)
     gate: GateConfig = doc("health gate policy", default_factory=GateConfig)
+    sweep: SweepConfig = doc("nightly sweeps: history database, checks, SSH access", default_factory=SweepConfig)
     partitions: dict[str, PartitionConfig] = doc("partition name -> hardware")
 
 

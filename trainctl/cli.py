@@ -21,10 +21,18 @@ from trainctl.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, Comman
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "dev-cluster": ("trainctl.devcluster.cli", "dev_cluster",
                     "Start, inspect and stop the local demo Slurm cluster (needs root)."),
+    "drain": ("trainctl.sweep.cli", "drain",
+              "Drain the nodes that failed the newest sweep (tagged reason; never others' drains)."),
     "health": ("trainctl.health.cli", "health",
                "Node health: collect a snapshot, check it, list the checks."),
+    "report": ("trainctl.sweep.cli", "report",
+               "What is broken since when: sweep history as text, JSON, Markdown, HTML, Prometheus."),
+    "resume": ("trainctl.sweep.cli", "resume",
+               "Resume nodes trainctl drained that still carry its reason and pass a fresh check."),
     "site": ("trainctl.launcher.site_cli", "site",
              "Site configs: list them, show what one sets and where each value came from."),
+    "sweep": ("trainctl.sweep.cli", "sweep",
+              "Run the node checks on a partition's idle nodes (or over SSH); record the history."),
 }
 
 

@@ -1,0 +1,306 @@
+"""`trainctl sweep`, `report`, `drain` and `resume`: nightly health sweeps, their history, and drains.
+
+Each command imports what it needs when it runs, so `trainctl --help` stays Click alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+DEFAULT_SINCE = "7d"
+SINCE_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False),
+                         help="Sweep history (SQLite). Default: the site's [sweep] db, "
+                              "else /var/lib/trainctl/sweeps.db.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+
+
+def _progress(message: str) -> None:
+    click.echo(f"trainctl: {message}", err=True)
+
+
+def _load_site(site: str | None):
+    """(site config or None, the argument as the nodes should see it)."""
+    if site is None:
+        return None, None
+    from trainctl.launcher.site import load_site
+
+    loaded = load_site(site)
+    # A file is handed to the nodes by absolute path; a name they resolve themselves.
+    given = str(loaded.path.resolve()) if site.endswith(".toml") or "/" in site else site
+    return loaded.config, given
+
+
+def _db(db_path: str | None, config) -> Path:
+    from trainctl.launcher.site import SweepConfig
+
+    return Path(db_path or (config.sweep.db if config else SweepConfig().db)).expanduser()
+
+
+def parse_since(text: str) -> float:
+    """'7d', '36h', '2w', '90m' -> seconds."""
+    number, unit = text[:-1], text[-1:].lower()
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in SINCE_UNITS or value <= 0:
+        raise click.BadParameter(f"{text!r} is not a duration like 7d, 36h, 2w or 90m", param_hint="--since")
+    return value * SINCE_UNITS[unit]
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Readers (node_exporter, a web server) never see half a file."""
+    import os
+    import tempfile
+
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _node_command(config, given_site: str, timeout_s: float | None, fabric: bool):
+    from trainctl.sweep.collect import NodeCommand
+
+    only = () if tuple(config.sweep.checks) == ("all",) else tuple(config.sweep.checks)
+    return NodeCommand(python=config.sweep.node_python or sys.executable, site=given_site, only=only,
+                       timeout_s=timeout_s or config.sweep.node_timeout_s,
+                       fabric_timeout_s=config.gate.fabric_timeout_s if fabric else None)
+
+
+def _ssh_access(config):
+    from trainctl.sweep.collect import SshAccess
+
+    s = config.sweep
+    return SshAccess(user=s.ssh_user, port=s.ssh_port, key_path=s.ssh_key, known_hosts=s.known_hosts)
+
+
+# ---------------------------------------------------------------- sweep
+
+@click.command("sweep")
+@click.option("--site", required=True, help="Site name or .toml file (checks, timeouts, SSH access, db).")
+@click.option("--partition", help="Partition to sweep (default: the site's default partition).")
+@click.option("--nodes", "hostlist", help="Only these nodes, as a Slurm hostlist: gpu[01-08,10].")
+@click.option("--via", type=click.Choice(["slurm", "ssh"]), default="slurm", show_default=True,
+              help="slurm: one job on the idle nodes; ssh: a parallel fan-out (nodes outside Slurm).")
+@click.option("--fabric", is_flag=True, help="Also run the pairwise fabric test (Slurm only), "
+                                              "recorded per node as check fabric.allreduce.")
+@click.option("--fanout", type=click.IntRange(min=1), help="SSH: nodes at once (default: site's [sweep] fanout).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1),
+              help="Seconds a node's checks may take before it counts as timed out (default: site).")
+@db_option
+@json_option
+def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as_json):
+    """Check every node of a partition (or a hostlist) and record the results in the history.
+
+    With --via slurm (the default) one job runs on the idle nodes, one task per node; nodes
+    that are allocated, drained or down are recorded as not swept with their Slurm state. A
+    node whose checks outrun --timeout is recorded as timed out, apart from failing nodes.
+    Each node is committed as its answer arrives. Progress goes to stderr.
+
+    Exit code: the worst node status (0 ok, 1 warn, 2 fail, 3 unknown or no verdict);
+    4 if Slurm or SSH itself failed.
+    """
+    from trainctl.errors import UsageError
+    from trainctl.launcher.site import partition as pick_partition
+    from trainctl.slurm import expand_hostlist
+    from trainctl.sweep.collect import gpu_request_args
+    from trainctl.sweep.db import History
+    from trainctl.sweep.runner import SweepRequest, describe, run_sweep
+
+    config, given_site = _load_site(site)
+    nodes = expand_hostlist(hostlist) if hostlist else None
+    if fabric and via != "slurm":
+        raise UsageError("--fabric needs --via slurm: the fabric test runs as one Slurm step")
+    if via == "slurm" or partition:
+        partition, part = pick_partition(config, partition)
+    else:
+        part = pick_partition(config, None)[1]
+    request = SweepRequest(
+        kind="sweep", site=given_site, via=via, partition=partition, nodes=nodes,
+        command=_node_command(config, given_site, timeout_s, fabric),
+        gpu_args=gpu_request_args(config.slurm.gpu_request, part.gpus_per_node),
+        access=_ssh_access(config), fanout=fanout or config.sweep.fanout)
+    with History.open(_db(db_path, config), write=True) as history:
+        result = run_sweep(request, history, _progress)
+    nodes_out = sorted(result.nodes.values(), key=lambda n: n.host)
+    if as_json:
+        click.echo(json.dumps({
+            "sweep": result.sweep_id, "db": str(history.path), "exit_code": result.exit_code,
+            "nodes": [{"host": n.host, "outcome": n.outcome, "status": n.status, "slurm_state": n.slurm_state,
+                       "detail": n.detail, "duration_s": n.duration_s,
+                       "checks": [{"name": c.name, "status": c.status, "reason": c.reason} for c in n.checks]}
+                      for n in nodes_out]}, indent=1))
+    else:
+        click.echo(f"sweep #{result.sweep_id} recorded in {history.path}")
+        for node in nodes_out:
+            click.echo(f"  {describe(node)}")
+    return result.exit_code
+
+
+# ---------------------------------------------------------------- report
+
+@click.command("report")
+@click.option("--since", "since_text", default=DEFAULT_SINCE, show_default=True,
+              help="Window of history to report: 7d, 36h, 2w, 90m.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "html"]), default="text",
+              show_default=True, help="html is one self-contained file (inline CSS and SVG) to open or mail.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False),
+              help="Write the report to this file (atomically) instead of stdout.")
+@click.option("--prom", "prom_file", type=click.Path(dir_okay=False),
+              help="Also write the latest status per node and check in Prometheus text format "
+                   "(for node_exporter's textfile collector).")
+@click.option("--site", help="Site whose [sweep] db to read.")
+@db_option
+def report(since_text, fmt, out_file, prom_file, site, db_path):
+    """What is broken, how, and since when: failing checks grouped by check and reason.
+
+    Nodes are folded into hostlists; each group says since when it has failed (the first
+    sweep of the current streak) and whether it flaps. Also lists nodes that timed out or
+    gave no verdict, nodes not swept with their Slurm state, and the nodes trainctl drained.
+    Reads the history only; never changes it.
+    """
+    import time
+
+    from trainctl.sweep import render
+    from trainctl.sweep.db import History
+    from trainctl.sweep.report import build_report, load_report_data
+
+    config, _ = _load_site(site)
+    now = time.time()
+    since = now - parse_since(since_text)
+    with History.open(_db(db_path, config), write=False) as history:
+        built = build_report(load_report_data(history, since), now, since)
+        if prom_file:
+            sweeps = history.sweeps()
+            _write_atomically(prom_file, render.to_prometheus(
+                history.latest_checked_results(), history.current_nodes(1), history.drains(open_only=True),
+                sweeps[-1] if sweeps else None))
+    text = {"text": render.to_text, "json": render.to_json, "markdown": render.to_markdown,
+            "html": render.to_html}[fmt](built)
+    if out_file:
+        _write_atomically(out_file, text)
+    else:
+        click.echo(text, nl=False)
+
+
+# ---------------------------------------------------------------- drain / resume
+
+def _print_actions(actions, as_json: bool, applied: bool, extra: dict | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps({"applied": applied, **(extra or {}),
+                               "actions": [{"host": a.host, "action": a.action, "text": a.text, "check": a.check}
+                                           for a in actions]}, indent=1))
+        return
+    if not actions:
+        click.echo("nothing to do")
+    verb = {"drain": "drained" if applied else "would drain", "resume": "resumed" if applied else "would resume",
+            "release": "released" if applied else "would release", "skip": "left alone",
+            "recheck": "would re-check"}
+    for action in actions:
+        click.echo(f"{action.host:<12} {verb.get(action.action, action.action):<15} {action.text}")
+
+
+@click.command("drain")
+@click.option("--apply", is_flag=True, help="Drain for real (needs Slurm operator rights). "
+                                            "Without it, print what would be drained.")
+@click.option("--sweep", "sweep_id", type=int, help="Drain from this sweep (default: the newest finished one).")
+@click.option("--site", help="Site whose [sweep] db to use.")
+@db_option
+@json_option
+def drain(apply, sweep_id, site, db_path, as_json):
+    """Drain the nodes that failed the newest sweep, with reason `trainctl: <check>: <reason>`.
+
+    Only nodes without any reason are drained: a node someone else drained, or that Slurm
+    marked down with a reason, is left alone. Nodes that timed out or could not be judged
+    are listed but never drained. Each drain is recorded in the history with the exact
+    reason set, so `trainctl resume` can later tell trainctl's drains from everyone else's.
+    """
+    from trainctl.errors import UsageError
+    from trainctl.slurm import node_states, require_operator
+    from trainctl.sweep.db import History
+    from trainctl.sweep.drain import apply_drains, latest_sweep, plan_drains
+
+    config, _ = _load_site(site)
+    path = _db(db_path, config)
+    with History.open(path, write=False) as history:
+        sweeps = history.sweeps()
+        chosen = next((s for s in sweeps if s.id == sweep_id), None) if sweep_id else latest_sweep(sweeps)
+        if chosen is None:
+            raise UsageError(f"{path}: no sweep #{sweep_id}" if sweep_id else f"{path}: no finished sweep yet")
+        nodes, results = history.sweep_nodes(chosen.id), history.sweep_results(chosen.id)
+        open_drains = history.drains(open_only=True)
+    newer = [s.id for s in sweeps if s.id > chosen.id and s.kind == "sweep"]
+    if newer:
+        _progress(f"sweep #{chosen.id} is the newest finished sweep; newer, unfinished: "
+                  f"{', '.join(f'#{i}' for i in newer)}")
+    states = node_states(nodes=[n.host for n in nodes]) if nodes else {}
+    actions = plan_drains(nodes, results, states, open_drains)
+    if apply and any(a.action == "drain" for a in actions):
+        require_operator()
+        with History.open(path, write=True) as history:
+            actions = apply_drains(history, chosen.id, actions)
+    _print_actions(actions, as_json, apply, {"sweep": chosen.id})
+
+
+@click.command("resume")
+@click.option("--apply", is_flag=True, help="Resume for real (needs Slurm operator rights). "
+                                            "Without it, re-check and print what would be resumed.")
+@click.option("--site", required=True, help="Site name or .toml file (checks and SSH access for the re-check).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1),
+              help="Seconds a node's re-check may take (default: site).")
+@db_option
+@json_option
+def resume(apply, site, timeout_s, db_path, as_json):
+    """Resume only what trainctl drained, if it is still trainctl's drain and the node passes now.
+
+    A node qualifies only if trainctl recorded draining it and Slurm still shows exactly that
+    reason with that timestamp. Those nodes are re-checked over SSH (a drained node runs no
+    Slurm job) and resumed if they pass. A node drained by anyone else is never considered;
+    a trainctl drain whose reason someone changed is let go and never resumed.
+    """
+    from trainctl.slurm import node_states, require_operator
+    from trainctl.sweep.db import History
+    from trainctl.sweep.drain import RECHECK, apply_resumes, decide_resumes, plan_resumes
+    from trainctl.sweep.runner import SweepRequest, run_sweep
+
+    config, given_site = _load_site(site)
+    path = _db(db_path, config)
+    with History.open(path, write=False) as history:
+        open_drains = history.drains(open_only=True)
+    states = node_states(nodes=[d.host for d in open_drains]) if open_drains else {}
+    planned = plan_resumes(open_drains, states)
+    candidates = [a for a in planned if a.action == RECHECK]
+    if apply and planned:
+        require_operator()
+    rechecked = {}
+    recheck_id = None
+    if candidates:
+        request = SweepRequest(kind="recheck", site=given_site, via="ssh", partition=None,
+                               nodes=[a.host for a in candidates],
+                               command=_node_command(config, given_site, timeout_s, False), gpu_args=[],
+                               access=_ssh_access(config), fanout=config.sweep.fanout)
+        if apply:
+            with History.open(path, write=True) as history:
+                result = run_sweep(request, history, _progress)
+            recheck_id = result.sweep_id
+        else:
+            result = run_sweep(request, None, _progress)
+        rechecked = result.nodes
+    actions = [a for a in planned if a.action != RECHECK] + decide_resumes(candidates, rechecked)
+    if apply:
+        with History.open(path, write=True) as history:
+            actions = apply_resumes(history, actions)
+    _print_actions(actions, as_json, apply, {"recheck_sweep": recheck_id})

@@ -1,0 +1,292 @@
+"""Run the node task on many nodes and parse what comes back: through one Slurm job, or over SSH.
+
+Both collectors yield one `NodeOutcome` per node as soon as it is known, so the sweep can
+commit it at once: a sweep killed half-way keeps what it had. A node that outruns its
+deadline is a TIMEOUT, a node that answered with no verdict an ERROR; neither is a failing check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainctl.sweep.model import CHECKED, ERROR, STATUSES, TIMEOUT, CheckRow, NodeOutcome
+from trainctl.slurm import fold_hostlist
+
+JOB_NAME = "trainctl-sweep"
+ALLOCATION_WAIT_S = 60     # srun --immediate: give up if the idle nodes were taken meanwhile
+STARTUP_MARGIN_S = 30.0    # Python and trainctl start-up on a node, on top of the checks' deadline
+SSH_CONNECT_TIMEOUT_S = 15.0
+STDERR_TAIL_CHARS = 400
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """The node task's command line: which Python, which site and checks, which deadlines."""
+
+    python: str
+    site: str
+    only: tuple[str, ...]             # empty: every check
+    timeout_s: float
+    fabric_timeout_s: float | None = None
+
+    def argv(self) -> list[str]:
+        argv = [self.python, "-m", "trainctl.sweep.node_task", "--timeout", f"{self.timeout_s:g}",
+                "--site", self.site]
+        if self.only:
+            argv += ["--only", ",".join(self.only)]
+        if self.fabric_timeout_s:
+            argv += ["--fabric-timeout", f"{self.fabric_timeout_s:g}"]
+        return argv
+
+    @property
+    def deadline_s(self) -> float:
+        return self.timeout_s + (self.fabric_timeout_s or 0) + STARTUP_MARGIN_S
+
+
+@dataclass(frozen=True)
+class FabricVerdict:
+    """Rank 0's `health fabric --json` envelope (or why there is none)."""
+
+    outcome: str
+    report: dict | None
+    detail: str
+
+
+# ---------------------------------------------------------------- parsing (pure)
+
+def outcome_from_envelope(host: str, envelope: dict, slurm_state: str = "") -> NodeOutcome:
+    """The node task's envelope as a NodeOutcome; anything malformed is an ERROR, never a crash."""
+    outcome = envelope.get("outcome")
+    duration = envelope.get("duration_s") if isinstance(envelope.get("duration_s"), (int, float)) else None
+    if outcome == TIMEOUT:
+        return NodeOutcome(host, TIMEOUT, slurm_state=slurm_state, detail=str(envelope.get("detail", "")),
+                           duration_s=duration)
+    report = envelope.get("report")
+    if outcome != CHECKED or not isinstance(report, dict):
+        detail = str(envelope.get("detail") or f"unexpected answer from the node task: {envelope!r:.200}")
+        return NodeOutcome(host, ERROR, slurm_state=slurm_state, detail=detail, duration_s=duration)
+    checks = tuple(_check_row(item) for item in report.get("checks") or [] if isinstance(item, dict))
+    status = report.get("status") if report.get("status") in STATUSES else "unknown"
+    if report.get("host") not in (None, host):
+        detail = f"the node calls itself {report['host']}"
+    else:
+        detail = ""
+    return NodeOutcome(host, CHECKED, status=status, slurm_state=slurm_state, detail=detail,
+                       duration_s=duration, checks=checks)
+
+
+def _check_row(item: dict) -> CheckRow:
+    status = item.get("status") if item.get("status") in STATUSES else "unknown"
+    details = item.get("details") if isinstance(item.get("details"), dict) else {}
+    return CheckRow(str(item.get("name", "?")), status, str(item.get("reason", "")), details)
+
+
+def parse_line(line: str) -> dict | None:
+    """One envelope line, or None for anything else a task may have printed."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("node"), str) else None
+
+
+# ---------------------------------------------------------------- Slurm
+
+def gpu_request_args(gpu_request: str, gpus_per_node: int) -> list[str]:
+    """The job's GPU request in the site's dialect, so the checks see every GPU of the node."""
+    if gpus_per_node <= 0 or gpu_request == "none":
+        return []
+    if gpu_request == "gres":
+        return [f"--gres=gpu:{gpus_per_node}"]
+    return [f"--gpus-per-node={gpus_per_node}"]
+
+
+def srun_argv(nodes: list[str], command: NodeCommand, *, partition: str | None,
+              extra: list[str]) -> list[str]:
+    """One job, one step, one task per node, whole nodes, no task's failure ending the others."""
+    minutes = math.ceil((command.deadline_s + ALLOCATION_WAIT_S) / 60)
+    argv = ["srun", f"--job-name={JOB_NAME}", f"--nodelist={fold_hostlist(nodes)}", f"--nodes={len(nodes)}",
+            "--ntasks-per-node=1", "--exclusive", "--kill-on-bad-exit=0", f"--immediate={ALLOCATION_WAIT_S}",
+            f"--time={minutes}"]
+    if partition:
+        argv.append(f"--partition={partition}")
+    return [*argv, *extra, *command.argv()]
+
+
+def collect_via_slurm(nodes: list[str], command: NodeCommand, *, partition: str | None,
+                      extra: list[str], states: dict[str, str],
+                      on_job: Callable[[str], None] = lambda job_id: None,
+                      env: dict[str, str] | None = None) -> Iterator[NodeOutcome | FabricVerdict]:
+    """Run the node task on `nodes` with srun; yield each node's outcome as its line arrives.
+
+    Nodes with no line by the end timed out (srun killed at the deadline) or, when srun
+    itself failed (no allocation, say), are ERRORs carrying srun's message.
+    """
+    argv = srun_argv(nodes, command, partition=partition, extra=extra)
+    deadline_s = command.deadline_s + ALLOCATION_WAIT_S
+    seen: set[str] = set()
+    job_reported = False
+    with _Streamed(argv, deadline_s, env) as stream:
+        for line in stream.lines():
+            envelope = parse_line(line)
+            if envelope is None or envelope["node"] not in nodes:
+                continue
+            if not job_reported and envelope.get("job_id"):
+                on_job(str(envelope["job_id"]))
+                job_reported = True
+            if "fabric" in envelope:
+                verdict = envelope["fabric"] if isinstance(envelope["fabric"], dict) else {}
+                yield FabricVerdict(str(verdict.get("outcome")), verdict.get("report"), str(verdict.get("detail", "")))
+            elif envelope["node"] not in seen:
+                seen.add(envelope["node"])
+                yield outcome_from_envelope(envelope["node"], envelope, states.get(envelope["node"], ""))
+    for host in nodes:
+        if host in seen:
+            continue
+        if stream.timed_out:
+            yield NodeOutcome(host, TIMEOUT, slurm_state=states.get(host, ""),
+                              detail=f"no answer within {deadline_s:g} s (srun stopped)")
+        else:
+            yield NodeOutcome(host, ERROR, slurm_state=states.get(host, ""),
+                              detail=f"no answer from the node: {stream.failure()}")
+
+
+class _Streamed:
+    """An argv run with a hard deadline whose stdout is read line by line as it comes.
+
+    Like trainctl.proc.run (own process group, killed whole at the deadline, never a
+    shell), but streaming, so each node's result can be committed the moment it arrives.
+    """
+
+    def __init__(self, argv: list[str], deadline_s: float, env: dict[str, str] | None):
+        self.argv = argv
+        self.deadline_s = deadline_s
+        self.env = env
+        self.timed_out = False
+        self._stderr: list[str] = []
+
+    def __enter__(self) -> _Streamed:
+        try:
+            self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, env=self.env, text=True, errors="replace",
+                                          start_new_session=True)
+        except OSError as exc:
+            self._proc = None
+            self._start_error = f"{self.argv[0]}: {exc.strerror}"
+            return self
+        self._timer = threading.Timer(self.deadline_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+        self._stderr_reader = threading.Thread(target=lambda: self._stderr.extend(self._proc.stderr),
+                                               daemon=True)
+        self._stderr_reader.start()
+        return self
+
+    def lines(self) -> Iterator[str]:
+        if self._proc is not None:
+            yield from self._proc.stdout
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        self._kill()
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def failure(self) -> str:
+        if self._proc is None:
+            return self._start_error
+        tail = "".join(self._stderr).strip()[-STDERR_TAIL_CHARS:]
+        return f"{self.argv[0]} exited with status {self._proc.returncode}" + (f": {tail}" if tail else "")
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._proc is None:
+            return
+        if exc_info[0] is not None:  # the consumer stopped early (Ctrl-C): take srun down too
+            self._kill()
+        self._proc.wait()
+        self._timer.cancel()
+        self._stderr_reader.join(timeout=5)
+
+
+# ---------------------------------------------------------------- SSH
+
+@dataclass(frozen=True)
+class SshAccess:
+    user: str
+    port: int
+    key_path: str          # "" : ssh-agent and ~/.ssh/id_*
+    known_hosts: str       # "" : ~/.ssh/known_hosts
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return Path(self.known_hosts or "~/.ssh/known_hosts").expanduser()
+
+
+def collect_via_ssh(addresses: dict[str, str], command: NodeCommand, access: SshAccess, *, fanout: int,
+                    states: dict[str, str]) -> Iterator[NodeOutcome]:
+    """Run the node task on each host (at its address) over SSH, `fanout` at a time."""
+    with ThreadPoolExecutor(max_workers=max(1, fanout)) as pool:
+        futures = [pool.submit(ssh_node, host, address, command, access, states.get(host, ""))
+                   for host, address in addresses.items()]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+def ssh_node(host: str, address: str, command: NodeCommand, access: SshAccess, slurm_state: str) -> NodeOutcome:
+    """One node over SSH; the host key must be in known_hosts (never added, never skipped)."""
+    import paramiko  # only SSH sweeps pay for importing it
+
+    started = time.monotonic()
+
+    def failed(outcome: str, detail: str) -> NodeOutcome:
+        return NodeOutcome(host, outcome, slurm_state=slurm_state, detail=detail,
+                           duration_s=round(time.monotonic() - started, 3))
+
+    client = paramiko.SSHClient()
+    try:
+        client.load_host_keys(str(access.known_hosts_path))
+    except OSError as exc:
+        return failed(ERROR, f"cannot read known_hosts {access.known_hosts_path}: {exc.strerror}")
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    target = f"{access.user}@{address}:{access.port}"
+    try:
+        client.connect(address, port=access.port, username=access.user,
+                       key_filename=access.key_path or None, allow_agent=not access.key_path,
+                       look_for_keys=not access.key_path, timeout=SSH_CONNECT_TIMEOUT_S,
+                       banner_timeout=SSH_CONNECT_TIMEOUT_S, auth_timeout=SSH_CONNECT_TIMEOUT_S)
+        _, stdout, stderr = client.exec_command(shlex.join(command.argv()), timeout=command.deadline_s)
+        out = stdout.read().decode(errors="replace")
+        err = stderr.read().decode(errors="replace")
+        status = stdout.channel.recv_exit_status()
+    except (socket.timeout, TimeoutError):
+        return failed(TIMEOUT, f"no answer over SSH within {command.deadline_s:g} s ({target})")
+    except paramiko.BadHostKeyException:
+        return failed(ERROR, f"ssh {target}: host key differs from {access.known_hosts_path}; refused")
+    except paramiko.AuthenticationException as exc:
+        return failed(ERROR, f"ssh {target}: authentication failed: {exc}")
+    except (paramiko.SSHException, OSError) as exc:
+        return failed(ERROR, f"ssh {target}: {exc}")
+    finally:
+        client.close()
+    envelopes = [e for e in map(parse_line, out.splitlines()) if e is not None]
+    if not envelopes:
+        tail = err.strip()[-STDERR_TAIL_CHARS:]
+        return failed(ERROR, f"ssh {target}: remote command exited with status {status} and no verdict"
+                             + (f": {tail}" if tail else ""))
+    return outcome_from_envelope(host, envelopes[0], slurm_state)

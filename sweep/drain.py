@@ -1,0 +1,173 @@
+"""Drain the nodes a sweep found failing, and resume only what trainctl itself drained.
+
+The rule that keeps trainctl off other admins' toes: it never touches a node that has a
+reason it did not set. It drains only nodes with no reason at all, records the exact reason
+it set (and Slurm's timestamp for it) and resumes a node only while Slurm still shows that
+same reason with that same timestamp, and only after the node passes a fresh check. A drain
+whose reason someone changed is let go (closed in the history), never resumed.
+
+Planning is pure (`plan_drains`, `plan_resumes`); `apply_*` do the Slurm calls, each
+preceded by a fresh look at the node, so a reason set a moment ago is still respected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from trainctl.slurm import REASON_MAX_BYTES, NodeState, drain_nodes, fit_reason, node_states, resume_nodes
+from trainctl.sweep.db import History
+from trainctl.sweep.model import CHECKED, DRAIN_TAG, DrainRow, NodeOutcome, NodeRow, ResultRow, SweepRow
+
+DRAIN = "drain"
+RESUME = "resume"
+SKIP = "skip"
+RELEASE = "release"      # trainctl lets go of its record: the drain is no longer its own
+RECHECK = "recheck"      # a candidate for resume, pending a fresh check
+
+
+@dataclass(frozen=True)
+class Action:
+    host: str
+    action: str
+    text: str             # the reason to set (drain), or why (skip, release, resume)
+    check: str = ""
+    drain_id: int | None = None
+
+
+def drain_reason(failing: list[ResultRow]) -> tuple[str, str]:
+    """(first failing check, `trainctl: <check>: <reason> [+other checks]`) within Slurm's limit."""
+    failing = sorted(failing, key=lambda r: r.check)
+    first, others = failing[0], [r.check for r in failing[1:]]
+    head = f"{DRAIN_TAG} {first.check}: "
+    tail = f" [+{', '.join(others)}]" if others else ""
+    # Cut the reason, not the tag or the list of other checks.
+    budget = max(16, REASON_MAX_BYTES - len(head.encode()) - len(tail.encode()))
+    return first.check, fit_reason(head + fit_reason(first.reason, budget) + tail)
+
+
+def plan_drains(nodes: list[NodeRow], results: list[ResultRow], states: dict[str, NodeState],
+                open_drains: Iterable[DrainRow]) -> list[Action]:
+    """What `drain` does with each node that failed in the sweep (or has no verdict from it)."""
+    held = {d.host: d for d in open_drains}
+    failing: dict[str, list[ResultRow]] = {}
+    for row in results:
+        if row.status == "fail":
+            failing.setdefault(row.host, []).append(row)
+    actions = []
+    for node in nodes:
+        if node.outcome != CHECKED:
+            if node.outcome in ("timeout", "error"):
+                actions.append(Action(node.host, SKIP, f"{node.outcome}, no verdict: a node that did not "
+                                                       f"answer is not drained ({node.detail})"))
+            continue
+        if node.host not in failing:
+            if node.status == "unknown":
+                actions.append(Action(node.host, SKIP, "checks could not decide (unknown): not drained"))
+            continue
+        check, reason = drain_reason(failing[node.host])
+        state = states.get(node.host)
+        if node.host in held:
+            actions.append(Action(node.host, SKIP, f"already drained by trainctl: {held[node.host].reason}", check))
+        elif state is None:
+            actions.append(Action(node.host, SKIP, "not known to Slurm", check))
+        elif state.reason:
+            who = state.reason_user or "someone"
+            actions.append(Action(node.host, SKIP, f"has a reason trainctl did not set ({who}: {state.reason!r}); "
+                                                   "left alone", check))
+        else:
+            actions.append(Action(node.host, DRAIN, reason, check))
+    return actions
+
+
+def plan_resumes(open_drains: Iterable[DrainRow], states: dict[str, NodeState]) -> list[Action]:
+    """Which of trainctl's drains are still its own (RECHECK) and which it must let go (RELEASE)."""
+    actions = []
+    for drain in open_drains:
+        state = states.get(drain.host)
+        if state is None:
+            why = "no longer known to Slurm"
+        elif not state.drained:
+            why = f"no longer drained (now {state.label}): resumed outside trainctl"
+        elif state.reason != drain.reason:
+            why = f"reason changed by {state.reason_user or 'someone'} to {state.reason!r}: no longer trainctl's"
+        elif drain.reason_time and state.reason_time != drain.reason_time:
+            why = (f"drained again by {state.reason_user or 'someone'} at {state.reason_time} "
+                   "(same text, new drain): no longer trainctl's")
+        else:
+            actions.append(Action(drain.host, RECHECK, "drained by trainctl; re-checking", drain.check, drain.id))
+            continue
+        actions.append(Action(drain.host, RELEASE, why, drain.check, drain.id))
+    return actions
+
+
+def decide_resumes(candidates: list[Action], rechecked: dict[str, NodeOutcome]) -> list[Action]:
+    """Resume a candidate only if its fresh check passed (ok or warn); keep the rest drained."""
+    decided = []
+    for candidate in candidates:
+        outcome = rechecked.get(candidate.host)
+        if outcome is None:
+            why = "was not re-checked"
+        elif outcome.outcome != CHECKED:
+            why = f"re-check gave no verdict ({outcome.outcome}: {outcome.detail})"
+        elif outcome.status in ("ok", "warn"):
+            decided.append(Action(candidate.host, RESUME, f"passes now ({outcome.status})", candidate.check,
+                                  candidate.drain_id))
+            continue
+        else:
+            bad = "; ".join(f"{c.name}: {c.reason}" for c in outcome.checks if c.status not in ("ok", "warn"))
+            why = f"still {outcome.status}: {bad}"
+        decided.append(Action(candidate.host, SKIP, f"kept drained: {why}", candidate.check, candidate.drain_id))
+    return decided
+
+
+# ---------------------------------------------------------------- applying (Slurm + history)
+
+def latest_sweep(sweeps: list[SweepRow]) -> SweepRow | None:
+    """The newest finished full sweep (re-checks of drained nodes are not sweeps to drain from)."""
+    finished = [s for s in sweeps if s.kind == "sweep" and s.complete and not s.error]
+    return finished[-1] if finished else None
+
+
+def apply_drains(history: History, sweep_id: int, actions: list[Action],
+                 clock: Callable[[], float] = time.time) -> list[Action]:
+    """Drain each DRAIN action's node unless a reason appeared meanwhile; record each drain."""
+    done = []
+    for action in actions:
+        if action.action != DRAIN:
+            done.append(action)
+            continue
+        state = node_states(nodes=[action.host]).get(action.host)
+        if state is None or state.reason:
+            why = f"{state.reason_user or 'someone'} set {state.reason!r} meanwhile" if state else "gone from Slurm"
+            done.append(Action(action.host, SKIP, f"not drained: {why}", action.check))
+            continue
+        drain_nodes([action.host], action.text)
+        after = node_states(nodes=[action.host]).get(action.host)
+        history.record_drain(host=action.host, reason=after.reason if after else action.text,
+                             reason_time=after.reason_time if after else "", sweep_id=sweep_id,
+                             check=action.check, drained_at=clock())
+        done.append(action)
+    return done
+
+
+def apply_resumes(history: History, actions: list[Action], clock: Callable[[], float] = time.time) -> list[Action]:
+    """Resume RESUME actions whose drain is still exactly trainctl's; close released drains."""
+    done = []
+    drains = {d.id: d for d in history.drains(open_only=True)}
+    for action in actions:
+        drain = drains.get(action.drain_id)
+        if action.action == RELEASE and drain:
+            history.close_drain(drain.id, clock(), f"released: {action.text}")
+        elif action.action == RESUME and drain:
+            # Look once more right before resuming: an admin may have taken the node over.
+            still_ours = plan_resumes([drain], node_states(nodes=[drain.host]))[0]
+            if still_ours.action != RECHECK:
+                history.close_drain(drain.id, clock(), f"released: {still_ours.text}")
+                done.append(still_ours)
+                continue
+            resume_nodes([drain.host])
+            history.close_drain(drain.id, clock(), "resumed")
+        done.append(action)
+    return done

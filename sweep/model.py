@@ -1,0 +1,99 @@
+"""The rows a sweep produces and the history stores; shared by every stage, no I/O here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Node check statuses, in the order of their exit codes (health's Status): worst is highest.
+STATUSES = ("ok", "warn", "fail", "unknown")
+STATUS_CODE = {name: code for code, name in enumerate(STATUSES)}
+
+# What happened to a node in a sweep. Only "checked" nodes have check results.
+CHECKED = "checked"
+TIMEOUT = "timeout"        # the checks did not finish in time: not the same as failing one
+ERROR = "error"            # no verdict came back (ssh refused, trainctl crashed on the node)
+NOT_SWEPT = "not_swept"    # Slurm had the node busy, drained or down: its state says which
+OUTCOMES = (CHECKED, TIMEOUT, ERROR, NOT_SWEPT)
+
+DRAIN_TAG = "trainctl:"    # every reason trainctl sets starts with this
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    name: str
+    status: str
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """One node's part of a sweep, as a collector hands it to the history."""
+
+    host: str
+    outcome: str
+    status: str | None = None          # worst check status, for checked nodes
+    slurm_state: str = ""              # Slurm's state when the sweep looked ("" outside Slurm)
+    detail: str = ""                   # why not swept, what timed out, what went wrong
+    duration_s: float | None = None
+    checks: tuple[CheckRow, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        """This node's share of the sweep's exit code: its status; no verdict counts as unknown."""
+        if self.outcome == CHECKED:
+            return STATUS_CODE[self.status or "unknown"]
+        return STATUS_CODE["unknown"] if self.outcome in (TIMEOUT, ERROR) else 0
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    id: int
+    kind: str                  # "sweep" or "recheck" (resume's fresh look at drained nodes)
+    started_at: float          # Unix seconds
+    finished_at: float | None  # None: the sweep never finished (killed, crashed)
+    site: str
+    via: str
+    target: str                # partition name or hostlist
+    checks: str
+    slurm_job_id: str
+    error: str
+
+    @property
+    def complete(self) -> bool:
+        return self.finished_at is not None
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    sweep_id: int
+    host: str
+    outcome: str
+    status: str | None
+    slurm_state: str
+    detail: str
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    sweep_id: int
+    host: str
+    check: str
+    status: str
+    reason: str
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DrainRow:
+    id: int
+    host: str
+    reason: str                # exactly the reason trainctl set
+    reason_time: str           # Slurm's timestamp for it, read back after draining
+    sweep_id: int
+    check: str
+    drained_at: float
+    closed_at: float | None    # None while trainctl still holds the drain
+    closed_how: str            # "resumed", or why trainctl let go of it

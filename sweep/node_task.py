@@ -1,0 +1,81 @@
+"""The part of a sweep that runs on each node (one Slurm task per node, or one SSH session).
+
+It runs `trainctl health check --json` under a deadline and prints one line of JSON, the
+envelope, that the sweep parses:
+
+    {"node": "gpu03", "job_id": "4711", "outcome": "checked", "exit_code": 2,
+     "duration_s": 1.9, "report": {...health check JSON...}, "detail": ""}
+
+`outcome` is "checked", "timeout" (the checks outran the deadline: recorded apart from a
+failing check) or "error" (no verdict, `detail` says why). With --fabric every task then
+joins `trainctl health fabric --json`, and rank 0 prints a second line {"node", "fabric": {...}}.
+The task itself exits 0 whenever it printed its envelope, so one bad node never ends the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+from trainctl.proc import ProcResult, run
+
+STDERR_TAIL_CHARS = 300
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainctl.sweep.node_task")
+    parser.add_argument("--timeout", type=float, required=True, help="seconds the checks may take")
+    parser.add_argument("--site", help="site name or file for `health check`")
+    parser.add_argument("--only", help="comma-separated checks for `health check`")
+    parser.add_argument("--fabric-timeout", type=float,
+                        help="also run `health fabric` with this deadline (all tasks of the step)")
+    args = parser.parse_args(argv)
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    trainctl = [sys.executable, "-m", "trainctl.cli"]
+    site = ["--site", args.site] if args.site else []
+
+    check_argv = [*trainctl, "health", "check", "--json", *site]
+    if args.only:
+        check_argv += ["--only", args.only]
+    envelope = {"node": node, "job_id": os.environ.get("SLURM_JOB_ID", ""),
+                **interpret(run(check_argv, timeout=args.timeout), args.timeout)}
+    print(json.dumps(envelope), flush=True)
+
+    if args.fabric_timeout:
+        # The fabric test keeps its own deadline; the margin covers its start-up and report.
+        fabric = run([*trainctl, "health", "fabric", "--json", "--timeout", f"{args.fabric_timeout:g}", *site],
+                     timeout=args.fabric_timeout + 30)
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            verdict = interpret(fabric, args.fabric_timeout + 30)
+            print(json.dumps({"node": node, "fabric": verdict}), flush=True)
+    return 0
+
+
+def interpret(result: ProcResult, timeout_s: float) -> dict:
+    """outcome/exit_code/duration_s/report/detail for one `trainctl health ... --json` run."""
+    base = {"exit_code": result.returncode, "duration_s": round(result.duration_s, 3)}
+    if result.timed_out:
+        return {**base, "outcome": "timeout", "report": None,
+                "detail": f"checks did not finish within {timeout_s:g} s"}
+    try:
+        report = json.loads(result.stdout)
+        if not isinstance(report, dict) or "status" not in report:
+            raise ValueError("not a health verdict")
+    except ValueError:
+        last_words = (result.stderr.strip().splitlines() or [""])[-1][-STDERR_TAIL_CHARS:]
+        if result.missing:
+            why = result.stderr
+        elif result.returncode != 0:
+            why = f"`{' '.join(result.argv[3:5])}` exited with status {result.returncode}"
+        else:
+            why = f"`{' '.join(result.argv[3:5])}` printed no JSON verdict"
+        return {**base, "outcome": "error", "report": None,
+                "detail": f"{why}: {last_words}" if last_words and not result.missing else why}
+    return {**base, "outcome": "checked", "report": report, "detail": ""}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

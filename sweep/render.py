@@ -1,0 +1,286 @@
+"""Report formats: text (a terminal, a mail), JSON (machines), Markdown (tickets, wikis), HTML (one
+self-contained file: inline CSS and SVG, nothing fetched), and Prometheus textfile metrics.
+
+Every function here is pure: a Report (or rows) in, a string out.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+from collections.abc import Iterable
+
+from trainctl.sweep.model import STATUS_CODE, DrainRow, NodeRow, ResultRow, SweepRow
+from trainctl.sweep.report import Group, Report
+
+CELL_COLOURS = {"ok": "#4caf50", "warn": "#ffb300", "fail": "#d32f2f", "unknown": "#7e57c2",
+                "timeout": "#ff7043", "error": "#6d4c41", "not_swept": "#cfd8dc", None: "#ffffff"}
+CELL_NAMES = {"not_swept": "not swept", None: "no sweep"}
+
+
+def local_time(timestamp: float | None, tz: datetime.tzinfo | None = None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(timestamp, tz).strftime("%Y-%m-%d %H:%M")
+
+
+def iso_utc(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def describe_sweep(sweep: SweepRow, tz: datetime.tzinfo | None = None) -> str:
+    state = ("complete" if sweep.complete and not sweep.error else
+             f"failed: {sweep.error}" if sweep.complete else "INCOMPLETE (never finished: killed or crashed)")
+    return (f"#{sweep.id} {sweep.kind} via {sweep.via} on {sweep.target}, started {local_time(sweep.started_at, tz)}"
+            f", {state}")
+
+
+def window_label(report: Report) -> str:
+    days = (report.generated_at - report.since) / 86400
+    return f"{days:g} days" if days >= 1 else f"{days * 24:g} hours"
+
+
+def count_line(report: Report) -> str:
+    order = ["ok", "warn", "fail", "unknown", "timeout", "error", "not_swept"]
+    parts = [f"{report.counts[k]} {k.replace('_', ' ')}" for k in order if report.counts.get(k)]
+    return ", ".join(parts) or "no nodes recorded"
+
+
+def since_text(group: Group, tz: datetime.tzinfo | None = None) -> str:
+    text = f"{group.status} since {local_time(group.since, tz)} (sweep #{group.since_sweep})"
+    return text + (f", flapping ({group.changes} changes)" if group.flapping else "")
+
+
+# ---------------------------------------------------------------- text
+
+def to_text(report: Report, tz: datetime.tzinfo | None = None) -> str:
+    lines = [f"trainctl report {local_time(report.generated_at, tz)}: last {window_label(report)}, "
+             f"{len(report.sweeps)} sweeps"]
+    if report.latest:
+        lines.append(f"latest sweep {describe_sweep(report.latest, tz)}")
+    lines += [f"WARNING: sweep {describe_sweep(s, tz)}" for s in report.incomplete if s is not report.latest]
+    lines.append(f"nodes now: {count_line(report)}")
+    width = max([len(g.hostlist) for g in report.groups] + [len(h.hostlist) for h in
+                report.unanswered + report.not_swept] + [len(d.host) for d in report.drained] + [5])
+    check_width = max([len(g.check) for g in report.groups] + [5])
+    if report.groups:
+        lines += ["", "FAILING CHECKS"]
+        lines += [f"  {g.hostlist:<{width}}  {g.check:<{check_width}}  {g.reason}  [{since_text(g, tz)}]"
+                  for g in report.groups]
+    if report.unanswered:
+        lines += ["", "NO VERDICT (timed out or no answer; not the same as failing)"]
+        lines += [f"  {h.hostlist:<{width}}  {h.label:<7}  {h.detail}" for h in report.unanswered]
+    if report.not_swept:
+        lines += ["", "NOT SWEPT (Slurm state)"]
+        lines += [f"  {h.hostlist:<{width}}  {h.label}" for h in report.not_swept]
+    if report.drained:
+        lines += ["", "DRAINED BY TRAINCTL"]
+        lines += [f"  {d.host:<{width}}  since {local_time(d.drained_at, tz)}  {d.reason}" for d in report.drained]
+    if not report.groups and not report.unanswered and report.counts:
+        lines += ["", "every checked node is ok"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- JSON
+
+def to_json_dict(report: Report) -> dict:
+    return {
+        "generated_at": iso_utc(report.generated_at),
+        "since": iso_utc(report.since),
+        "latest_sweep": report.latest.id if report.latest else None,
+        "sweeps": [{"id": s.id, "kind": s.kind, "started_at": iso_utc(s.started_at),
+                    "finished_at": iso_utc(s.finished_at), "complete": s.complete, "via": s.via,
+                    "target": s.target, "checks": s.checks, "slurm_job_id": s.slurm_job_id, "error": s.error}
+                   for s in report.sweeps],
+        "counts": report.counts,
+        "groups": [{"check": g.check, "status": g.status, "reason": g.reason, "hostlist": g.hostlist,
+                    "hosts": list(g.hosts), "since": iso_utc(g.since), "since_sweep": g.since_sweep,
+                    "flapping": g.flapping, "changes": g.changes} for g in report.groups],
+        "no_verdict": [{"outcome": h.label, "detail": h.detail, "hostlist": h.hostlist, "hosts": list(h.hosts)}
+                       for h in report.unanswered],
+        "not_swept": [{"slurm_state": h.label, "hostlist": h.hostlist, "hosts": list(h.hosts)}
+                      for h in report.not_swept],
+        "drained": [{"host": d.host, "reason": d.reason, "since": iso_utc(d.drained_at), "sweep_id": d.sweep_id,
+                     "check": d.check} for d in report.drained],
+        "grid": {"nights": list(report.grid.nights),
+                 "rows": [{"host": host, "cells": list(cells)} for host, cells in report.grid.rows],
+                 "hidden_rows": report.grid.hidden_rows},
+    }
+
+
+def to_json(report: Report) -> str:
+    return json.dumps(to_json_dict(report), indent=1) + "\n"
+
+
+# ---------------------------------------------------------------- Markdown
+
+def _md(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(report: Report, tz: datetime.tzinfo | None = None) -> str:
+    lines = [f"# trainctl report, {local_time(report.generated_at, tz)}", "",
+             f"Last {window_label(report)}: {len(report.sweeps)} sweeps. Nodes now: {count_line(report)}."]
+    if report.latest:
+        lines.append(f"Latest sweep {_md(describe_sweep(report.latest, tz))}.")
+    lines += [f"**Incomplete:** sweep {_md(describe_sweep(s, tz))}." for s in report.incomplete
+              if s is not report.latest]
+    if report.groups:
+        lines += ["", "## Failing checks", "", "| nodes | check | status | reason | since | flapping |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| `{g.hostlist}` | {g.check} | {g.status} | {_md(g.reason)} | {local_time(g.since, tz)} "
+                  f"(#{g.since_sweep}) | {'yes, ' + str(g.changes) + ' changes' if g.flapping else 'no'} |"
+                  for g in report.groups]
+    if report.unanswered:
+        lines += ["", "## No verdict (timed out or no answer)", "", "| nodes | outcome | detail |", "|---|---|---|"]
+        lines += [f"| `{h.hostlist}` | {h.label} | {_md(h.detail)} |" for h in report.unanswered]
+    if report.not_swept:
+        lines += ["", "## Not swept", "", "| nodes | Slurm state |", "|---|---|"]
+        lines += [f"| `{h.hostlist}` | {h.label} |" for h in report.not_swept]
+    if report.drained:
+        lines += ["", "## Drained by trainctl", "", "| node | since | reason |", "|---|---|---|"]
+        lines += [f"| {d.host} | {local_time(d.drained_at, tz)} | {_md(d.reason)} |" for d in report.drained]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- HTML
+
+STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+h3{font-size:14px;margin:16px 0 4px} .meta{color:#555} .warn-box{background:#fff3e0;border-left:4px solid #ff7043;
+padding:6px 10px;margin:8px 0} table{border-collapse:collapse;margin:4px 0 12px;min-width:480px}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top} th{background:#f5f5f5}
+code{font:12px ui-monospace,monospace;background:#f5f5f5;padding:1px 4px}
+.badge{display:inline-block;color:#fff;border-radius:3px;padding:0 6px;font-size:12px;margin-right:6px}
+.reason{margin:2px 0 6px;font-family:ui-monospace,monospace;font-size:12px}
+.legend span{display:inline-block;margin-right:12px} .legend i{display:inline-block;width:10px;height:10px;
+margin-right:4px;border:1px solid #999}
+"""
+
+
+def _h(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _badge(status: str) -> str:
+    return f'<span class="badge" style="background:{CELL_COLOURS.get(status, "#999")}">{_h(status)}</span>'
+
+
+def to_html(report: Report, tz: datetime.tzinfo | None = None) -> str:
+    drained = {d.host: d for d in report.drained}
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>trainctl report {_h(local_time(report.generated_at, tz))}</title>",
+             f"<style>{STYLE}</style></head><body>",
+             f"<h1>trainctl node health report</h1>",
+             f'<p class="meta">{_h(local_time(report.generated_at, tz))}: last {_h(window_label(report))}, '
+             f"{len(report.sweeps)} sweeps. Nodes now: {_h(count_line(report))}.</p>"]
+    if report.latest:
+        parts.append(f'<p class="meta">Latest sweep {_h(describe_sweep(report.latest, tz))}.</p>')
+    parts += [f'<p class="warn-box">Incomplete sweep {_h(describe_sweep(s, tz))}.</p>' for s in report.incomplete]
+
+    parts.append(f"<h2>Failing checks ({len(report.groups)} groups)</h2>")
+    if not report.groups:
+        parts.append("<p>Every checked node passed its latest sweep.</p>")
+    for group in report.groups:
+        parts += [f'<section class="group" data-check="{_h(group.check)}" data-status="{_h(group.status)}">',
+                  f"<h3>{_badge(group.status)}{_h(group.check)} <code>{_h(group.hostlist)}</code></h3>",
+                  f'<p class="reason">{_h(group.reason)}</p>',
+                  '<table class="failures"><thead><tr><th>node</th><th>status</th><th>since</th>'
+                  "<th>flapping</th><th>drained by trainctl</th></tr></thead><tbody>"]
+        for host in group.hosts:
+            drain = drained.get(host)
+            parts.append(f"<tr><td>{_h(host)}</td><td>{_h(group.status)}</td>"
+                         f"<td>{_h(local_time(group.since, tz))} (#{group.since_sweep})</td>"
+                         f"<td>{'yes, ' + str(group.changes) + ' changes' if group.flapping else 'no'}</td>"
+                         f"<td>{_h(local_time(drain.drained_at, tz)) if drain else '-'}</td></tr>")
+        parts.append("</tbody></table></section>")
+
+    if report.unanswered:
+        parts += ["<h2>No verdict (timed out or no answer)</h2>",
+                  '<table class="unanswered"><tr><th>nodes</th><th>outcome</th><th>detail</th></tr>']
+        parts += [f"<tr><td><code>{_h(h.hostlist)}</code></td><td>{_h(h.label)}</td><td>{_h(h.detail)}</td></tr>"
+                  for h in report.unanswered]
+        parts.append("</table>")
+    if report.not_swept:
+        parts += ["<h2>Not swept</h2>", '<table class="not-swept"><tr><th>nodes</th><th>Slurm state</th></tr>']
+        parts += [f"<tr><td><code>{_h(h.hostlist)}</code></td><td>{_h(h.label)}</td></tr>" for h in report.not_swept]
+        parts.append("</table>")
+    if report.drained:
+        parts += ["<h2>Drained by trainctl</h2>",
+                  '<table class="drained"><tr><th>node</th><th>since</th><th>reason</th></tr>']
+        parts += [f"<tr><td>{_h(d.host)}</td><td>{_h(local_time(d.drained_at, tz))}</td><td>{_h(d.reason)}</td></tr>"
+                  for d in report.drained]
+        parts.append("</table>")
+    parts += ["<h2>Node &times; night</h2>", grid_svg(report), _legend(), "</body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+def grid_svg(report: Report) -> str:
+    grid = report.grid
+    if not grid.rows:
+        return "<p>No node had trouble in this window.</p>"
+    cell, label_w, head_h = 16, 10 + 7 * max(len(host) for host, _ in grid.rows), 54
+    width, height = label_w + cell * len(grid.nights) + 4, head_h + cell * len(grid.rows) + 4
+    out = [f'<svg class="grid" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'role="img" aria-label="node by night status grid" font-family="monospace" font-size="11">']
+    for col, day in enumerate(grid.nights):
+        x = label_w + col * cell + cell // 2
+        out.append(f'<text x="{x}" y="{head_h - 4}" transform="rotate(-60 {x} {head_h - 4})">{_h(day[5:])}</text>')
+    for row, (host, cells) in enumerate(grid.rows):
+        y = head_h + row * cell
+        out.append(f'<text x="0" y="{y + cell - 4}">{_h(host)}</text>')
+        for col, value in enumerate(cells):
+            name = CELL_NAMES.get(value, value)
+            out.append(f'<rect x="{label_w + col * cell}" y="{y}" width="{cell - 2}" height="{cell - 2}" '
+                       f'fill="{CELL_COLOURS.get(value, "#999")}" stroke="#bbb">'
+                       f"<title>{_h(host)} {_h(grid.nights[col])}: {_h(name)}</title></rect>")
+    out.append("</svg>")
+    if grid.hidden_rows:
+        out.append(f"<p>{grid.hidden_rows} more nodes with trouble are not shown (see --format json).</p>")
+    return "".join(out)
+
+
+def _legend() -> str:
+    items = "".join(f'<span><i style="background:{colour}"></i>{_h(CELL_NAMES.get(name, name))}</span>'
+                    for name, colour in CELL_COLOURS.items())
+    return f'<p class="legend">{items}</p>'
+
+
+# ---------------------------------------------------------------- Prometheus textfile
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def to_prometheus(latest: Iterable[tuple[ResultRow, float]], current: Iterable[NodeRow],
+                  drains: Iterable[DrainRow], newest_sweep: SweepRow | None) -> str:
+    """Latest status per node and check, for node_exporter's textfile collector."""
+    latest = sorted(latest, key=lambda item: (item[0].host, item[0].check))
+    lines = ["# HELP trainctl_check_status Latest status of a trainctl health check on a node "
+             "(0 ok, 1 warn, 2 fail, 3 unknown).", "# TYPE trainctl_check_status gauge"]
+    lines += [f'trainctl_check_status{{node="{_label(r.host)}",check="{_label(r.check)}"}} {STATUS_CODE[r.status]}'
+              for r, _ in latest]
+    lines += ["# HELP trainctl_node_checked_timestamp_seconds When the node's latest checks were taken.",
+              "# TYPE trainctl_node_checked_timestamp_seconds gauge"]
+    checked_at = {r.host: at for r, at in latest}
+    lines += [f'trainctl_node_checked_timestamp_seconds{{node="{_label(host)}"}} {at:.0f}'
+              for host, at in sorted(checked_at.items())]
+    lines += ["# HELP trainctl_node_outcome What the newest sweep that listed the node did with it "
+              "(checked, timeout, error, not_swept).", "# TYPE trainctl_node_outcome gauge"]
+    lines += [f'trainctl_node_outcome{{node="{_label(n.host)}",outcome="{n.outcome}"}} 1'
+              for n in sorted(current, key=lambda n: n.host)]
+    lines += ["# HELP trainctl_node_drained 1 while trainctl holds the node drained.",
+              "# TYPE trainctl_node_drained gauge"]
+    lines += [f'trainctl_node_drained{{node="{_label(d.host)}"}} 1' for d in sorted(drains, key=lambda d: d.host)]
+    if newest_sweep:
+        lines += ["# HELP trainctl_sweep_started_timestamp_seconds Start of the newest sweep.",
+                  "# TYPE trainctl_sweep_started_timestamp_seconds gauge",
+                  f"trainctl_sweep_started_timestamp_seconds {newest_sweep.started_at:.0f}",
+                  "# HELP trainctl_sweep_complete 1 if the newest sweep finished, 0 if it was cut short.",
+                  "# TYPE trainctl_sweep_complete gauge",
+                  f"trainctl_sweep_complete {int(newest_sweep.complete)}"]
+    return "\n".join(lines) + "\n"
