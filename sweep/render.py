@@ -199,6 +199,7 @@ def to_html(report: Report, tz: datetime.tzinfo | None = None) -> str:
                          f"<td>{_h(local_time(drain.drained_at, tz)) if drain else '-'}</td></tr>")
         parts.append("</tbody></table></section>")
 
+    parts += ["<h2>Node &times; night</h2>", grid_svg(report), _legend()]
     if report.unanswered:
         parts += ["<h2>No verdict (timed out or no answer)</h2>",
                   '<table class="unanswered"><tr><th>nodes</th><th>outcome</th><th>detail</th></tr>']
@@ -215,7 +216,7 @@ def to_html(report: Report, tz: datetime.tzinfo | None = None) -> str:
         parts += [f"<tr><td>{_h(d.host)}</td><td>{_h(local_time(d.drained_at, tz))}</td><td>{_h(d.reason)}</td></tr>"
                   for d in report.drained]
         parts.append("</table>")
-    parts += ["<h2>Node &times; night</h2>", grid_svg(report), _legend(), "</body></html>"]
+    parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
@@ -223,8 +224,9 @@ def grid_svg(report: Report) -> str:
     grid = report.grid
     if not grid.rows:
         return "<p>No node had trouble in this window.</p>"
-    cell, label_w, head_h = 16, 10 + 7 * max(len(host) for host, _ in grid.rows), 54
-    width, height = label_w + cell * len(grid.nights) + 4, head_h + cell * len(grid.rows) + 4
+    cell, label_w, head_h = 18, 10 + 7 * max(len(host) for host, _ in grid.rows), 54
+    # The rotated night labels lean right, past the last column.
+    width, height = label_w + cell * len(grid.nights) + 40, head_h + cell * len(grid.rows) + 4
     out = [f'<svg class="grid" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'role="img" aria-label="node by night status grid" font-family="monospace" font-size="11">']
     for col, day in enumerate(grid.nights):

@@ -38,7 +38,7 @@ def test_new_history_is_wal_with_schema_version_and_application_id(tmp_path):
     assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
     # one row per node, check and sweep
     assert conn.execute("SELECT host, check_name, status FROM results ORDER BY check_name").fetchall() == [
-        ("gpu1", "host.memory", "ok"), ("gpu1", "ib.ports", "ok")]
+        ("gpu1", "gpu.xid", "ok"), ("gpu1", "host.memory", "ok"), ("gpu1", "ib.ports", "ok")]
 
 
 def test_rows_round_trip_and_an_unfinished_sweep_stays_unfinished(tmp_path):

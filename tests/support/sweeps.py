@@ -13,7 +13,7 @@ from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, STATUS_CODE, TIMEOU
                                   NodeOutcome)
 
 DAY = 86400.0
-BASE_CHECKS = ("host.memory", "ib.ports")
+BASE_CHECKS = ("gpu.xid", "host.memory", "ib.ports")
 
 
 def outcome(host: str, spec) -> NodeOutcome:

@@ -1,0 +1,70 @@
+"""The HTML report renders in a real browser (headless Chromium): failure tables and the node x night grid."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.sweeps import DAY, night
+from trainctl.sweep.db import History
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def chromium():
+    binary = shutil.which("chromium")
+    if binary is None:
+        reason = "chromium not installed (scripts/setup installs the Debian package)"
+        if os.environ.get("TRAINCTL_REQUIRE_CLUSTER") == "1":  # CI: a missing prerequisite fails
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return binary
+
+
+def browse(chromium, tmp_path, page: Path, *action: str) -> subprocess.CompletedProcess:
+    return subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *action,
+                           page.as_uri()], capture_output=True, text=True, timeout=120)
+
+
+def test_html_report_renders_failure_tables_and_grid_in_chromium(chromium, tmp_path):
+    import time
+
+    db = tmp_path / "sweeps.db"
+    now = time.time()
+    rate = ("fail", "mlx5_2/1 rate 200 Gb/s < 400")
+    with History.open(db, write=True) as history:
+        for day in range(6, -1, -1):
+            nodes = {f"gpu{i:02d}": "ok" for i in range(1, 13)}
+            nodes |= {f"gpu{i:02d}": {"ib.ports": rate} for i in range(3, 8) if day < 4}
+            nodes |= {"gpu09": {"gpu.xid": ("fail", "Xid 79: GPU 3 fell off the bus")} if day % 2 == 0 else "ok",
+                      "gpu10": "allocated" if day else "timeout", "gpu11": "drained" if day < 2 else "ok"}
+            sweep = night(history, now - day * DAY - 3600, nodes)
+        history.record_drain(host="gpu03", reason=f"trainctl: ib.ports: {rate[1]}", reason_time="",
+                             sweep_id=sweep, check="ib.ports", drained_at=now - 1800)
+    page = tmp_path / "report.html"
+    out = subprocess.run([TRAINCTL, "report", "--db", str(db), "--format", "html", "--out", str(page)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+    dom = browse(chromium, tmp_path, page, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert '<table class="failures">' in dom.stdout
+    assert "<code>gpu[03-07]</code>" in dom.stdout and "mlx5_2/1 rate 200 Gb/s &lt; 400" in dom.stdout
+    assert "Xid 79: GPU 3 fell off the bus" in dom.stdout and "yes, 6 changes" in dom.stdout
+    # the grid: the 7 nodes that had trouble (gpu03-07, gpu09, gpu10) x 7 nights
+    assert '<svg class="grid"' in dom.stdout and dom.stdout.count("<rect") == 7 * 7
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report-html.png"
+    shot.unlink(missing_ok=True)
+    taken = browse(chromium, tmp_path, page, f"--screenshot={shot}", "--window-size=1280,900")
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
