@@ -49,9 +49,11 @@ PROBES: tuple[Probe, ...] = (
           fallback=Probe("dmesg.txt", "journalctl", ("-k", "-b", "--no-pager"))),
 )
 
-# sysfs attributes copied under sys/ with their real paths.
+# sysfs attributes copied under sys/ with their real paths (the layout in health/snapshot.py).
 IB_PORT_ATTRS = ("state", "phys_state", "rate", "link_layer")
-NET_ATTRS = ("mtu", "operstate", "speed")
+IB_HCA_ATTRS = ("hca_type",)
+IB_PORT_NETDEV_ATTRS = ("operstate", "mtu", "dev_port")  # ties an HCA port to its interface
+NET_ATTRS = ("mtu", "operstate", "speed", "type")
 
 
 def binary_paths(overrides: Mapping[str, str] | None = None,
@@ -78,7 +80,8 @@ def collect_snapshot(out_dir: str | Path, *, binaries: Mapping[str, str] | None 
         raise UsageError(f"cannot create snapshot directory {out}: {exc.strerror}") from exc
     paths = binary_paths(binaries, env if env is not None else os.environ)
     started = time.monotonic()
-    collected_at = datetime.datetime.now(datetime.timezone.utc)
+    # local time with its offset: `dmesg -T` prints local time, and Xid windows compare the two
+    collected_at = datetime.datetime.now().astimezone()
     with ThreadPoolExecutor(max_workers=len(PROBES) + 1) as pool:
         host_future = pool.submit(_host_facts, disk_paths)
         results = list(pool.map(lambda p: _run_probe(p, paths, timeout_s, env), PROBES))
@@ -106,6 +109,9 @@ def collect_snapshot(out_dir: str | Path, *, binaries: Mapping[str, str] | None 
 def copy_sysfs(root: Path, out: Path) -> int:
     """Copy the IB port and netdev attributes the checks read; return how many files were copied."""
     wanted = [(port, IB_PORT_ATTRS) for port in sorted(root.glob("sys/class/infiniband/*/ports/*"))]
+    wanted += [(hca, IB_HCA_ATTRS) for hca in sorted(root.glob("sys/class/infiniband/*"))]
+    wanted += [(netdev, IB_PORT_NETDEV_ATTRS)
+               for netdev in sorted(root.glob("sys/class/infiniband/*/device/net/*"))]
     wanted += [(netdev, NET_ATTRS) for netdev in sorted(root.glob("sys/class/net/*"))]
     copied = 0
     for directory, attrs in wanted:

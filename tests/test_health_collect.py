@@ -91,6 +91,8 @@ def test_sysfs_copy_follows_class_links_and_keeps_class_paths(tmp_path):
                 link = root / "sys/class" / kind / entry.name
                 link.parent.mkdir(parents=True, exist_ok=True)
                 link.symlink_to(entry)
+                if kind == "infiniband":
+                    (entry / "device").symlink_to(device)  # as sysfs links an HCA to its PCI device
     snap = tmp_path / "snap"
     copied = copy_sysfs(root, snap)
     state = snap / "sys/class/infiniband/mlx5_2/ports/1/state"
@@ -100,5 +102,11 @@ def test_sysfs_copy_follows_class_links_and_keeps_class_paths(tmp_path):
     assert operstate.read_text() == tree["/sys/bus/pci/devices/0000:4b:00.0/net/ib2/operstate"]
     wanted = [k for k in tree if k.rsplit("/", 1)[-1] in ("state", "phys_state", "rate", "link_layer")
               and "/ports/" in k]
-    wanted += [k for k in tree if "/net/" in k and k.rsplit("/", 1)[-1] in ("mtu", "operstate", "speed")]
+    wanted += [k for k in tree if "/net/" in k and k.rsplit("/", 1)[-1] in ("mtu", "operstate", "speed", "type")]
+    wanted += [k for k in tree if k.endswith("/hca_type")]
+    hca_devices = {k.split("/infiniband/")[0] for k in tree if "/infiniband/" in k}
+    wanted += [k for k in tree if k.split("/net/")[0] in hca_devices and "/net/" in k
+               and k.rsplit("/", 1)[-1] in ("operstate", "mtu", "dev_port")]
+    port_netdev = snap / "sys/class/infiniband/mlx5_2/device/net/ib2/operstate"
+    assert port_netdev.read_text() == tree["/sys/bus/pci/devices/0000:4b:00.0/net/ib2/operstate"]
     assert copied == len(wanted)
