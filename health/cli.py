@@ -39,6 +39,65 @@ def snapshot(out_dir: str | None, timeout_s: float, as_json: bool) -> None:
                f"{meta['sysfs_files']} sysfs files)")
 
 
+@health.command("check")
+@click.option("--snapshot", "snapshot_dir", type=click.Path(file_okay=False, exists=True),
+              help="Judge this snapshot directory instead of collecting one now.")
+@click.option("--site", default=None, help="Site name or .toml file: expectations and which checks run.")
+@click.option("--partition", default=None, help="Partition of --site (default: the site's default).")
+@click.option("--only", default=None, help="Comma-separated check names or families (gpu, ib, host...).")
+@click.option("--keep", "keep_dir", type=click.Path(file_okay=False), default=None,
+              help="Collect into this directory and keep it (default: a temporary one).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=None,
+              help="Seconds each probe may run (default: the site's probe_timeout_s, else 20).")
+@click.option("--json", "as_json", is_flag=True, help="Print the node report as JSON.")
+def check(snapshot_dir, site, partition, only, keep_dir, timeout_s, as_json):
+    """Collect this node's snapshot (unless --snapshot), run the checks, print the verdict.
+
+    Exits with the node status: 0 ok, 1 warn, 2 fail, 3 unknown (the worst check).
+    """
+    import dataclasses
+    import tempfile
+
+    from trainctl.health.node import check_node, policy_for
+
+    policy = policy_for(site, partition, tuple(only.split(",")) if only else None)
+    if timeout_s:
+        policy = dataclasses.replace(policy, probe_timeout_s=timeout_s)
+    if snapshot_dir:
+        report = check_node(snapshot_dir, policy, collect=False)
+    elif keep_dir:
+        report = check_node(keep_dir, policy, collect=True)
+    else:
+        with tempfile.TemporaryDirectory(prefix="trainctl-snapshot-") as tmp:
+            report = check_node(tmp, policy, collect=True)
+    click.echo(json.dumps(report.to_json(), indent=1) if as_json else format_node_report(report))
+    return int(report.status)
+
+
+@health.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: name, description, files.")
+def list_checks(as_json):
+    """List the registered checks with what each one judges and the files it reads."""
+    from trainctl.health.registry import all_checks
+
+    specs = all_checks()
+    if as_json:
+        click.echo(json.dumps([{"name": s.name, "description": s.description, "files": list(s.files),
+                                "hardware": s.hardware} for s in specs], indent=1))
+        return
+    width = max(len(s.name) for s in specs)
+    for spec in specs:
+        click.echo(f"{spec.name:<{width}}  {spec.description}")
+
+
+def format_node_report(report) -> str:
+    lines = [f"{report.host}: {report.status.label.upper()}"]
+    width = max((len(c.name) for c in report.checks), default=0)
+    for result in sorted(report.checks, key=lambda c: (-c.status, c.name)):
+        lines.append(f"  {result.status.label:<7} {result.name:<{width}}  {result.reason}")
+    return "\n".join(lines)
+
+
 def _probe_outcome(record: dict) -> str:
     if record["missing"]:
         return f"not found: {record['command'][0]} (PATH in meta.json)"

@@ -51,3 +51,26 @@ class NodeExpectations:
         if hardware == "ib":
             return self.ib_ports == ()
         raise ValueError(f"unknown hardware kind {hardware!r}")
+
+
+def from_site(part, gate) -> NodeExpectations:
+    """What a site's partition and gate policy (launcher.site types) expect of one node."""
+    no_fabric = part.link_layer == "none"
+    return NodeExpectations(
+        gpus=part.gpus_per_node,
+        gpu_model=part.gpu_model or None,
+        persistence_mode=True if part.gpu_persistence else None,
+        nvlink_type=part.nvlink_type or None,
+        ib_ports=() if no_fabric else (tuple(part.hca_ports) or None),
+        ib_rate_gbps=part.port_rate_gbps or None,
+        ib_link_layer=None if no_fabric else part.link_layer,
+        ib_mtu=part.ib_mtu or None,
+        netdev_mtu=part.netdev_mtu or None,
+        data_interfaces=tuple(part.data_interfaces),
+        nic_per_gpu=part.nic_per_gpu,
+        xid_window_hours=gate.xid_window_hours or None,
+        min_available_memory_gib=gate.min_available_memory_gib or None,
+        min_shm_gib=gate.min_shm_gib or None,
+        max_defunct_processes=None if gate.max_defunct_processes < 0 else gate.max_defunct_processes,
+        max_load_per_cpu=gate.max_load_per_cpu or None,
+    )

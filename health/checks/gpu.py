@@ -121,8 +121,9 @@ def gpu_fabric(smi: SmiQuery, expected: NodeExpectations) -> Finding:
                                         "(fabric manager not ready?)"))
         elif gpu.fabric_status not in (None, "Success"):
             issues.append((Status.FAIL, f"{gpu_name(gpu)}: fabric status {gpu.fabric_status}"))
-    states = sorted({f"{g.fabric_state}/{g.fabric_status}" for g in smi.gpus})
-    return summarize(issues, "fabric: " + ", ".join(states),
+    states = sorted({f"{g.fabric_state}/{g.fabric_status}" for g in smi.gpus if g.fabric_state})
+    ok = ("fabric: " + ", ".join(states)) if states else "no GPU reports an NVSwitch fabric state"
+    return summarize(issues, ok,
                      {"gpus": [{"index": g.index, "state": g.fabric_state,
                                 "status": g.fabric_status} for g in smi.gpus]})
 

@@ -56,8 +56,9 @@ def build_report(*, results: Mapping[int, dict], roster: dict, world: int, sizes
     nodes: dict[str, dict[str, Any]] = {}
     excluded: list[dict[str, str]] = []
 
+    expected = roster.get("expected") or []
     for rank in roster["missing"]:
-        label = f"rank {rank}"
+        label = expected[rank] if rank < len(expected) else f"rank {rank}"
         nodes[label] = _node(rank, Status.FAIL, f"did not join within {join_timeout_s:g} s")
     for rank in members:
         if rank not in results:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from trainctl.health.fabric.bandwidth import algbw_gbps, busbw_gbps
 from trainctl.health.fabric.report import build_report, retest_rounds
 from trainctl.health.fabric.schedule import pairing_schedule
+from trainctl.slurm import job_port
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
 # c10d warns on every connection when peers' hostnames do not resolve (namespace nodes); noise.
@@ -59,6 +60,7 @@ class Identity:
     host: str
     master_addr: str
     port: int
+    expected_hosts: tuple[str, ...] = ()  # host of each rank when Slurm says (one task per node)
 
 
 @dataclass
@@ -204,6 +206,7 @@ def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float
     store.set(f"join/{identity.rank}", identity.host)
     if is_master:
         roster = _close_roster(store, identity.world, Deadline(options.join_timeout_s))
+        roster["expected"] = list(identity.expected_hosts)
         store.set("roster", json.dumps(roster))
     else:
         store.wait(["roster"], datetime.timedelta(seconds=deadline.left(options.join_timeout_s + 5)))
@@ -332,11 +335,16 @@ def identity_from_env(environ=os.environ, master_addr: str | None = None, port: 
     addr = master_addr or environ.get("MASTER_ADDR")
     if not addr:
         raise ValueError("no master address: pass --master-addr or set MASTER_ADDR")
-    chosen_port = port or int(environ.get("TRAINCTL_FABRIC_PORT", "0")) or job_port(environ)
-    return Identity(rank, world, socket.gethostname(), addr, chosen_port)
+    chosen_port = port or int(environ.get("TRAINCTL_FABRIC_PORT", "0")) or job_port(environ, offset=1)
+    return Identity(rank, world, socket.gethostname(), addr, chosen_port, _step_hosts(environ, world))
 
 
-def job_port(environ=os.environ, offset: int = 1) -> int:
-    """A port in 20000-29999 derived from the job id, so concurrent jobs on a node differ."""
-    job = int(environ.get("SLURM_JOB_ID", "0"))
-    return 20000 + (job * 2 + offset) % 10000
+def _step_hosts(environ, world: int) -> tuple[str, ...]:
+    """Slurm's node list for this step, if it has one node per rank (block distribution)."""
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return ()
+    from trainctl.slurm import expand_hostlist
+
+    hosts = tuple(expand_hostlist(nodelist))
+    return hosts if len(hosts) == world else ()

@@ -25,11 +25,17 @@ from trainctl.health.parse.topo import parse_topo
 # tests/health/ -> the repository -> ../shared/fixtures beside it (as in CI).
 SHARED = Path(__file__).parents[2] / ".." / "shared" / "fixtures"
 LOCAL = Path(__file__).parent / "fixtures"
+RECORDED = Path(__file__).parents[1] / "fixtures" / "recorded"
 
 
 def read(relative: str) -> str:
     """A fixture's exact text (CRLF and all): `local/...` names a file of this repository."""
-    path = LOCAL / relative.removeprefix("local/") if relative.startswith("local/") else SHARED / relative
+    if relative.startswith("recorded/"):
+        path = RECORDED / relative.removeprefix("recorded/")
+    elif relative.startswith("local/"):
+        path = LOCAL / relative.removeprefix("local/")
+    else:
+        path = SHARED / relative
     return path.read_bytes().decode("utf-8")
 
 
@@ -56,11 +62,16 @@ CASES: dict[str, Case] = {
         "h100-mig-mode-nvlink-s-not-supported.txt", "l40s-nvlink-s-no-nvlink.txt")},
     "local/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt": Case(parse_nvlink_status),
     # recorded by trainctl's tests on a real H100 VM (see fixtures/README.md)
-    "local/h100-vm-580-topo-m.txt": Case(parse_topo),
-    "local/h100-vm-580-nvlink-s-empty.txt": Case(parse_nvlink_status),
-    "local/h100-vm-580-q-x-v13.xml": Case(parse_smi_xml),
-    "local/h100-vm-580-q.txt": Case(parse_smi_text),
-    "local/h100-vm-580-lscpu.txt": Case(parse_lscpu),
+    "recorded/h100-vm-2026-11-22-b/nvidia-smi-topo-m.txt": Case(parse_topo),
+    "recorded/h100-vm-2026-11-22-b/nvidia-smi-nvlink-s.txt": Case(parse_nvlink_status),
+    "recorded/h100-vm-2026-11-22-b/nvidia-smi-q.xml": Case(parse_smi_xml),
+    "recorded/h100-vm-2026-11-22-b/nvidia-smi-q.txt": Case(parse_smi_text),
+    "recorded/h100-vm-2026-11-22-b/lscpu.txt": Case(parse_lscpu),
+    "recorded/h100-vm-2026-11-22/nvidia-smi-topo-m.txt": Case(parse_topo),
+    "recorded/h100-vm-2026-11-22/nvidia-smi-nvlink-s.txt": Case(parse_nvlink_status),
+    "recorded/h100-vm-2026-11-22/nvidia-smi-q.xml": Case(parse_smi_xml),
+    "recorded/h100-vm-2026-11-22/nvidia-smi-q.txt": Case(parse_smi_text),
+    "recorded/h100-vm-2026-11-22/lscpu.txt": Case(parse_lscpu),
     **{f"nvidia-smi/query/{name}": Case(parse_smi_xml) for name in (
         "a100-sxm4-80gb-1gpu-q-x-v12.xml", "a10g-1gpu-q-x-v11.xml")},
     **{f"nvidia-smi/query/{name}": Case(parse_smi_text) for name in (

@@ -73,7 +73,7 @@ def test_nvlink_link_slower_than_its_peers_fails():
 
 
 def test_empty_nvlink_status_passes_unless_the_site_expects_nvlink():
-    empty = parsed("local/h100-vm-580-nvlink-s-empty.txt")
+    empty = parsed("recorded/h100-vm-2026-11-22-b/nvidia-smi-nvlink-s.txt")
     assert nvlink_links(empty, NONE).reason == "no NVLink on these GPUs"
     expected = nvlink_links(empty, NodeExpectations(nvlink_type="NV18"))
     assert (expected.status, expected.reason) == (
@@ -124,7 +124,7 @@ def test_nvswitch_fabric_state():
 
 # --- GPUs ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["local/h100-vm-580-q-x-v13.xml",
+@pytest.mark.parametrize("name", ["recorded/h100-vm-2026-11-22-b/nvidia-smi-q.xml",
                                   "nvidia-smi/query/a100-sxm4-80gb-1gpu-q-x-v12.xml",
                                   "nvidia-smi/query/a10g-1gpu-q-x-v11.xml",
                                   "nvidia-smi/query/h100-sxm5-80gb-8gpu-q.txt",

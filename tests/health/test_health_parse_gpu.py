@@ -26,14 +26,14 @@ TOPO_VALUES = {
     "h200-8gpu-nv18-12nic-mlx5-dgx-layout.txt":
         (8, [f"mlx5_{i}" for i in range(12)], "0-55,112-167", 0, "NV18", 1),
     "l40s-1gpu-pcie-ansi-underline.txt": (1, [], "0-7", 0, None, None),
-    "local/h100-vm-580-topo-m.txt": (1, [], "0-15", 0, None, None),
+    "recorded/h100-vm-2026-11-22-b/nvidia-smi-topo-m.txt": (1, [], "0-15", 0, None, None),
 }
 
 
 @pytest.mark.parametrize("name", sorted(TOPO_VALUES))
 def test_topo_values(name):
     gpus, nic_names, cpu0, numa0, link01, numa7 = TOPO_VALUES[name]
-    topo = parsed(name if name.startswith("local/") else TOPO + name)
+    topo = parsed(name if name.startswith(("local/", "recorded/")) else TOPO + name)
     assert [g.index for g in topo.gpus] == list(range(gpus))
     assert [topo.nic_names[n] for n in topo.nics] == nic_names
     assert (topo.gpus[0].cpu_affinity, topo.gpus[0].numa_node) == (cpu0, numa0)
@@ -119,8 +119,8 @@ def test_nvlink_status_values(name):
 
 
 def test_nvlink_status_empty_on_a_single_h100_vm():
-    assert read("local/h100-vm-580-nvlink-s-empty.txt") == ""
-    assert parsed("local/h100-vm-580-nvlink-s-empty.txt") == ()
+    assert read("recorded/h100-vm-2026-11-22-b/nvidia-smi-nvlink-s.txt") == ""
+    assert parsed("recorded/h100-vm-2026-11-22-b/nvidia-smi-nvlink-s.txt") == ()
 
 
 def test_nvlink_status_per_link_inactive():
@@ -154,7 +154,7 @@ def test_smi_xml_a100_v12():
 
 
 def test_smi_xml_h100_v13_recorded_on_the_test_machine():
-    smi = parsed("local/h100-vm-580-q-x-v13.xml")
+    smi = parsed("recorded/h100-vm-2026-11-22-b/nvidia-smi-q.xml")
     assert (smi.driver_version, smi.attached_gpus) == ("580.159.04", 1)
     (gpu,) = smi.gpus
     assert (gpu.pci_bus_id, gpu.product_name, gpu.uuid) == (
@@ -164,7 +164,7 @@ def test_smi_xml_h100_v13_recorded_on_the_test_machine():
     assert (gpu.remapped_rows_pending, gpu.remapped_rows_failure) == (False, False)
     assert (gpu.fabric_state, gpu.clock_events_active) == (None, ("gpu_idle",))
     # the text form of the same moment says the same
-    assert parsed("local/h100-vm-580-q.txt").gpus[0] == gpu
+    assert parsed("recorded/h100-vm-2026-11-22-b/nvidia-smi-q.txt").gpus[0] == gpu
 
 
 def test_smi_xml_a10g_v11_throttle_reasons_and_remapped_rows():

@@ -202,14 +202,14 @@ LSCPU_VALUES = {
     "utillinux-lscpu-epyc7451-2socket-8numa-with-parsable.txt": (96, 96, 2, {n: 12 for n in range(8)}),
     "utillinux-lscpu-xeon-x7550-4socket-stride-ranges-with-parsable.txt": (64, 64, 4, {0: 32, 2: 16, 3: 16}),
     "xeon-e5-2695v4-2socket-lscpu-old-format.txt": (36, 36, 2, {0: 18, 1: 18}),
-    "local/h100-vm-580-lscpu.txt": (16, 16, 1, {0: 16}),
+    "recorded/h100-vm-2026-11-22-b/lscpu.txt": (16, 16, 1, {0: 16}),
 }
 
 
 @pytest.mark.parametrize("name", sorted(LSCPU_VALUES))
 def test_lscpu_values(name):
     cpus, online, sockets, nodes = LSCPU_VALUES[name]
-    info = parsed(name if name.startswith("local/") else "cpu/" + name)
+    info = parsed(name if name.startswith(("local/", "recorded/")) else "cpu/" + name)
     assert (info.cpus, len(info.online), info.sockets) == (cpus, online, sockets)
     assert {n: len(c) for n, c in info.numa_nodes.items()} == nodes
 

@@ -1,0 +1,127 @@
+"""`trainctl health check/list` and `trainctl topo` as users run them: real processes, real exits."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.replay import RECORDED, SHARED_FIXTURES, write_replay
+from trainctl.proc import run
+
+TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
+NVLINK = SHARED_FIXTURES / "nvidia-smi" / "nvlink"
+HEALTHY_NVLINK = NVLINK / "h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+# a V100 with links 3 and 5 inactive, from a public issue report (tests/health/fixtures/README.md)
+INACTIVE_LINKS = Path(__file__).parent / "health/fixtures/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt"
+
+
+def trainctl(*args, env=None, timeout=60):
+    return subprocess.run([TRAINCTL, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_check_on_a_recorded_snapshot_prints_json_and_exits_with_the_node_status():
+    out = trainctl("health", "check", "--snapshot", str(RECORDED / "h100-vm-2026-11-22"), "--only", "gpu,nvlink",
+                   "--json")
+    report = json.loads(out.stdout)
+    assert out.returncode == 0, out.stderr
+    assert report["status"] == "ok"
+    names = {c["name"] for c in report["checks"]}
+    assert {"gpu.ecc", "gpu.xid", "nvlink.links", "nvlink.topology"} <= names
+    assert all(not n.startswith(("host.", "ib.")) for n in names)
+
+
+def test_site_expectation_turns_a_recording_into_a_failure(tmp_path):
+    # the recorded H100 VM has one GPU and no NVLink; the DGX site expects eight
+    out = trainctl("health", "check", "--snapshot", str(RECORDED / "h100-vm-2026-11-22"), "--site", "dgx-h100",
+                   "--only", "gpu.count", "--json")
+    assert out.returncode == 2
+    (result,) = json.loads(out.stdout)["checks"]
+    assert result["status"] == "fail" and "8" in result["reason"]
+
+
+def test_hung_nvidia_smi_is_a_timed_out_check_not_a_hang(tmp_path):
+    smi = write_replay(tmp_path / "bin", "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK}, sleep_s=60)
+    start = time.monotonic()
+    out = trainctl("health", "check", "--only", "nvlink.links", "--timeout", "2", "--json",
+                   env={"TRAINCTL_BIN_NVIDIA_SMI": str(smi)})
+    elapsed = time.monotonic() - start
+    (result,) = json.loads(out.stdout)["checks"]
+    assert result["status"] == "unknown"
+    assert f"{smi}: timed out after 2 s" in result["reason"]
+    assert out.returncode == 3
+    assert elapsed < 2 + 2 + 1.5  # the probe's timeout, the allowance, and interpreter start-up
+
+
+def test_missing_binary_names_it_and_the_path(tmp_path):
+    out = trainctl("health", "check", "--only", "nvlink.links", "--json",
+                   env={"TRAINCTL_BIN_NVIDIA_SMI": "nvidia-smi-not-here", "PATH": f"{tmp_path}:/usr/bin:/bin"})
+    (result,) = json.loads(out.stdout)["checks"]
+    assert result["status"] == "unknown"
+    assert f"nvidia-smi-not-here: not found on PATH={tmp_path}:/usr/bin:/bin" in result["reason"]
+
+
+def test_unknown_check_name_is_a_usage_error():
+    out = trainctl("health", "check", "--snapshot", str(RECORDED / "h100-vm-2026-11-22"), "--only", "gpu.nope")
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "gpu.nope" in out.stderr
+
+
+def test_list_names_every_registered_check():
+    out = trainctl("health", "list", "--json")
+    listed = json.loads(out.stdout)
+    names = [c["name"] for c in listed]
+    assert names == sorted(names) and len(names) >= 20
+    assert all(c["description"] and c["files"] for c in listed)
+
+
+def test_topo_json_from_a_snapshot(tmp_path):
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "nvidia-smi-topo-m.txt").write_bytes(
+        (SHARED_FIXTURES / "nvidia-smi/topo/h200-8gpu-nv18-12nic-mlx5-dgx-layout.txt").read_bytes())
+    out = trainctl("topo", "--snapshot", str(snap), "--json")
+    gpus = json.loads(out.stdout)["gpus"]
+    assert [g["numa_node"] for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert gpus[0] == {"index": 0, "cpu_affinity": "0-55,112-167", "numa_node": 0,
+                       "nearest_nics": ["mlx5_0"], "nic_path": "PXB"}
+    assert [g["nearest_nics"] for g in gpus[1:4]] == [["mlx5_3"], ["mlx5_4"], ["mlx5_5"]]
+
+
+@pytest.mark.cluster
+def test_srun_health_check_names_the_node_with_an_inactive_nvlink(devcluster):
+    replays = {"node2": INACTIVE_LINKS}
+    made = []
+    for node in ("node1", "node2", "node3", "node4"):
+        made.append(write_replay(devcluster.node_bin_dir(node), "nvidia-smi",
+                                 {"nvlink -s": replays.get(node, HEALTHY_NVLINK)}))
+    try:
+        result = run(["srun", "-N4", "--ntasks-per-node=1", "-l", TRAINCTL, "health", "check",
+                      "--site", "local-demo", "--json"], timeout=120, env=devcluster.client_env())
+    finally:
+        for script in made:
+            script.unlink()
+    reports = {}
+    for line_group in _split_by_task(result.stdout).values():
+        report = json.loads(line_group)
+        reports[report["host"]] = report
+    assert sorted(reports) == ["node1", "node2", "node3", "node4"]
+    assert reports["node2"]["status"] == "fail"
+    links = next(c for c in reports["node2"]["checks"] if c["name"] == "nvlink.links")
+    assert links["status"] == "fail"
+    assert links["reason"] == "GPU 3 (Tesla V100-SXM2-32GB): NVLink 3, 5 inactive"
+    for node in ("node1", "node3", "node4"):
+        assert reports[node]["status"] == "ok", reports[node]
+
+
+def _split_by_task(stdout: str) -> dict[str, str]:
+    """`srun -l` prefixes each line with its task number; regroup each task's JSON."""
+    tasks: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        task, _, text = line.partition(": ")
+        tasks.setdefault(task.strip(), []).append(text)
+    return {task: "\n".join(lines) for task, lines in tasks.items()}
