@@ -60,6 +60,10 @@ class GateConfig:
     fabric_timeout_s: float = doc("deadline for the whole fabric test", 120.0)
     probe_timeout_s: float = doc("deadline for each health probe (nvidia-smi, ibstat ...)", 20.0)
     xid_window_hours: float = doc("Xid events older than this are ignored (0: since boot)", 0.0)
+    min_available_memory_gib: float = doc("a node with less memory available fails (0: no minimum)", 0.0)
+    min_shm_gib: float = doc("/dev/shm smaller than this fails: NCCL and dataloaders use it (0: no minimum)", 0.0)
+    max_defunct_processes: int = doc("more zombie processes than this warn (-1: no limit)", -1)
+    max_load_per_cpu: float = doc("1-minute load per CPU above this warns: someone else is busy (0: no limit)", 0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +81,14 @@ class SweepConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    trainctl: str = doc("trainctl on the compute nodes, run by the job script for the gate and rank-exec "
+                        "(empty: the path of the trainctl running submit, for a shared filesystem)", "")
+    python: str = doc("interpreter that runs a SCRIPT ending in .py "
+                      "(empty: the path of the Python running submit, for a shared filesystem)", "")
+
+
+@dataclass(frozen=True, kw_only=True)
 class PartitionConfig:
     gpus_per_node: int = doc("GPUs per node")
     gpu_model: str = doc("product name as nvidia-smi prints it (empty: do not check)", "")
@@ -87,6 +99,9 @@ class PartitionConfig:
     port_rate_gbps: float = doc("expected rate of every HCA port in Gb/s (0: same as its peers)", 0.0)
     ib_mtu: int = doc("expected IB active MTU in bytes (0: do not check)", 0)
     netdev_mtu: int = doc("expected MTU of the data netdevs / RoCE interfaces (0: do not check)", 0)
+    data_interfaces: tuple[str, ...] = doc(
+        "netdevs that carry training traffic (RoCE ports' interfaces): netdev_mtu and link state "
+        "are checked on these (empty: none)", ())
     socket_ifname: str = doc("interface for NCCL/gloo bootstrap traffic (NCCL_SOCKET_IFNAME)")
     roce_gid_index: int = doc("NCCL_IB_GID_INDEX for RoCE (-1: let NCCL choose)", -1)
     nic_per_gpu: bool = doc("each GPU should have a NIC closer than SYS (warn otherwise)", False)
@@ -104,6 +119,7 @@ class SiteConfig:
                                  default_factory=dict)
     slurm: SlurmConfig = doc("Slurm specifics", default_factory=SlurmConfig)
     gate: GateConfig = doc("health gate policy", default_factory=GateConfig)
+    launch: LaunchConfig = doc("what the job script runs on the compute nodes", default_factory=LaunchConfig)
     sweep: SweepConfig = doc("nightly sweeps: history database, checks, SSH access", default_factory=SweepConfig)
     partitions: dict[str, PartitionConfig] = doc("partition name -> hardware")
 

@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "What is broken since when: sweep history as text, JSON, Markdown, HTML, Prometheus."),
     "resume": ("trainctl.sweep.cli", "resume",
                "Resume nodes trainctl drained that still carry its reason and pass a fresh check."),
+    "topo": ("trainctl.health.topo_cli", "topo",
+             "Each GPU's CPU/NUMA affinity and nearest NICs, from nvidia-smi topo -m."),
     "site": ("trainctl.launcher.site_cli", "site",
              "Site configs: list them, show what one sets and where each value came from."),
     "sweep": ("trainctl.sweep.cli", "sweep",
