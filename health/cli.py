@@ -157,15 +157,10 @@ def fabric(sizes, iters, warmup, timeout_s, join_timeout_s, factor, floor_gbps, 
     with the worst node status (0 ok, 1 warn, 2 fail, 3 unknown). Bus bandwidth is computed
     as nccl-tests does: algbw = bytes / time, busbw = algbw x 2(n-1)/n.
     """
-    import os
-
-    policy = _fabric_policy(site, partition)
-    options, factor, floor_gbps = _fabric_options(policy, sizes, iters, warmup, timeout_s, join_timeout_s,
-                                                  factor, floor_gbps, no_intra, local_procs)
-    from trainctl.health.fabric.runner import identity_from_env, run_rank
-
-    identity = identity_from_env(os.environ, master_addr or _slurm_master_addr(), port)
-    report = run_rank(identity, options, straggler_factor=factor, floor_gbps=floor_gbps)
+    report = run_fabric_from_cli_options(
+        sizes=sizes, iters=iters, warmup=warmup, timeout_s=timeout_s, join_timeout_s=join_timeout_s,
+        factor=factor, floor_gbps=floor_gbps, site=site, partition=partition, master_addr=master_addr,
+        port=port, no_intra=no_intra, local_procs=local_procs)
     if report is None:
         return 0
     if out_file:
@@ -175,6 +170,21 @@ def fabric(sizes, iters, warmup, timeout_s, join_timeout_s, factor, floor_gbps, 
     from trainctl.health.status import Status
 
     return int(Status[report["status"].upper()])
+
+
+def run_fabric_from_cli_options(*, sizes=None, iters=None, warmup=2, timeout_s=None, join_timeout_s=None,
+                                factor=None, floor_gbps=None, site=None, partition=None, master_addr=None,
+                                port=None, no_intra=False, local_procs=0) -> dict | None:
+    """This rank's part of the fabric test with the site's policy; rank 0 returns the report."""
+    import os
+
+    policy = _fabric_policy(site, partition)
+    options, factor, floor_gbps = _fabric_options(policy, sizes, iters, warmup, timeout_s, join_timeout_s,
+                                                  factor, floor_gbps, no_intra, local_procs)
+    from trainctl.health.fabric.runner import identity_from_env, run_rank
+
+    identity = identity_from_env(os.environ, master_addr or _slurm_master_addr(), port)
+    return run_rank(identity, options, straggler_factor=factor, floor_gbps=floor_gbps)
 
 
 def _fabric_policy(site: str | None, partition: str | None):

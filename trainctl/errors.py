@@ -72,3 +72,9 @@ class CommandLoadError(TrainctlError):
     """A subcommand's module failed to import: a bug or a broken install, never 'no such command'."""
 
     exit_code = EXIT_INTERNAL
+
+
+class GateFailed(TrainctlError):
+    """Too few allocated nodes passed the health gate for the job to run."""
+
+    exit_code = EXIT_FAIL
