@@ -125,3 +125,15 @@ def _split_by_task(stdout: str) -> dict[str, str]:
         task, _, text = line.partition(": ")
         tasks.setdefault(task.strip(), []).append(text)
     return {task: "\n".join(lines) for task, lines in tasks.items()}
+
+
+def test_snapshot_that_trainctl_took_on_a_real_h100_judges_as_it_did_there():
+    # `trainctl health snapshot` ran on a lent H100 VM; its verdict there was recorded in the note
+    out = trainctl("health", "check", "--snapshot", str(RECORDED / "h100-vm-2026-11-22-snapshot"), "--json")
+    report = json.loads(out.stdout)
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert report["host"] == "vm" and out.returncode == 3
+    assert {name for name, status in statuses.items() if status != "ok"} == {"ib.mtu", "ib.netdev", "ib.ports"}
+    reasons = {c["name"]: c["reason"] for c in report["checks"]}
+    assert reasons["gpu.model"] == "GPU model: NVIDIA H100 80GB HBM3"
+    assert reasons["ib.ports"].startswith("not collected: ibstat.txt (ibstat: not found on PATH=")
