@@ -16,6 +16,8 @@ from trainctl.health.status import Finding, Status, summarize
 def nvlink_topology(topo: Topology, expected: NodeExpectations) -> Finding:
     pairs = {(a.index, b.index): topo.link(a.label, b.label) for a, b in combinations(topo.gpus, 2)}
     details = {"link_types": sorted(set(pairs.values())), "expected": expected.nvlink_type}
+    if expected.nvlink_type is not None and not pairs:
+        return Finding(Status.OK, f"a single GPU: no pair to join with {expected.nvlink_type}", details)
     if expected.nvlink_type is not None:
         wrong = [f"GPU {a}-GPU {b}: {link}" for (a, b), link in pairs.items()
                  if link != expected.nvlink_type]
