@@ -71,12 +71,17 @@ def _write_atomically(path: str, text: str) -> None:
         raise
 
 
-def _node_command(config, given_site: str, timeout_s: float | None, fabric: bool):
+def _node_command(config, given_site: str, partition: str | None, timeout_s: float | None, fabric: bool):
     from trainctl.sweep.collect import NodeCommand
 
-    only = () if tuple(config.sweep.checks) == ("all",) else tuple(config.sweep.checks)
-    return NodeCommand(python=config.sweep.node_python or sys.executable, site=given_site, only=only,
-                       timeout_s=timeout_s or config.sweep.node_timeout_s,
+    checks = tuple(config.sweep.checks)
+    if "all" in checks:
+        # Every family by name: without --only, `health check` would run the gate's (shorter) list.
+        from trainctl.health.registry import all_checks
+
+        checks = tuple(sorted({spec.name.split(".")[0] for spec in all_checks()}))
+    return NodeCommand(python=config.sweep.node_python or sys.executable, site=given_site, partition=partition,
+                       only=checks, timeout_s=timeout_s or config.sweep.node_timeout_s,
                        fabric_timeout_s=config.gate.fabric_timeout_s if fabric else None)
 
 
@@ -130,7 +135,7 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
         part = pick_partition(config, None)[1]
     request = SweepRequest(
         kind="sweep", site=given_site, via=via, partition=partition, nodes=nodes,
-        command=_node_command(config, given_site, timeout_s, fabric),
+        command=_node_command(config, given_site, partition, timeout_s, fabric),
         gpu_args=gpu_request_args(config.slurm.gpu_request, part.gpus_per_node),
         access=_ssh_access(config), fanout=fanout or config.sweep.fanout)
     with History.open(_db(db_path, config), write=True) as history:
@@ -290,7 +295,7 @@ def resume(apply, site, timeout_s, db_path, as_json):
     if candidates:
         request = SweepRequest(kind="recheck", site=given_site, via="ssh", partition=None,
                                nodes=[a.host for a in candidates],
-                               command=_node_command(config, given_site, timeout_s, False), gpu_args=[],
+                               command=_node_command(config, given_site, None, timeout_s, False), gpu_args=[],
                                access=_ssh_access(config), fanout=config.sweep.fanout)
         if apply:
             with History.open(path, write=True) as history:

@@ -7,6 +7,7 @@ deadline is a TIMEOUT, a node that answered with no verdict an ERROR; neither is
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -37,15 +39,16 @@ class NodeCommand:
 
     python: str
     site: str
-    only: tuple[str, ...]             # empty: every check
+    partition: str | None             # the site partition whose expectations apply
+    only: tuple[str, ...]             # check names or families
     timeout_s: float
     fabric_timeout_s: float | None = None
 
     def argv(self) -> list[str]:
         argv = [self.python, "-m", "trainctl.sweep.node_task", "--timeout", f"{self.timeout_s:g}",
-                "--site", self.site]
-        if self.only:
-            argv += ["--only", ",".join(self.only)]
+                "--site", self.site, "--only", ",".join(self.only)]
+        if self.partition:
+            argv += ["--partition", self.partition]
         if self.fabric_timeout_s:
             argv += ["--fabric-timeout", f"{self.fabric_timeout_s:g}"]
         return argv
@@ -93,13 +96,44 @@ def _check_row(item: dict) -> CheckRow:
     return CheckRow(str(item.get("name", "?")), status, str(item.get("reason", "")), details)
 
 
-def parse_line(line: str) -> dict | None:
-    """One envelope line, or None for anything else a task may have printed."""
+class Reassembler:
+    """Joins the node task's pieces (see `sweep.node_task.emit`) back into envelopes.
+
+    Pieces of different nodes arrive interleaved; anything that is not a piece (a stray
+    line a task printed) is ignored, and a damaged envelope is dropped, never raised.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: dict[tuple[str, int], dict[int, str]] = {}
+
+    def feed(self, line: str) -> dict | None:
+        """The envelope this line completes, else None."""
+        piece = _piece(line)
+        if piece is None:
+            return None
+        key = (piece["node"], piece["msg"])
+        got = self._pieces.setdefault(key, {})
+        got[piece["part"]] = piece["data"]
+        if len(got) < piece["parts"]:
+            return None
+        del self._pieces[key]
+        try:
+            data = "".join(got[i] for i in range(piece["parts"]))
+            envelope = json.loads(zlib.decompress(base64.b64decode(data, validate=True)))
+        except (KeyError, ValueError, zlib.error):
+            return None
+        return envelope if isinstance(envelope, dict) and envelope.get("node") == piece["node"] else None
+
+
+def _piece(line: str) -> dict | None:
     try:
         value = json.loads(line)
     except ValueError:
         return None
-    return value if isinstance(value, dict) and isinstance(value.get("node"), str) else None
+    if not (isinstance(value, dict) and isinstance(value.get("node"), str) and isinstance(value.get("data"), str)
+            and all(isinstance(value.get(k), int) for k in ("msg", "part", "parts"))):
+        return None
+    return value if 0 <= value["part"] < value["parts"] else None
 
 
 # ---------------------------------------------------------------- Slurm
@@ -138,9 +172,10 @@ def collect_via_slurm(nodes: list[str], command: NodeCommand, *, partition: str 
     deadline_s = command.deadline_s + ALLOCATION_WAIT_S
     seen: set[str] = set()
     job_reported = False
+    pieces = Reassembler()
     with _Streamed(argv, deadline_s, env) as stream:
         for line in stream.lines():
-            envelope = parse_line(line)
+            envelope = pieces.feed(line)
             if envelope is None or envelope["node"] not in nodes:
                 continue
             if not job_reported and envelope.get("job_id"):
@@ -284,7 +319,8 @@ def ssh_node(host: str, address: str, command: NodeCommand, access: SshAccess, s
         return failed(ERROR, f"ssh {target}: {exc}")
     finally:
         client.close()
-    envelopes = [e for e in map(parse_line, out.splitlines()) if e is not None]
+    pieces = Reassembler()
+    envelopes = [e for e in map(pieces.feed, out.splitlines()) if e is not None]
     if not envelopes:
         tail = err.strip()[-STDERR_TAIL_CHARS:]
         return failed(ERROR, f"ssh {target}: remote command exited with status {status} and no verdict"

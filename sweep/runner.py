@@ -165,7 +165,7 @@ def run_sweep(request: SweepRequest, history: History | None, progress: Callable
                         if isinstance(node, NodeOutcome)}
         return result
     sweep_id = history.start_sweep(kind=request.kind, started_at=time.time(), site=request.site, via=request.via,
-                                   target=target, checks=",".join(request.command.only) or "all")
+                                   target=target, checks=",".join(request.command.only))
     outcomes = _collect(request, selection.to_check, states, labels, env,
                         lambda job: history.set_slurm_job(sweep_id, job))
     return record_sweep(history, sweep_id=sweep_id, not_swept=selection.not_swept, outcomes=outcomes,

@@ -1,22 +1,24 @@
 """Sweep plumbing without a cluster: which nodes are swept, the srun line, the node task's envelope."""
 
 import json
+import random
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from trainctl.proc import ProcResult
 from trainctl.slurm import NodeState
-from trainctl.sweep.collect import (FabricVerdict, NodeCommand, gpu_request_args, outcome_from_envelope,
-                                    parse_line, srun_argv)
+from trainctl.sweep.collect import (FabricVerdict, NodeCommand, Reassembler, gpu_request_args,
+                                    outcome_from_envelope, srun_argv)
 from trainctl.sweep.model import CHECKED, ERROR, NOT_SWEPT, TIMEOUT
-from trainctl.sweep.node_task import interpret
+from trainctl.sweep.node_task import PIECE_CHARS, emit, interpret
 from trainctl.sweep.runner import FABRIC_CHECK, SweepResult, fabric_rows, select_idle
 
 VERDICT = {"host": "node2", "status": "fail", "checks": [
     {"name": "ib.ports", "status": "fail", "reason": "mlx5_11/1 Down", "details": {"port": "mlx5_11/1"}},
     {"name": "host.memory", "status": "ok", "reason": "61 GiB available", "details": {}}]}
-COMMAND = NodeCommand(python="/opt/py", site="local-demo", only=("ib.ports", "host.memory"), timeout_s=90)
+COMMAND = NodeCommand(python="/opt/py", site="local-demo", partition="gpu", only=("ib.ports", "host.memory"),
+                      timeout_s=90)
 
 
 def state(name, label, reason=""):
@@ -45,17 +47,36 @@ def test_srun_line_is_one_task_per_whole_node_and_never_kills_the_others():
     assert argv[argv.index("/opt/py") - 1] == "--gpus-per-node=8"
     tail = argv[argv.index("/opt/py"):]
     assert tail == ["/opt/py", "-m", "trainctl.sweep.node_task", "--timeout", "90", "--site", "local-demo",
-                    "--only", "ib.ports,host.memory"]
+                    "--only", "ib.ports,host.memory", "--partition", "gpu"]
     assert gpu_request_args("gres", 8) == ["--gres=gpu:8"] and gpu_request_args("none", 8) == []
 
 
 def test_envelope_with_a_verdict_becomes_a_checked_node():
-    line = json.dumps({"node": "node2", "job_id": "12", "outcome": "checked", "exit_code": 2, "duration_s": 1.5,
-                       "report": VERDICT, "detail": ""})
-    node = outcome_from_envelope("node2", parse_line(line), "idle")
+    envelope = {"node": "node2", "job_id": "12", "outcome": "checked", "exit_code": 2, "duration_s": 1.5,
+                "report": VERDICT, "detail": ""}
+    node = outcome_from_envelope("node2", envelope, "idle")
     assert node.outcome == CHECKED and node.status == "fail" and node.duration_s == 1.5
     assert [(c.name, c.status) for c in node.checks] == [("ib.ports", "fail"), ("host.memory", "ok")]
     assert node.exit_code == 2
+
+
+def test_envelopes_survive_srun_interleaving_their_short_pieces(capsys):
+    """srun cuts lines at 1 KiB and mixes tasks' output: each piece is a whole short line."""
+    rng = random.Random(1)   # incompressible reasons: an envelope of many pieces
+    big = {**VERDICT, "checks": [{"name": f"c{i}", "status": "ok", "reason": f"{rng.getrandbits(128):x}"}
+                                 for i in range(60)]}
+    sent = {}
+    for host in ("node1", "node2", "node3"):
+        sent[host] = {"node": host, "outcome": "checked", "report": {**big, "host": host}}
+        emit(host, 0, sent[host])
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) < 1000 for line in lines) and len(lines) > 3
+    by_node = [[l for l in lines if f'"node": "{h}"' in l] for h in sent]
+    mixed = [l for trio in zip(*by_node) for l in trio] + sum((group[len(by_node[-1]):] for group in by_node), [])
+    pieces = Reassembler()
+    got = [e for e in (pieces.feed(l) for l in ["srun: job 12 queued", *mixed, "{}"]) if e is not None]
+    assert sorted(got, key=lambda e: e["node"]) == [sent[h] for h in sorted(sent)]
+    assert PIECE_CHARS < 1000
 
 
 def test_timeouts_and_errors_are_their_own_classes():
@@ -75,10 +96,12 @@ def test_any_envelope_gives_an_outcome_never_a_crash(envelope):
     assert node.host == "n1" and node.outcome in (CHECKED, TIMEOUT, ERROR)
 
 
-def test_stray_lines_are_not_envelopes():
-    assert parse_line("srun: job 12 queued") is None
-    assert parse_line("[1, 2]") is None
-    assert parse_line('{"no": "node"}') is None
+def test_stray_and_damaged_lines_are_not_envelopes():
+    pieces = Reassembler()
+    assert pieces.feed("srun: job 12 queued") is None
+    assert pieces.feed("[1, 2]") is None
+    assert pieces.feed('{"node": "n1", "msg": 0, "part": 0, "parts": 1, "data": "not base64!"}') is None
+    assert pieces.feed('{"node": "n1", "msg": 0, "part": 3, "parts": 1, "data": ""}') is None
 
 
 def proc(returncode, stdout="", stderr="", timed_out=False):
