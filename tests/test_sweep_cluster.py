@@ -170,3 +170,21 @@ def test_ssh_sweep_checks_nodes_in_parallel_and_verifies_host_keys(cluster, tmp_
     assert out.returncode == 3, out.stderr                    # no verdict, not a failing node
     (node,) = json.loads(out.stdout)["nodes"]
     assert node["outcome"] == "error" and "not found in known_hosts" in node["detail"]
+
+
+def test_fabric_add_on_records_each_nodes_verdict_as_a_check(cluster, tmp_path):
+    db = tmp_path / "sweeps.db"
+    site = write_site(tmp_path / "site.toml", db)
+    cluster.set_rate("node3", "1gbit")                        # 5-7x slower than its peers over the veths
+    try:
+        out = trainctl(cluster, "sweep", "--site", site, "--fabric", "--json", timeout=300)
+    finally:
+        cluster.set_rate("node3", None)
+    assert out.returncode == 2, out.stderr
+    fabric = {n["host"]: c for n in json.loads(out.stdout)["nodes"] for c in n["checks"]
+              if c["name"] == "fabric.allreduce"}
+    assert set(fabric) == set(NODES)
+    assert fabric["node3"]["status"] == "fail" and "straggler" in fabric["node3"]["reason"]
+    assert all(fabric[n]["status"] == "ok" for n in ("node1", "node2", "node4"))
+    data = json.loads(trainctl(cluster, "report", "--db", db, "--format", "json").stdout)
+    assert [(g["hostlist"], g["check"]) for g in data["groups"]] == [("node3", "fabric.allreduce")]
