@@ -66,13 +66,20 @@ def test_node_that_never_starts_is_reported_within_the_timeout(devcluster, tmp_p
 
 
 def test_node_killed_mid_test_is_reported(devcluster, tmp_path):
-    # node4's process is SIGKILLed a few seconds in, after it joined, during the pair rounds
-    wrapper = ["bash", "-c", 'if [ "$(hostname)" = node4 ]; then exec timeout -s KILL 3 "$@"; fi; exec "$@"',
-               "wrap"]
+    # node4's process is SIGKILLed once it has connected to rank 0's store (it joined), a
+    # second into the test: during the intra-node test or the pair rounds
+    port = 29611
+    wrapper = ["bash", "-c", f"""
+        if [ "$(hostname)" != node4 ]; then exec "$@"; fi
+        "$@" & pid=$!
+        until ss -Htn state established "( dport = :{port} )" | grep -q .; do sleep 0.05; done
+        sleep 1; kill -KILL "$pid"; wait "$pid"
+        """, "wrap"]
     timeout_s = 30
     result, report, elapsed = fabric(devcluster, tmp_path / "killed.json", timeout_s=timeout_s,
-                                     wrapper=wrapper, extra=["--iters", "40"])
+                                     wrapper=wrapper, extra=["--iters", "40", "--port", str(port)])
     assert report is not None, result.stderr[-2000:]
+    assert report["joined"] == 4
     assert report["nodes"]["node4"]["status"] == "fail"
     assert "sent no results" in report["nodes"]["node4"]["reason"]
     assert "node4" in {e["host"] for e in report["excluded"]}
