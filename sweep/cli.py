@@ -129,9 +129,9 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
     nodes = expand_hostlist(hostlist) if hostlist else None
     if fabric and via != "slurm":
         raise UsageError("--fabric needs --via slurm: the fabric test runs as one Slurm step")
-    if via == "slurm" or partition:
+    if via == "slurm" or partition or not nodes:
         partition, part = pick_partition(config, partition)
-    else:
+    else:  # SSH to named nodes, maybe outside Slurm: judged by the default partition's hardware
         part = pick_partition(config, None)[1]
     request = SweepRequest(
         kind="sweep", site=given_site, via=via, partition=partition, nodes=nodes,
@@ -249,8 +249,8 @@ def drain(apply, sweep_id, site, db_path, as_json):
         open_drains = history.drains(open_only=True)
     newer = [s.id for s in sweeps if s.id > chosen.id and s.kind == "sweep"]
     if newer:
-        _progress(f"sweep #{chosen.id} is the newest finished sweep; newer, unfinished: "
-                  f"{', '.join(f'#{i}' for i in newer)}")
+        _progress(f"draining from sweep #{chosen.id}, the newest that finished cleanly; newer sweeps "
+                  f"that did not: {', '.join(f'#{i}' for i in newer)}")
     states = node_states(nodes=[n.host for n in nodes]) if nodes else {}
     actions = plan_drains(nodes, results, states, open_drains)
     if apply and any(a.action == "drain" for a in actions):

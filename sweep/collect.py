@@ -13,7 +13,6 @@ import math
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -23,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.sweep.model import CHECKED, ERROR, STATUSES, TIMEOUT, CheckRow, NodeOutcome
+from trainctl.errors import ExternalCommandError
 from trainctl.slurm import fold_hostlist
+from trainctl.sweep.model import CHECKED, ERROR, STATUSES, TIMEOUT, CheckRow, NodeOutcome
 
 JOB_NAME = "trainctl-sweep"
 ALLOCATION_WAIT_S = 60     # srun --immediate: give up if the idle nodes were taken meanwhile
@@ -196,6 +196,10 @@ def collect_via_slurm(nodes: list[str], command: NodeCommand, *, partition: str 
         else:
             yield NodeOutcome(host, ERROR, slurm_state=states.get(host, ""),
                               detail=f"no answer from the node: {stream.failure()}")
+    if not seen and not stream.timed_out and stream.failed:
+        # Not one node answered and srun failed: Slurm itself is the problem (exit 4), after
+        # every node is recorded with srun's message.
+        raise ExternalCommandError(f"sweep job failed: {stream.failure()}")
 
 
 class _Streamed:
@@ -242,6 +246,10 @@ class _Streamed:
             os.killpg(self._proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    @property
+    def failed(self) -> bool:
+        return self._proc is None or self._proc.returncode != 0
 
     def failure(self) -> str:
         if self._proc is None:
@@ -309,7 +317,7 @@ def ssh_node(host: str, address: str, command: NodeCommand, access: SshAccess, s
         out = stdout.read().decode(errors="replace")
         err = stderr.read().decode(errors="replace")
         status = stdout.channel.recv_exit_status()
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:  # socket.timeout: the channel stayed silent past the deadline
         return failed(TIMEOUT, f"no answer over SSH within {command.deadline_s:g} s ({target})")
     except paramiko.BadHostKeyException:
         return failed(ERROR, f"ssh {target}: host key differs from {access.known_hosts_path}; refused")

@@ -175,7 +175,7 @@ def to_html(report: Report, tz: datetime.tzinfo | None = None) -> str:
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>trainctl report {_h(local_time(report.generated_at, tz))}</title>",
              f"<style>{STYLE}</style></head><body>",
-             f"<h1>trainctl node health report</h1>",
+             "<h1>trainctl node health report</h1>",
              f'<p class="meta">{_h(local_time(report.generated_at, tz))}: last {_h(window_label(report))}, '
              f"{len(report.sweeps)} sweeps. Nodes now: {_h(count_line(report))}.</p>"]
     if report.latest:

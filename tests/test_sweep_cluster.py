@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.sweeps import (DAY, PORTS_ACTIVE, PORTS_DOWN, TRAINCTL, slurm, stage_ibstat, trainctl,
                                   unstage, write_site)
+from trainctl.sweep.db import History
 
 pytestmark = pytest.mark.cluster
 NODES = ["node1", "node2", "node3", "node4"]
@@ -188,3 +189,16 @@ def test_fabric_add_on_records_each_nodes_verdict_as_a_check(cluster, tmp_path):
     assert all(fabric[n]["status"] == "ok" for n in ("node1", "node2", "node4"))
     data = json.loads(trainctl(cluster, "report", "--db", db, "--format", "json").stdout)
     assert [(g["hostlist"], g["check"]) for g in data["groups"]] == [("node3", "fabric.allreduce")]
+
+
+def test_when_slurm_cannot_run_the_sweep_job_the_sweep_exits_4_and_says_why(cluster, tmp_path):
+    db = tmp_path / "sweeps.db"
+    site = write_site(tmp_path / "site.toml", db, gpus_per_node=16)  # the nodes have 8 GPUs
+    out = trainctl(cluster, "sweep", "--site", site)
+    assert out.returncode == 4, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainctl: error: sweep job failed: srun exited with status") and "srun: error" in last
+    with History.open(db) as history:
+        (sweep,) = history.sweeps()
+        assert sweep.complete and sweep.error.startswith("sweep job failed")
+        assert {n.outcome for n in history.sweep_nodes(sweep.id)} == {"error"}

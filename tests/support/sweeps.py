@@ -59,14 +59,14 @@ PORTS_DOWN = IBSTAT / "gpud-h100-12hca-roce-eth-400-some-down-disabled.txt"
 
 
 def write_site(path: Path, db: Path, *, checks=("ib.ports", "host.memory"), ssh=None,
-               probes: dict[str, str] | None = None) -> Path:
+               probes: dict[str, str] | None = None, gpus_per_node: int = 1) -> Path:
     """The demo site, judging the recorded ConnectX ports (RoCE: link layer Ethernet)."""
     text = DEMO_SITE.read_text().replace('name = "local-demo"', 'name = "sweep-test"')
     sweep = {"db": f'"{db}"', "checks": json.dumps(list(checks))}
     if ssh is not None:
         sweep |= {"ssh_key": f'"{ssh.key_path}"', "known_hosts": f'"{ssh.known_hosts_path}"'}
     text = _set(text, "sweep", sweep)
-    text = _set(text, "partitions.gpu", {"link_layer": '"Ethernet"'})
+    text = _set(text, "partitions.gpu", {"link_layer": '"Ethernet"', "gpus_per_node": str(gpus_per_node)})
     if probes:
         table = "".join(f'{name} = "{where}"  # test\n' for name, where in probes.items())
         text = text.replace("\n[slurm]", f"\n[probes]\n{table}\n[slurm]")
