@@ -21,7 +21,6 @@ import json
 import os
 import random
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -14,7 +14,6 @@ CHECKED = "checked"
 TIMEOUT = "timeout"        # the checks did not finish in time: not the same as failing one
 ERROR = "error"            # no verdict came back (ssh refused, trainctl crashed on the node)
 NOT_SWEPT = "not_swept"    # Slurm had the node busy, drained or down: its state says which
-OUTCOMES = (CHECKED, TIMEOUT, ERROR, NOT_SWEPT)
 
 DRAIN_TAG = "trainctl:"    # every reason trainctl sets starts with this
 

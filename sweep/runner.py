@@ -70,7 +70,6 @@ def with_check(node: NodeOutcome, row: CheckRow) -> NodeOutcome:
 class SweepResult:
     sweep_id: int
     nodes: dict[str, NodeOutcome] = field(default_factory=dict)
-    error: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -94,9 +93,8 @@ def record_sweep(history: History, *, sweep_id: int, not_swept: list[NodeOutcome
             history.record_node(sweep_id, item, clock())
             result.nodes[item.host] = item
             progress(describe(item))
-    except Exception as exc:
-        result.error = str(exc)
-        history.finish_sweep(sweep_id, clock(), error=result.error)
+    except Exception as exc:  # recorded as finished with an error, then reported (exit 4)
+        history.finish_sweep(sweep_id, clock(), error=str(exc))
         raise
     history.finish_sweep(sweep_id, clock())
     return result
