@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pwd
 from dataclasses import dataclass
+from typing import Mapping
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
@@ -49,6 +50,15 @@ def node_address(node: str, env: dict[str, str] | None = None) -> str:
             return record.get("NodeAddr") or node
     return node
 
+
+def job_port(environ: Mapping[str, str] = os.environ, offset: int = 0) -> int:
+    """A TCP port in 20000-29999 derived from SLURM_JOB_ID, so concurrent jobs on a node differ.
+
+    Each job id owns two ports: offset 0 is the training job's MASTER_PORT (`rank-exec`),
+    offset 1 the health gate's fabric test, so the two never collide within one job.
+    """
+    job = int(environ.get("SLURM_JOB_ID", "0"))
+    return 20000 + (job * 2 + offset) % 10000
 
 
 # ---------------------------------------------------------------- node states, drain and resume
