@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Node check statuses, in the order of their exit codes (health's Status): worst is highest.
-STATUSES = ("ok", "warn", "fail", "unknown")
+from trainctl.health.status import Status
+
+# Node check statuses, in the order of their exit codes: worst is highest.
+STATUSES = tuple(status.label for status in Status)
 STATUS_CODE = {name: code for code, name in enumerate(STATUSES)}
 
 # What happened to a node in a sweep. Only "checked" nodes have check results.
