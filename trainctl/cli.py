@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "Inside a job: check every allocated node, then choose the healthy ones for srun."),
     "health": ("trainctl.health.cli", "health",
                "Node health: collect a snapshot, check it, list the checks."),
+    "rank-exec": ("trainctl.launcher.submit_cli", "rank_exec",
+                  "Inside a job step: set one rank's torch.distributed env, bind it, exec the program."),
     "report": ("trainctl.sweep.cli", "report",
                "What is broken since when: sweep history as text, JSON, Markdown, HTML, Prometheus."),
     "resume": ("trainctl.sweep.cli", "resume",
@@ -35,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "Each GPU's CPU/NUMA affinity and nearest NICs, from nvidia-smi topo -m."),
     "site": ("trainctl.launcher.site_cli", "site",
              "Site configs: list them, show what one sets and where each value came from."),
+    "submit": ("trainctl.launcher.submit_cli", "submit",
+               "Render the sbatch script for a site (gate, NCCL, binding) and submit it, here or over SSH."),
     "sweep": ("trainctl.sweep.cli", "sweep",
               "Run the node checks on a partition's idle nodes (or over SSH); record the history."),
 }

@@ -342,6 +342,7 @@ def sshd_config_text(ssh_dir: str, slurm_conf: str) -> str:
             "KbdInteractiveAuthentication no\n"
             "UsePAM no\n"
             "StrictModes no\n"  # the keys live under /tmp, which StrictModes rejects
+            "Subsystem sftp internal-sftp\n"  # `submit --remote` checks the script over SFTP
             f"SetEnv SLURM_CONF={slurm_conf}\n")
 
 

@@ -1,0 +1,193 @@
+"""The job plan: what `trainctl submit` will ask Slurm for and run, decided without any I/O.
+
+`plan_job(site, request, ...)` checks the request against the site and turns it into a
+frozen `JobPlan`: the sbatch options, the NCCL/gloo environment, the gate policy numbers and
+the program's argv. Rendering (`render.py`) and submission (`submit.py`) only read it, so a
+dry run shows exactly what a real submission would do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from trainctl.errors import UsageError
+from trainctl.launcher.site import PartitionConfig, SiteConfig, partition
+
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+# sbatch --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+TIME_LIMIT_RE = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}(:\d{1,2})?)?)$")
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """What the user asked for on the command line (already typed, not yet checked)."""
+
+    site_ref: str                        # --site as the nodes should see it: a name or a file path
+    program: tuple[str, ...]             # SCRIPT ARGS...
+    nodes: int
+    partition: str | None = None
+    spare: int = 0
+    min_nodes: int | None = None         # None: all --nodes must be healthy
+    gpus_per_node: int | None = None     # None: the partition's GPUs per node
+    time_limit: str | None = None
+    job_name: str | None = None          # None: the script's file name without suffix
+    nccl_debug: str | None = None
+
+
+@dataclass(frozen=True)
+class SbatchOption:
+    """One sbatch option, `--name` or `--name=value` (value kept apart so it can be checked)."""
+
+    name: str
+    value: str | None = None
+
+    @property
+    def argv(self) -> str:
+        return self.name if self.value is None else f"{self.name}={self.value}"
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    """A variable the batch script exports, and why (rendered as a comment above it)."""
+
+    name: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    site_name: str
+    site_ref: str                        # passed to `--site` on the nodes
+    partition: str
+    nodes: int                           # nodes the program runs on
+    spare: int                           # extra nodes allocated to absorb gate failures
+    min_nodes: int                       # fewer healthy nodes than this: the job fails
+    gpus_per_node: int
+    tasks_per_node: int                  # one rank per GPU; one per node without GPUs
+    bind: bool                           # rank-exec binds ranks to GPU/CPU/NUMA/NIC
+    job_name: str
+    sbatch_options: tuple[SbatchOption, ...]
+    environment: tuple[EnvSetting, ...]  # exported by the batch script, in this order
+    trainctl: str                        # trainctl on the compute nodes
+    program: tuple[str, ...]             # what each rank execs (after rank-exec's binding)
+    command: tuple[str, ...]             # the trainctl command line that produced this plan
+    version: str
+
+    @property
+    def allocated_nodes(self) -> int:
+        return self.nodes + self.spare
+
+    def to_json(self) -> dict:
+        return {"site": self.site_name, "partition": self.partition, "nodes": self.nodes,
+                "spare": self.spare, "min_nodes": self.min_nodes, "gpus_per_node": self.gpus_per_node,
+                "tasks_per_node": self.tasks_per_node, "job_name": self.job_name,
+                "program": list(self.program),
+                "environment": {setting.name: setting.value for setting in self.environment}}
+
+
+def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, node_python: str,
+             command: tuple[str, ...], version: str) -> JobPlan:
+    """Check `request` against `site` and build the plan. Raises UsageError naming the bad value.
+
+    `node_trainctl`/`node_python` are used where the site leaves `launch.trainctl`/`launch.python`
+    empty (the caller passes its own paths: a shared filesystem puts them on the nodes too).
+    """
+    partition_name, part = partition(site, request.partition)
+    _check_counts(request, part, partition_name)
+    if not request.program or not request.program[0]:
+        raise UsageError("no SCRIPT given: put the program and its arguments after `--`")
+    gpus = part.gpus_per_node if request.gpus_per_node is None else request.gpus_per_node
+    time_limit = request.time_limit
+    if time_limit is not None and not TIME_LIMIT_RE.match(time_limit):
+        raise UsageError(f"--time {time_limit!r} is not a Slurm time limit "
+                         "(minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
+    nccl_debug = request.nccl_debug.upper() if request.nccl_debug else None
+    if nccl_debug is not None and nccl_debug not in NCCL_DEBUG_LEVELS:
+        raise UsageError(f"--nccl-debug {request.nccl_debug!r}: "
+                         f"expected one of {', '.join(NCCL_DEBUG_LEVELS)}")
+    job_name = request.job_name if request.job_name is not None else _default_job_name(request.program[0])
+    if not job_name:
+        raise UsageError("--job-name is empty")
+
+    script = request.program[0]
+    python = site.launch.python or node_python
+    program = (python, *request.program) if script.endswith(".py") else request.program
+    return JobPlan(
+        site_name=site.name, site_ref=request.site_ref, partition=partition_name,
+        nodes=request.nodes, spare=request.spare,
+        min_nodes=request.nodes if request.min_nodes is None else request.min_nodes,
+        gpus_per_node=gpus, tasks_per_node=max(gpus, 1), bind=gpus > 0, job_name=job_name,
+        sbatch_options=sbatch_options(site, partition_name, request.nodes + request.spare, gpus,
+                                      max(gpus, 1), job_name, time_limit),
+        environment=nccl_environment(part, nccl_debug), trainctl=site.launch.trainctl or node_trainctl,
+        program=program, command=command, version=version)
+
+
+def _check_counts(request: SubmitRequest, part: PartitionConfig, partition_name: str) -> None:
+    if request.nodes < 1:
+        raise UsageError(f"--nodes must be at least 1, got {request.nodes}")
+    if request.spare < 0:
+        raise UsageError(f"--spare must be 0 or more, got {request.spare}")
+    if request.min_nodes is not None and not 1 <= request.min_nodes <= request.nodes:
+        raise UsageError(f"--min-nodes must be between 1 and --nodes ({request.nodes}), "
+                         f"got {request.min_nodes}")
+    gpus = request.gpus_per_node
+    if gpus is not None and not 0 <= gpus <= part.gpus_per_node:
+        raise UsageError(f"--gpus-per-node must be between 0 and {part.gpus_per_node} "
+                         f"(partition {partition_name}), got {gpus}")
+
+
+def _default_job_name(script: str) -> str:
+    name = PurePosixPath(script).name
+    return name.rsplit(".", 1)[0] if "." in name[1:] else name
+
+
+def sbatch_options(site: SiteConfig, partition_name: str, allocated_nodes: int, gpus: int,
+                   tasks_per_node: int, job_name: str, time_limit: str | None) -> tuple[SbatchOption, ...]:
+    """The allocation: job name, partition, nodes (with spares), GPUs, time, account, extras."""
+    # --ntasks-per-node makes Slurm allocate a CPU for every rank on every node.
+    options = [SbatchOption("--job-name", job_name), SbatchOption("--partition", partition_name),
+               SbatchOption("--nodes", str(allocated_nodes)),
+               SbatchOption("--ntasks-per-node", str(tasks_per_node))]
+    if gpus and site.slurm.gpu_request == "gpus-per-node":
+        options.append(SbatchOption("--gpus-per-node", str(gpus)))
+    elif gpus and site.slurm.gpu_request == "gres":
+        options.append(SbatchOption("--gres", f"gpu:{gpus}"))
+    if time_limit:
+        options.append(SbatchOption("--time", time_limit))
+    if site.slurm.account:
+        options.append(SbatchOption("--account", site.slurm.account))
+    if site.slurm.qos:
+        options.append(SbatchOption("--qos", site.slurm.qos))
+    for extra in site.slurm.extra_sbatch:
+        if not extra.startswith("-"):
+            raise UsageError(f"site {site.name!r}: slurm.extra_sbatch item {extra!r} is not an option "
+                             "(expected e.g. '--exclusive' or '--constraint=ib')")
+        name, sep, value = extra.partition("=")
+        options.append(SbatchOption(name, value if sep else None))
+    return tuple(options)
+
+
+def nccl_environment(part: PartitionConfig, nccl_debug: str | None) -> tuple[EnvSetting, ...]:
+    """NCCL and gloo settings for the partition's fabric, each with the reason it is set."""
+    env: list[EnvSetting] = []
+
+    def export(name: str, value: str, why: str) -> None:
+        env.append(EnvSetting(name, value, why))
+
+    export("NCCL_SOCKET_IFNAME", part.socket_ifname, "bootstrap traffic on the site's socket interface")
+    export("GLOO_SOCKET_IFNAME", part.socket_ifname, "gloo (CPU collectives) on the same interface")
+    if part.hca_ports and part.link_layer != "none":
+        # '=' makes NCCL match names exactly: without it mlx5_1 also selects mlx5_10 and mlx5_11.
+        export("NCCL_IB_HCA", "=" + ",".join(part.hca_ports),
+               "the partition's compute HCA ports; rank-exec narrows it to each rank's nearest one")
+    else:
+        export("NCCL_IB_DISABLE", "1", "no HCA ports in this partition: NCCL uses sockets")
+    if part.link_layer == "Ethernet" and part.roce_gid_index >= 0:
+        export("NCCL_IB_GID_INDEX", str(part.roce_gid_index), "RoCE v2 GID of the site's GID table")
+    if nccl_debug:
+        export("NCCL_DEBUG", nccl_debug, "asked for with --nccl-debug")
+    return tuple(env)

@@ -1,0 +1,164 @@
+"""`trainctl submit` (login node) and `trainctl rank-exec` (inside the job, one per rank).
+
+Both import their work inside the command, so `trainctl submit --help` loads Click alone and
+`submit --dry-run` adds the site loader and Jinja; paramiko is loaded only for `--remote`,
+torch never.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+NCCL_DEBUG_CHOICES = ("VERSION", "WARN", "INFO", "TRACE")
+
+
+class _CommandRecordingArgs(click.Command):
+    """Keeps the raw arguments, so the script can say exactly which command produced it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["trainctl.raw_args"] = tuple(args)
+        return super().parse_args(ctx, args)
+
+
+@click.command("submit", cls=_CommandRecordingArgs, context_settings={"allow_interspersed_args": False})
+@click.option("--site", required=True, help="Site name (searched on the site path) or a .toml file.")
+@click.option("--partition", help="Partition of the site (default: the site's default_partition).")
+@click.option("--nodes", type=int, required=True, help="Nodes the program runs on.")
+@click.option("--spare", type=int, default=0, show_default=True,
+              help="Extra nodes allocated so the gate can leave failed ones out.")
+@click.option("--min-nodes", type=int, help="Start with at least this many healthy nodes (default: --nodes).")
+@click.option("--gpus-per-node", type=int, help="GPUs (and ranks) per node (default: the partition's).")
+@click.option("--time", "time_limit", help="Slurm time limit, e.g. 2:00:00 or 1-00:00:00.")
+@click.option("--job-name", help="Job name (default: the script's name without suffix).")
+@click.option("--nccl-debug", type=click.Choice(NCCL_DEBUG_CHOICES, case_sensitive=False),
+              help="Set NCCL_DEBUG in the job.")
+@click.option("--chdir", help="Submit from this directory (default: the current one): the job runs there, "
+              "SCRIPT is relative to it, the gate report and slurm-<id>.out land there.")
+@click.option("--dry-run", is_flag=True, help="Print the script and the sbatch command; submit nothing.")
+@click.option("--remote", is_flag=False, flag_value="", metavar="[USER@]HOST[:PORT]",
+              help="Submit on this login node over SSH (without a value: the site's login_host).")
+@click.option("--identity", type=click.Path(dir_okay=False),
+              help="SSH private key (default: ssh-agent, ~/.ssh/id_*).")
+@click.option("--known-hosts", type=click.Path(dir_okay=False),
+              help="Verify the login node's host key against this file (default: ~/.ssh/known_hosts).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: job id, sbatch command, script, plan.")
+@click.argument("program", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- SCRIPT [ARGS]...")
+@click.pass_context
+def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spare: int,
+           min_nodes: int | None, gpus_per_node: int | None, time_limit: str | None, job_name: str | None,
+           nccl_debug: str | None, chdir: str | None, dry_run: bool, remote: str | None,
+           identity: str | None, known_hosts: str | None, as_json: bool, program: tuple[str, ...]) -> None:
+    """Render an sbatch script for SITE's hardware and submit it (here, or over SSH).
+
+    The job runs the health gate on all --nodes + --spare nodes, then runs SCRIPT on --nodes
+    healthy ones (one rank per GPU, each bound to its GPU's CPUs, NUMA node and nearest NIC),
+    or fails with one line naming the bad nodes if fewer than --min-nodes are healthy.
+    A SCRIPT ending in .py runs under the site's launch.python.
+    """
+    from trainctl import __version__
+    from trainctl.errors import UsageError
+    from trainctl.launcher.plan import SubmitRequest, plan_job
+    from trainctl.launcher.render import command_line, render_script, sbatch_argv
+    from trainctl.launcher.site import load_site
+    from trainctl.launcher.submit import check_local_script, parse_remote
+
+    loaded = load_site(site)
+    target = None
+    if remote is not None:
+        login = remote or loaded.config.login_host
+        if not login:
+            raise UsageError(f"--remote needs [USER@]HOST: site {loaded.config.name!r} sets no login_host")
+        target = parse_remote(login, getpass.getuser())
+    # A site file given by path must be found by the nodes too, from the job's directory.
+    site_ref = str(loaded.path.resolve()) if _is_path(site) and target is None else site
+    request = SubmitRequest(site_ref=site_ref, program=program, nodes=nodes, partition=partition, spare=spare,
+                            min_nodes=min_nodes, gpus_per_node=gpus_per_node, time_limit=time_limit,
+                            job_name=job_name, nccl_debug=nccl_debug)
+    plan = plan_job(loaded.config, request, node_trainctl=loaded.config.launch.trainctl or _this_trainctl(),
+                    node_python=sys.executable, version=__version__,
+                    command=("trainctl", "submit", *ctx.meta["trainctl.raw_args"]))
+    script = render_script(plan)
+    argv = sbatch_argv(plan)
+    submit_dir = Path.cwd() / (chdir or "")
+    if target is None:
+        if not submit_dir.is_dir():
+            raise UsageError(f"--chdir {chdir}: no such directory")
+        check_local_script(program[0], submit_dir)
+
+    if dry_run:
+        where = f"in {submit_dir}" if target is None else f"on {target} over SSH, in {chdir or '~'}"
+        if as_json:
+            click.echo(json.dumps(_summary(None, argv, script, plan, where), indent=1))
+        else:
+            click.echo(script, nl=False)
+            click.echo(f"trainctl: dry run, nothing submitted; would run {where}: "
+                       f"{command_line(argv)} < script", err=True)
+        return
+
+    if target is None:
+        from trainctl.launcher.submit import submit_local
+
+        submitted = submit_local(script, argv, submit_dir)
+    else:
+        from trainctl.launcher.submit import submit_remote
+
+        submitted = submit_remote(script, argv, target, script=program[0], chdir=chdir, identity=identity,
+                                  known_hosts=known_hosts or os.path.expanduser("~/.ssh/known_hosts"))
+    if as_json:
+        summary = _summary(submitted.job_id, argv, script, plan, submitted.where)
+        summary["cluster"] = submitted.cluster
+        click.echo(json.dumps(summary, indent=1))
+    else:
+        click.echo(submitted.job_id)
+        click.echo(f"trainctl: submitted job {submitted.job_id} ({submitted.where}): {plan.nodes} nodes "
+                   f"+ {plan.spare} spare on {plan.site_name}/{plan.partition}; the gate report lands in "
+                   f"trainctl-gate-{submitted.job_id}/ in the submit directory", err=True)
+
+
+def _summary(job_id: str | None, argv: list[str], script: str, plan, where: str) -> dict:
+    return {"job_id": job_id, "submitted": job_id is not None, "where": where, "sbatch": argv,
+            "script": script, "plan": plan.to_json()}
+
+
+def _is_path(site: str) -> bool:
+    return site.endswith(".toml") or os.sep in site
+
+
+def _this_trainctl() -> str:
+    """Where this trainctl is installed: the job runs the same one on the nodes by default."""
+    from trainctl.errors import UsageError
+
+    beside_python = Path(sys.executable).with_name("trainctl")
+    if beside_python.is_file():
+        return str(beside_python)
+    if Path(sys.argv[0]).name == "trainctl" and Path(sys.argv[0]).is_file():
+        return str(Path(sys.argv[0]).absolute())
+    from shutil import which
+
+    found = which("trainctl")
+    if found:
+        return found
+    raise UsageError("cannot tell where trainctl is installed; set launch.trainctl in the site config")
+
+
+@click.command("rank-exec", context_settings={"allow_interspersed_args": False})
+@click.option("--site", required=True, help="Site name or .toml file (for the HCA ports and probe paths).")
+@click.option("--partition", help="Partition of the site (default: the site's default_partition).")
+@click.option("--master-addr", required=True, help="Address of the node that hosts rank 0.")
+@click.option("--gate-dir", help="The gate's directory: its topology snapshot of this node is used if there.")
+@click.option("--bind/--no-bind", default=True, show_default=True,
+              help="Bind each rank to its GPU's CPUs, NUMA node and nearest NIC.")
+@click.argument("program", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- PROGRAM [ARGS]...")
+def rank_exec(site: str, partition: str | None, master_addr: str, gate_dir: str | None, bind: bool,
+              program: tuple[str, ...]) -> None:
+    """Inside an srun step: set RANK, WORLD_SIZE, MASTER_ADDR/PORT ..., bind this rank, exec PROGRAM."""
+    from trainctl.launcher.rank_exec import rank_exec as run_rank
+
+    run_rank(site_ref=site, partition_name=partition, master_addr=master_addr, gate_dir=gate_dir,
+             bind=bind, program=program)

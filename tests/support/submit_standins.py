@@ -1,0 +1,128 @@
+"""Stand-ins for the job-script tests of `trainctl submit`.
+
+The script's own shell logic (quoting, the gate's two steps, the hand-over to rank-exec)
+is what these tests check, so the commands around it are replaced by small scripts that
+record what they were given: `sbatch` (argv and the script on stdin), `srun` (one local
+task) and the gate half of `trainctl` (answers from environment variables; the real gate
+has tests of its own). `rank-exec` is always the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+REAL_TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
+JOB_ID = "4242"
+
+# Words that would run something, or arrive changed, if any step quoted them wrongly.
+# `{mark}` is replaced by a path whose existence proves that something ran.
+NASTY_WORDS = ("it's", 'say "hi"', "$(touch {mark})", "`touch {mark}`", "two  words", "line1\nline2",
+               "tab\there", "back\\slash", "x; touch {mark} && echo", "*", "~", "$HOME", "#no comment",
+               "'", "", "--flag=a b", "\\n", "ünïcode ✓")
+
+
+def nasty(mark: Path) -> list[str]:
+    return [word.replace("{mark}", str(mark)) for word in NASTY_WORDS]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def write_sbatch(bin_dir: Path) -> Path:
+    """`sbatch` that saves its argv (sbatch.argv.json) and stdin (sbatch.stdin) beside itself."""
+    return _write(bin_dir / "sbatch", f"""#!{sys.executable}
+import json, sys
+from pathlib import Path
+here = Path(__file__).parent
+(here / "sbatch.argv.json").write_text(json.dumps(sys.argv[1:]))
+(here / "sbatch.stdin").write_text(sys.stdin.read())
+print("{JOB_ID}")
+""")
+
+
+def write_srun(bin_dir: Path) -> Path:
+    """`srun` that runs its command as the one task of a one-node step, here; logs its argv."""
+    return _write(bin_dir / "srun", f"""#!/bin/bash
+printf '%s\\0' "$@" >> {shlex.quote(str(bin_dir / 'srun.log'))}
+printf '\\n' >> {shlex.quote(str(bin_dir / 'srun.log'))}
+while [[ $# -gt 0 && "$1" == -* ]]; do shift; done
+export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 SLURM_NTASKS=1 SLURM_TASKS_PER_NODE=1
+exec "$@"
+""")
+
+
+def write_scontrol(bin_dir: Path) -> Path:
+    """`scontrol show hostnames LIST`, the one scontrol call the job script makes."""
+    return _write(bin_dir / "scontrol", f"""#!{sys.executable}
+import sys
+from trainctl.slurm import expand_hostlist
+assert sys.argv[1:3] == ["show", "hostnames"], sys.argv
+print("\\n".join(expand_hostlist(sys.argv[3])))
+""")
+
+
+def write_trainctl(path: Path, *, log: Path, decision: str = "", failure: str = "") -> Path:
+    """`trainctl` whose `gate node`/`gate decide` answer as told; `rank-exec` is the real one.
+
+    Every gate call appends a line to `log` (the node's name and the arguments). `gate decide`
+    prints `decision` (nodes, newline, master address), or, if `failure` is set, prints that
+    on stderr and exits 2. The answers are written into the script, so a job started over SSH
+    (whose environment comes from sshd, not from the test) gets them too.
+    """
+    return _write(path, f"""#!/bin/bash
+set -euo pipefail
+log={shlex.quote(str(log))}
+case "${{1:-}} ${{2:-}}" in
+  "gate node")
+    echo "${{SLURMD_NODENAME:-$(hostname)}} $*" >> "$log";;
+  "gate decide")
+    echo "decide $*" >> "$log"
+    failure={shlex.quote(failure)}
+    if [[ -n "$failure" ]]; then
+        echo "$failure" >&2
+        exit 2
+    fi
+    printf '%s\\n' {shlex.quote(decision)};;
+  "rank-exec "*)
+    exec {shlex.quote(REAL_TRAINCTL)} "$@";;
+  *)
+    echo "stand-in trainctl: unexpected arguments: $*" >&2
+    exit 64;;
+esac
+""")
+
+
+def write_dump_program(path: Path, dump_dir: Path) -> Path:
+    """A .py program that writes its argv and its rank's environment to `dump_dir`/rank<RANK>.json."""
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    return _write(path, f"""import json, os, sys
+names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR",
+         "MASTER_PORT", "SLURM_JOB_NAME", "SLURMD_NODENAME", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+         "NCCL_IB_DISABLE", "NCCL_IB_HCA"]
+out = os.path.join({str(dump_dir)!r}, f"rank{{os.environ['RANK']}}.json")
+with open(out, "w") as f:
+    json.dump({{"argv": sys.argv[1:], "env": {{n: os.environ.get(n) for n in names}}}}, f)
+""")
+
+
+def standin_site(directory: Path, trainctl: Path) -> Path:
+    """A copy of the local-demo site whose jobs run `trainctl` (a stand-in) on the nodes."""
+    sample = Path(__file__).resolve().parents[2] / "site-configs" / "local-demo.toml"
+    lines = sample.read_text().splitlines()
+    at = lines.index("[launch]") + 1
+    assert lines[at].startswith("trainctl = ")
+    lines[at] = f"trainctl = {json.dumps(str(trainctl))}  # the gate stand-in (tests/support)"
+    path = directory / "local-demo-standin.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def read_dumps(dump_dir: Path) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in dump_dir.glob("rank*.json")}

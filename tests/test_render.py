@@ -1,0 +1,231 @@
+"""The sbatch script: goldens per sample site, bash -n and shellcheck, quoting and injection."""
+
+import difflib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from support.submit_standins import (nasty, read_dumps, write_dump_program, write_scontrol, write_srun,
+                                     write_trainctl)
+from trainctl.launcher.plan import SbatchOption, SubmitRequest, plan_job
+from trainctl.launcher.render import (command_line, directive_safe, render_script, sbatch_argv,
+                                      shell_word, template_environment)
+from trainctl.launcher.site import load_site
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+REGEN_FLAG = "TRAINCTL_REGEN_GOLDEN"
+NODE_TRAINCTL = "/opt/trainctl/bin/trainctl"
+NODE_PYTHON = "/opt/trainctl/bin/python"
+
+# One request per sample site, each exercising a different part of the template.
+GOLDEN_REQUESTS = {
+    "local-demo": SubmitRequest(site_ref="local-demo", program=("examples/train_ddp.py", "--steps", "5"),
+                                nodes=2, spare=2),
+    "dgx-h100": SubmitRequest(site_ref="dgx-h100", program=("train.py", "--config", "llama 70b.yaml"),
+                              nodes=16, spare=2, min_nodes=15, time_limit="2-00:00:00", job_name="llama 70b",
+                              nccl_debug="warn"),
+    "a100-roce": SubmitRequest(site_ref="a100-roce", program=("./run.sh", "--epochs=3"), nodes=4, spare=1,
+                               gpus_per_node=4, time_limit="12:00:00"),
+}
+
+
+def plan_for(request: SubmitRequest, site: str | None = None):
+    command = ("trainctl", "submit", "--site", request.site_ref, "--nodes", str(request.nodes), "--",
+               *request.program)
+    return plan_job(load_site(site or request.site_ref).config, request, node_trainctl=NODE_TRAINCTL,
+                    node_python=NODE_PYTHON, command=command, version="0.1.0")
+
+
+def assert_matches_golden(name: str, text: str) -> None:
+    """Compare with tests/golden/NAME; rewrite it only when TRAINCTL_REGEN_GOLDEN=1."""
+    path = GOLDEN_DIR / name
+    how = f"{REGEN_FLAG}=1 .venv/bin/python -m pytest tests/test_render.py, then review `git diff {path}`"
+    if os.environ.get(REGEN_FLAG) == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        return
+    if not path.exists():
+        pytest.fail(f"golden file {path} is missing; to create it: {how}")
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(keepends=True),
+                                            text.splitlines(keepends=True), f"golden/{name}", "rendered"))
+        pytest.fail(f"rendered script differs from golden/{name}:\n{diff}\nIf the change is intended: {how}")
+
+
+def check_shell(script: str, tmp_path: Path) -> None:
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    lint = subprocess.run(["/usr/bin/shellcheck", "--shell=bash", str(path)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+
+
+@pytest.mark.parametrize("site", sorted(GOLDEN_REQUESTS))
+def test_golden_script_per_sample_site(site, tmp_path):
+    script = render_script(plan_for(GOLDEN_REQUESTS[site]))
+    check_shell(script, tmp_path)
+    assert_matches_golden(f"{site}.sbatch", script)
+
+
+def test_every_sample_site_has_a_golden():
+    samples = {p.stem for p in (Path(__file__).resolve().parents[1] / "site-configs").glob("*.toml")}
+    assert samples == set(GOLDEN_REQUESTS)
+
+
+def test_a_missing_golden_fails_instead_of_being_written(monkeypatch):
+    monkeypatch.delenv(REGEN_FLAG, raising=False)
+    with pytest.raises(pytest.fail.Exception, match="missing"):
+        assert_matches_golden("no-such-site.sbatch", "#!/bin/bash\n")
+    assert not (GOLDEN_DIR / "no-such-site.sbatch").exists()
+
+
+def test_a_changed_script_fails_with_a_unified_diff(monkeypatch):
+    monkeypatch.delenv(REGEN_FLAG, raising=False)
+    script = render_script(plan_for(GOLDEN_REQUESTS["local-demo"])).replace("--nodes=4", "--nodes=5")
+    with pytest.raises(pytest.fail.Exception) as failure:
+        assert_matches_golden("local-demo.sbatch", script)
+    assert "-#SBATCH --nodes=4\n+#SBATCH --nodes=5" in str(failure.value)
+
+
+def test_sample_sites_get_their_fabric_settings():
+    h100 = render_script(plan_for(GOLDEN_REQUESTS["dgx-h100"]))
+    assert "export NCCL_IB_HCA='=mlx5_0:1,mlx5_3:1," in h100
+    assert "NCCL_IB_GID_INDEX" not in h100 and "export NCCL_DEBUG=WARN" in h100
+    roce = render_script(plan_for(GOLDEN_REQUESTS["a100-roce"]))
+    assert "export NCCL_IB_GID_INDEX=3" in roce and "#SBATCH --gres=gpu:4" in roce
+    demo = render_script(plan_for(GOLDEN_REQUESTS["local-demo"]))
+    assert "export NCCL_IB_DISABLE=1" in demo and "export GLOO_SOCKET_IFNAME=eth0" in demo
+
+
+def test_values_not_safe_in_sbatch_lines_go_on_sbatch_argv():
+    plan = plan_for(GOLDEN_REQUESTS["dgx-h100"])
+    script = render_script(plan)
+    assert sbatch_argv(plan) == ["sbatch", "--parsable", "--job-name=llama 70b"]
+    assert "#SBATCH --job-name" not in script
+    assert [line for line in script.splitlines() if line.startswith("#SBATCH")] == [
+        "#SBATCH --partition=h100", "#SBATCH --nodes=18", "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --time=2-00:00:00", "#SBATCH --exclusive"]
+
+
+@pytest.mark.parametrize("value, safe", [("train", True), ("gpu:8", True), ("node[1-3]", True),
+                                         ("a b", False), ("x\n#SBATCH --qos=high", False), ("it's", False),
+                                         ('"q"', False), ("a\\b", False), ("a#b", False)])
+def test_directive_safety(value, safe):
+    assert directive_safe(SbatchOption("--job-name", value)) is safe
+
+
+def test_an_unfiltered_value_is_a_render_error_not_an_injection():
+    environment = template_environment()
+    with pytest.raises(TypeError, match="unfiltered value"):
+        environment.from_string("echo {{ name }}").render(name="$(reboot)")
+    assert environment.from_string("echo {{ name | q }}").render(name="$(reboot)") == "echo '$(reboot)'"
+
+
+def test_an_undefined_variable_is_a_render_error():
+    import jinja2
+
+    with pytest.raises(jinja2.UndefinedError):
+        template_environment().from_string("echo {{ missing | q }}").render()
+
+
+def test_provenance_header_stays_one_line_per_field():
+    request = SubmitRequest(site_ref="local-demo", program=("x.py", "a\nb", "#SBATCH --qos=high"), nodes=1,
+                            job_name="j\n#SBATCH --qos=high")
+    script = render_script(plan_for(request))
+    assert script.splitlines()[3] == ("# Command: trainctl submit --site local-demo --nodes 1 -- x.py "
+                                      "$'a\\nb' '#SBATCH --qos=high'")
+    assert not any(line.startswith("#SBATCH --qos") for line in script.splitlines())
+
+
+# bash reads back exactly what shell_word wrote (NUL cannot be in an argv element)
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                        max_size=12), min_size=1, max_size=25))
+def test_shell_words_read_back_unchanged_by_bash(words):
+    line = command_line(["printf", "%s\\0", *words])
+    assert "\n" not in line
+    out = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30).stdout
+    assert out.decode().split("\0")[:-1] == words
+
+
+def test_shell_word_forms():
+    assert shell_word("plain-1.0") == "plain-1.0"
+    assert shell_word("=mlx5_0:1") == "'=mlx5_0:1'"
+    assert shell_word("it's") == "'it'\"'\"'s'"
+    assert shell_word("a\nb'c") == "$'a\\nb\\'c'"
+    assert shell_word("") == "''"
+
+
+def run_with_standins(tmp_path: Path, request: SubmitRequest, job_id: str, **gate_answers: str):
+    """Render `request` and run it with bash here: srun, scontrol and the gate are stand-ins."""
+    trainctl = write_trainctl(tmp_path / "bin" / "trainctl", log=tmp_path / "gate.log", **gate_answers)
+    write_srun(tmp_path / "bin")
+    write_scontrol(tmp_path / "bin")
+    plan = plan_job(load_site(request.site_ref).config, request, node_trainctl=str(trainctl),
+                    node_python=sys.executable, command=("trainctl", "submit", *request.program),
+                    version="0.1.0")
+    script = render_script(plan)
+    check_shell(script, tmp_path)
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(tmp_path),
+               SLURM_JOB_ID=job_id, SLURM_JOB_NUM_NODES=str(plan.allocated_nodes))
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=60)
+    return plan, result
+
+
+def test_nasty_script_path_job_name_and_args_reach_the_program_unchanged(tmp_path):
+    mark = tmp_path / "pwned"
+    words = nasty(mark)
+    program = write_dump_program(tmp_path / "we 'ird' $(touch pwned) `x`\nname.py", tmp_path / "dumps")
+    request = SubmitRequest(site_ref="local-demo", program=(str(program), *words), nodes=1,
+                            job_name=words[2] + words[5])
+    plan, result = run_with_standins(tmp_path, request, "77", decision="node1\n127.0.0.1")
+    assert result.returncode == 0, result.stderr
+    assert sbatch_argv(plan)[-1] == "--job-name=" + words[2] + words[5]
+    dumps = read_dumps(tmp_path / "dumps")
+    assert dumps[0]["argv"] == words
+    assert not mark.exists() and not (tmp_path / "pwned").exists()
+    assert dumps[0]["env"]["MASTER_ADDR"] == "127.0.0.1"
+    assert dumps[0]["env"]["MASTER_PORT"] == str(20000 + 77 * 2)
+    gate_dir = tmp_path / "trainctl-gate-77"
+    assert (tmp_path / "gate.log").read_text().splitlines() == [
+        f"{os.uname().nodename} gate node --site local-demo --partition gpu --dir {gate_dir}",
+        f"decide gate decide --site local-demo --partition gpu --dir {gate_dir} --nodes 1 --min-nodes 1"]
+    job_step = (tmp_path / "bin" / "srun.log").read_text().split("\n")[1].split("\0")
+    assert job_step[:4] == ["--nodelist=node1", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1"]
+
+
+def test_the_job_step_runs_on_as_many_nodes_as_the_gate_chose(tmp_path):
+    request = SubmitRequest(site_ref="local-demo", program=("/bin/true",), nodes=4, min_nodes=2, spare=1)
+    _, result = run_with_standins(tmp_path, request, "80", decision="node[1,4-5]\n10.0.0.1")
+    assert result.returncode == 0, result.stderr
+    assert "running on node[1,4-5], MASTER_ADDR 10.0.0.1" in result.stdout
+    steps = (tmp_path / "bin" / "srun.log").read_text().split("\n")[:2]
+    gate_step, job_step = [step.split("\0") for step in steps]
+    assert gate_step[:2] == ["--ntasks=5", "--ntasks-per-node=1"]
+    assert job_step[:4] == ["--nodelist=node[1,4-5]", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1"]
+
+
+def test_too_few_healthy_nodes_stop_the_script_with_the_gates_line(tmp_path):
+    failure = "gate: 1 of 4 nodes healthy, need 2: node2 nvlink.links failed; node3 straggler"
+    request = SubmitRequest(site_ref="local-demo", program=("/bin/echo", "PROGRAM RAN"), nodes=2, spare=2)
+    _, result = run_with_standins(tmp_path, request, "78", failure=failure)
+    assert result.returncode == 2
+    assert failure in result.stderr.splitlines()
+    assert "PROGRAM RAN" not in result.stdout
+
+
+def test_a_decision_without_master_address_stops_the_script(tmp_path):
+    request = SubmitRequest(site_ref="local-demo", program=("/bin/echo", "PROGRAM RAN"), nodes=1)
+    _, result = run_with_standins(tmp_path, request, "79", decision="node1")
+    assert result.returncode == 2
+    assert "did not print the nodes and MASTER_ADDR" in result.stderr
+    assert "PROGRAM RAN" not in result.stdout
