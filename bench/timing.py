@@ -10,14 +10,25 @@ from __future__ import annotations
 import random
 import statistics
 import subprocess
+import threading
 import time
 
 
-def time_once(argv: list[str], env: dict[str, str] | None = None) -> float:
+def time_once(argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 120.0) -> float:
+    # A blocking wait, with a timer to kill a hung command: subprocess's wait(timeout=...) polls
+    # with sleeps of up to 50 ms, which rounds every sample up to the next ~50 ms step.
     start = time.perf_counter()
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env,
-                   timeout=120)
-    return time.perf_counter() - start
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    killer = threading.Timer(timeout_s, proc.kill)
+    killer.start()
+    try:
+        returncode = proc.wait()
+    finally:
+        killer.cancel()
+    elapsed = time.perf_counter() - start
+    if returncode != 0:
+        raise subprocess.CalledProcessError(returncode, argv)
+    return elapsed
 
 
 def interleaved_medians(commands: dict[str, list[str]], rounds: int, warmup: int = 2,

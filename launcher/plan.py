@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
 from trainctl.errors import UsageError
 from trainctl.launcher.site import PartitionConfig, SiteConfig, partition
@@ -36,8 +37,7 @@ class SubmitRequest:
     nccl_debug: str | None = None
 
 
-@dataclass(frozen=True)
-class SbatchOption:
+class SbatchOption(NamedTuple):  # NamedTuple, not dataclass: a third of the import time
     """One sbatch option, `--name` or `--name=value` (value kept apart so it can be checked)."""
 
     name: str
@@ -48,8 +48,7 @@ class SbatchOption:
         return self.name if self.value is None else f"{self.name}={self.value}"
 
 
-@dataclass(frozen=True)
-class EnvSetting:
+class EnvSetting(NamedTuple):
     """A variable the batch script exports, and why (rendered as a comment above it)."""
 
     name: str

@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-import shlex
 import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import ExternalCommandError, UsageError
-from trainctl.proc import run_checked
 
 SBATCH_TIMEOUT_S = 60.0
 SSH_CONNECT_TIMEOUT_S = 20.0
@@ -68,6 +66,8 @@ def _check_runnable(script: str, mode: int, executable: bool) -> None:
 
 
 def submit_local(script_text: str, sbatch_argv: list[str], cwd: Path) -> Submitted:
+    from trainctl.proc import run_checked  # not at the top: a dry run does without subprocess
+
     result = run_checked(sbatch_argv, timeout=SBATCH_TIMEOUT_S, input_text=script_text, cwd=str(cwd))
     job_id, cluster = parse_parsable(result.stdout)
     return Submitted(job_id, cluster, tuple(sbatch_argv), "local")
@@ -97,6 +97,8 @@ def parse_remote(text: str, default_user: str) -> RemoteTarget:
 def submit_remote(script_text: str, sbatch_argv: list[str], target: RemoteTarget, *, script: str,
                   chdir: str | None, identity: str | None, known_hosts: str) -> Submitted:
     """Check SCRIPT over SFTP, then run sbatch on `target` with the script on the channel's stdin."""
+    import shlex
+
     import paramiko
 
     client = connect(target, identity=identity, known_hosts=known_hosts)
@@ -161,6 +163,8 @@ def connect(target: RemoteTarget, *, identity: str | None, known_hosts: str):
 
 def check_remote_script(client, script: str, chdir: str | None) -> None:
     """The remote twin of `check_local_script`: SFTP stat, or `command -v` for a bare name."""
+    import shlex
+
     import paramiko
 
     try:

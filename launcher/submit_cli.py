@@ -7,8 +7,6 @@ torch never.
 
 from __future__ import annotations
 
-import getpass
-import json
 import os
 import sys
 from pathlib import Path
@@ -74,6 +72,8 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
         login = remote or loaded.config.login_host
         if not login:
             raise UsageError(f"--remote needs [USER@]HOST: site {loaded.config.name!r} sets no login_host")
+        import getpass
+
         target = parse_remote(login, getpass.getuser())
     # A site file given by path must be found by the nodes too, from the job's directory.
     site_ref = str(loaded.path.resolve()) if _is_path(site) and target is None else site
@@ -94,7 +94,7 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     if dry_run:
         where = f"in {submit_dir}" if target is None else f"on {target} over SSH, in {chdir or '~'}"
         if as_json:
-            click.echo(json.dumps(_summary(None, argv, script, plan, where), indent=1))
+            _echo_json(_summary(None, argv, script, plan, where))
         else:
             click.echo(script, nl=False)
             click.echo(f"trainctl: dry run, nothing submitted; would run {where}: "
@@ -113,7 +113,7 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     if as_json:
         summary = _summary(submitted.job_id, argv, script, plan, submitted.where)
         summary["cluster"] = submitted.cluster
-        click.echo(json.dumps(summary, indent=1))
+        _echo_json(summary)
     else:
         click.echo(submitted.job_id)
         click.echo(f"trainctl: submitted job {submitted.job_id} ({submitted.where}): {plan.nodes} nodes "
@@ -124,6 +124,12 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
 def _summary(job_id: str | None, argv: list[str], script: str, plan, where: str) -> dict:
     return {"job_id": job_id, "submitted": job_id is not None, "where": where, "sbatch": argv,
             "script": script, "plan": plan.to_json()}
+
+
+def _echo_json(summary: dict) -> None:
+    import json  # only for --json: a plain dry run skips the import
+
+    click.echo(json.dumps(summary, indent=1))
 
 
 def _is_path(site: str) -> bool:
