@@ -14,8 +14,8 @@ import posixpath
 import re
 import shutil
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from trainctl.errors import ExternalCommandError, UsageError
 
@@ -26,8 +26,7 @@ _JOB_ID = re.compile(r"\d+(_\d+)?")
 _REMOTE = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>[^@\s:]+)(?::(?P<port>\d+))?")
 
 
-@dataclass(frozen=True)
-class Submitted:
+class Submitted(NamedTuple):  # NamedTuples: a dry run imports this module, dataclasses cost ~1 ms each
     job_id: str
     cluster: str | None      # sbatch --parsable prints `id;cluster` on federated/multi-cluster setups
     sbatch_argv: tuple[str, ...]
@@ -76,8 +75,7 @@ def submit_local(script_text: str, sbatch_argv: list[str], cwd: Path) -> Submitt
 # ---------------------------------------------------------------- over SSH
 
 
-@dataclass(frozen=True)
-class RemoteTarget:
+class RemoteTarget(NamedTuple):
     user: str
     host: str
     port: int = SSH_PORT
