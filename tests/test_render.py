@@ -104,6 +104,14 @@ def test_sample_sites_get_their_fabric_settings():
     assert "export NCCL_IB_DISABLE=1" in demo and "export GLOO_SOCKET_IFNAME=eth0" in demo
 
 
+def test_a_cpu_job_requests_no_gpus_and_runs_ranks_unbound(tmp_path):
+    script = render_script(plan_for(SubmitRequest(site_ref="dgx-h100", program=("./prep.sh",), nodes=2,
+                                                  gpus_per_node=0)))
+    check_shell(script, tmp_path)
+    assert "--gpus-per-node" not in script and "#SBATCH --ntasks-per-node=1" in script
+    assert "--no-bind" in script and "--cpu-bind=none" not in script
+
+
 def test_values_not_safe_in_sbatch_lines_go_on_sbatch_argv():
     plan = plan_for(GOLDEN_REQUESTS["dgx-h100"])
     script = render_script(plan)
