@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from support.slurm_jobs import submit, wait_for_job
 from support.submit_standins import nasty, read_dumps, standin_site, write_dump_program, write_trainctl
 from trainctl.proc import run_checked
 from trainctl.slurm import parse_scontrol_oneliner
@@ -22,27 +23,6 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
-TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
-
-
-def submit(devcluster, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([TRAINCTL, "submit", *args], capture_output=True, text=True, cwd=cwd,
-                          env=devcluster.client_env(), timeout=120)
-
-
-def wait_for_job(devcluster, job_id: str, timeout_s: float = 150.0) -> dict:
-    """The job's `scontrol show job` record once it has ended."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = run_checked(["scontrol", "show", "job", "-o", job_id], timeout=15,
-                             env=devcluster.client_env())
-        record = {}  # a job name with a newline spreads the one-liner over two lines
-        for part in parse_scontrol_oneliner(result.stdout):
-            record.update(part)
-        if record["JobState"] in TERMINAL_STATES:
-            return record
-        assert time.monotonic() < deadline, f"job {job_id} still {record['JobState']} after {timeout_s} s"
-        time.sleep(0.5)
 
 
 def slurm_knows_job_named(devcluster, name: str) -> bool:
