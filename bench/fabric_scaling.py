@@ -27,8 +27,8 @@ TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
 TARGET = 1.5
 
 
-def fabric_once(cluster: DevCluster, nodes: int, out: Path) -> tuple[float, float]:
-    """(wall seconds of the srun step, seconds rank 0 spent from rendezvous to verdict)."""
+def fabric_once(cluster: DevCluster, nodes: int, out: Path) -> tuple[float, float, int]:
+    """(wall seconds of the srun step, seconds rank 0 spent from rendezvous to verdict, rounds)."""
     start = time.perf_counter()
     run_checked(["srun", f"-N{nodes}", "--ntasks-per-node=1", TRAINCTL, "health", "fabric",
                  "--site", "local-demo", "--out", str(out)], timeout=300, env=cluster.client_env())
@@ -36,7 +36,7 @@ def fabric_once(cluster: DevCluster, nodes: int, out: Path) -> tuple[float, floa
     report = json.loads(out.read_text())
     if report["excluded"]:
         raise SystemExit(f"healthy cluster reported exclusions: {report['excluded']}")
-    return elapsed, report["duration_s"]
+    return elapsed, report["duration_s"], report["rounds"]
 
 
 def main() -> int:
@@ -45,7 +45,7 @@ def main() -> int:
     args = parser.parse_args()
     cluster = DevCluster(ClusterSpec(nodes=4))
     cluster.up(lock_wait_s=300)
-    samples: dict[int, list[tuple[float, float]]] = {2: [], 3: [], 4: []}
+    samples: dict[int, list[tuple[float, float, int]]] = {2: [], 3: [], 4: []}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for n in samples:  # warm-up: page cache and .pyc files on every node
@@ -58,12 +58,14 @@ def main() -> int:
                     samples[n].append(fabric_once(cluster, n, Path(tmp) / f"{n}-{number}.json"))
     finally:
         cluster.down()
-    medians = {n: statistics.median(wall for wall, _ in values) for n, values in samples.items()}
-    inside = {n: statistics.median(test for _, test in values) for n, values in samples.items()}
+    medians = {n: statistics.median(wall for wall, _, _ in values) for n, values in samples.items()}
+    inside = {n: statistics.median(test for _, test, _ in values) for n, values in samples.items()}
+    rounds = {n: values[0][2] for n, values in samples.items()}
     print(f"fabric test (sizes 1M,16M, local-demo site), {args.rounds} interleaved rounds, medians")
-    print(f"{'nodes':>5} {'wall s':>7} {'ratio':>6} {'in-test s':>10} {'ratio':>6}")
+    print(f"{'nodes':>5} {'wall s':>7} {'ratio':>6} {'in-test s':>10} {'ratio':>6} {'rounds':>6} {'s/round':>8}")
     for n, value in medians.items():
-        print(f"{n:>5} {value:>7.2f} {value / medians[2]:>6.2f} {inside[n]:>10.2f} {inside[n] / inside[2]:>6.2f}")
+        print(f"{n:>5} {value:>7.2f} {value / medians[2]:>6.2f} {inside[n]:>10.2f} {inside[n] / inside[2]:>6.2f}"
+              f" {rounds[n]:>6} {inside[n] / max(rounds[n], 1):>8.2f}")
     print("(wall: the whole srun step, torch import included; in-test: rank 0, rendezvous to verdict)")
     ratio = medians[4] / medians[2]
     print(f"4 nodes / 2 nodes = {ratio:.2f} ({'meets' if ratio < TARGET else 'MISSES'} target < {TARGET})")
