@@ -119,6 +119,9 @@ def read_topology(gate_dir: str | None, names: list[str], nvidia_smi: str, timeo
         for name in names:
             snapshot = Path(gate_dir) / "snapshots" / name / TOPO_SNAPSHOT
             if snapshot.is_file():
+                failure = _gate_probe_failure(snapshot)
+                if failure:
+                    return None, f"`nvidia-smi topo -m` failed when the gate ran it: {failure}"
                 return snapshot.read_text(errors="replace"), f"the gate's snapshot {snapshot}"
     from trainctl.proc import run
 
@@ -128,6 +131,17 @@ def read_topology(gate_dir: str | None, names: list[str], nvidia_smi: str, timeo
     if not result.ok:
         return None, result.describe_failure()
     return result.stdout, f"`{nvidia_smi} topo -m`"
+
+
+def _gate_probe_failure(snapshot: Path) -> str | None:
+    """The error meta.json recorded for the topology probe (its file is kept whatever the exit)."""
+    import json
+
+    try:
+        record = json.loads((snapshot.parent / "meta.json").read_text())["probes"][TOPO_SNAPSHOT]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record.get("error")
 
 
 def plan_bindings(topo_text: str, source: str, ranks: int, hca_ports: tuple[str, ...]

@@ -233,3 +233,22 @@ def test_train_ddp_fails_when_ranks_disagree(devcluster, tmp_path):
     result = run(argv, timeout=180, env=env, cwd=str(tmp_path))
     assert result.returncode != 0
     assert result.stdout.count("parameters DIFFER") == 2
+
+
+def test_topology_from_the_gate_snapshot_unless_the_gate_probe_failed(tmp_path):
+    from trainctl.launcher.rank_exec import read_topology
+
+    snap = tmp_path / "snapshots" / "node1"
+    snap.mkdir(parents=True)
+    topo = Path(__file__).parent / "fixtures/recorded/h100-vm-2026-11-22/nvidia-smi-topo-m.txt"
+    (snap / "nvidia-smi-topo-m.txt").write_bytes(topo.read_bytes())
+    text, source = read_topology(str(tmp_path), ["node1"], "nvidia-smi-not-installed", 5)
+    assert text == topo.read_text() and source.startswith("the gate's snapshot")
+    # the probe ran but failed: its (empty) output is kept, and meta.json says why
+    (snap / "nvidia-smi-topo-m.txt").write_text("")
+    (snap / "meta.json").write_text(json.dumps({"probes": {"nvidia-smi-topo-m.txt": {
+        "error": "nvidia-smi exited with status 9: NVIDIA-SMI has failed"}}}))
+    text, reason = read_topology(str(tmp_path), ["node1"], "nvidia-smi-not-installed", 5)
+    assert text is None
+    assert reason == ("`nvidia-smi topo -m` failed when the gate ran it: "
+                      "nvidia-smi exited with status 9: NVIDIA-SMI has failed")
