@@ -1,6 +1,6 @@
 """Per-rank binding on one node, computed from its parsed topology (pure).
 
-Local rank i drives GPU i. Ranks whose GPUs share a CPU affinity (the GPUs of one NUMA
+Local rank i drives GPU i (or the i-th GPU Slurm gave the job). Ranks whose GPUs share a CPU affinity (the GPUs of one NUMA
 node) split those CPUs: each contiguous range is cut into equal slices and rank j of k gets
 the j-th slice of every range, so on a node whose affinity reads `0-55,112-167` a rank's
 physical cores come with their hyperthread siblings. Each rank also gets the NUMA node to
@@ -28,17 +28,23 @@ class RankBinding:
                 "numa_node": self.numa_node, "nic": self.nic}
 
 
-def rank_bindings(gpus: list[GpuAffinity], ranks: int, allowed_nics: tuple[str, ...] = ()) -> list[RankBinding]:
-    """Bindings for local ranks 0..ranks-1 (ranks <= GPUs); `allowed_nics` limits NIC choice."""
+def rank_bindings(gpus: list[GpuAffinity], ranks: int, allowed_nics: tuple[str, ...] = (),
+                  job_gpus: list[int] | None = None) -> list[RankBinding]:
+    """Bindings for local ranks 0..ranks-1; `allowed_nics` limits NIC choice.
+
+    Local rank i drives the i-th of `job_gpus` (the physical indices Slurm gave the job, as
+    its CUDA_VISIBLE_DEVICES lists them), or GPU i when the job has the whole node.
+    """
     by_index = {gpu.index: gpu for gpu in gpus}
-    used = [by_index[i] for i in range(ranks) if i in by_index]
+    wanted = list(job_gpus if job_gpus is not None else range(ranks))[:ranks]
+    used = [by_index[i] for i in wanted if i in by_index]
     if len(used) < ranks:
-        raise ValueError(f"{ranks} ranks but the topology shows GPUs {sorted(by_index)}")
+        raise ValueError(f"{ranks} ranks on GPUs {wanted} but the topology shows GPUs {sorted(by_index)}")
     bindings = []
-    for gpu in used:
+    for local_rank, gpu in enumerate(used):
         sharers = [g.index for g in used if g.cpu_affinity == gpu.cpu_affinity]
         cpus = cpu_slice(gpu.cpu_affinity or "", sharers.index(gpu.index), len(sharers))
-        bindings.append(RankBinding(gpu.index, gpu.index, cpus, gpu.numa_node,
+        bindings.append(RankBinding(local_rank, gpu.index, cpus, gpu.numa_node,
                                     _pick_nic(gpu, used, allowed_nics)))
     return bindings
 

@@ -5,8 +5,8 @@ Run by the job script as `srun ... trainctl rank-exec --site S --partition P --m
 
 1. derives RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK from Slurm's task
    variables and MASTER_PORT from the job id (`trainctl.slurm.job_port`, offset 0);
-2. binds local rank i to GPU i's CPUs (its NUMA affinity, split among the ranks that share
-   it), memory to that NUMA node (numactl --membind) and NCCL to its nearest HCA port, from
+2. binds local rank i to GPU i's CPUs (the i-th GPU of Slurm's CUDA_VISIBLE_DEVICES when the
+   job has part of a node; its NUMA affinity, split among the ranks that share it), memory to that NUMA node (numactl --membind) and NCCL to its nearest HCA port, from
    the node's `nvidia-smi topo -m` (the gate's snapshot when there is one);
 3. replaces itself with PROGRAM (os.execvp: no shell, no extra process).
 
@@ -144,8 +144,15 @@ def _gate_probe_failure(snapshot: Path) -> str | None:
     return record.get("error")
 
 
-def plan_bindings(topo_text: str, source: str, ranks: int, hca_ports: tuple[str, ...]
-                  ) -> tuple[list[RankBinding], str | None]:
+def job_gpus(environ: Mapping[str, str]) -> list[int] | None:
+    """Physical GPU indices Slurm gave this job (CUDA_VISIBLE_DEVICES), None when not a plain list."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    entries = [entry.strip() for entry in visible.split(",")] if visible else []
+    return [int(entry) for entry in entries] if entries and all(e.isdigit() for e in entries) else None
+
+
+def plan_bindings(topo_text: str, source: str, ranks: int, hca_ports: tuple[str, ...],
+                  gpus_of_job: list[int] | None = None) -> tuple[list[RankBinding], str | None]:
     """(bindings for local ranks 0..ranks-1, or [] and the reason there are none)."""
     from trainctl.health.affinity import gpu_affinity
     from trainctl.health.parse.topo import parse_topo
@@ -157,7 +164,7 @@ def plan_bindings(topo_text: str, source: str, ranks: int, hca_ports: tuple[str,
     if not gpus:
         return [], f"no GPUs in {source}"
     try:
-        return rank_bindings(gpus, ranks, tuple(port.split(":")[0] for port in hca_ports)), None
+        return rank_bindings(gpus, ranks, tuple(port.split(":")[0] for port in hca_ports), gpus_of_job), None
     except ValueError as exc:
         return [], str(exc)
 
@@ -184,8 +191,8 @@ def rank_exec(*, site_ref: str, partition_name: str | None, master_addr: str, ga
     else:
         nvidia_smi = site.probes.get("nvidia-smi", "nvidia-smi")
         topo, source = read_topology(gate_dir, node_names(environ), nvidia_smi, site.gate.probe_timeout_s)
-        bindings, why_not = plan_bindings(topo, source, placement.local_world_size, part.hca_ports) \
-            if topo is not None else ([], source)
+        bindings, why_not = plan_bindings(topo, source, placement.local_world_size, part.hca_ports,
+                                          job_gpus(environ)) if topo is not None else ([], source)
         if why_not:
             _say(speaks, f"{host}: ranks run unbound: {why_not}")
         else:

@@ -84,3 +84,22 @@ def test_cpu_slices_cover_a_range_exactly_once(first, length, parts):
     slices = [parse_cpu_list(cpu_slice(cpus, part, parts)) for part in range(parts)]
     assert sorted(cpu for s in slices for cpu in s) == list(range(first, first + length))
     assert max(map(len, slices)) - min(map(len, slices)) <= 1
+
+
+def test_a_job_given_the_second_half_of_a_node_binds_to_those_gpus():
+    from trainctl.launcher.rank_exec import job_gpus
+
+    gpus = job_gpus({"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert gpus == [4, 5, 6, 7]
+    bindings = rank_bindings(gpus_of(TOPO_DIR / "h200-8gpu-nv18-12nic-mlx5-dgx-layout.txt"), 4, job_gpus=gpus)
+    assert [(b.local_rank, b.gpu, b.numa_node, b.nic) for b in bindings] == [
+        (0, 4, 1, "mlx5_6"), (1, 5, 1, "mlx5_9"), (2, 6, 1, "mlx5_10"), (3, 7, 1, "mlx5_11")]
+    assert [b.cpus for b in bindings] == ["56-69,168-181", "70-83,182-195", "84-97,196-209", "98-111,210-223"]
+
+
+def test_visible_devices_that_are_not_plain_indices_mean_the_whole_node():
+    from trainctl.launcher.rank_exec import job_gpus
+
+    assert job_gpus({}) is None
+    assert job_gpus({"CUDA_VISIBLE_DEVICES": "GPU-99deca37-188a-60d0-2971-8cae46b3c544"}) is None
+    assert job_gpus({"CUDA_VISIBLE_DEVICES": "0"}) == [0]
