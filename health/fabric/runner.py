@@ -16,6 +16,7 @@ import json
 import multiprocessing
 import os
 import socket
+from queue import Empty
 import statistics
 import threading
 import time
@@ -163,7 +164,7 @@ def intra_node(host: str, options: FabricOptions, deadline: Deadline) -> list[Me
         worker.start()
     try:
         measured = queue.get(timeout=deadline.left(options.op_timeout_s * 2))
-    except Exception:
+    except Empty:
         measured = [Measurement((host,), size, procs, error="intra-node test did not finish in time")
                     for size in options.sizes]
     for worker in workers:
