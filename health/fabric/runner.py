@@ -16,12 +16,12 @@ import json
 import multiprocessing
 import os
 import socket
-from queue import Empty
 import statistics
 import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
+from queue import Empty
 
 from trainctl.health.fabric.bandwidth import algbw_gbps, busbw_gbps
 from trainctl.health.fabric.report import build_report, retest_rounds
