@@ -10,11 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import shlex
-import signal
-import subprocess
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -23,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import ExternalCommandError
+from trainctl.proc import StreamedRun
 from trainctl.slurm import fold_hostlist
 from trainctl.sweep.model import CHECKED, ERROR, STATUSES, TIMEOUT, CheckRow, NodeOutcome
 
@@ -173,7 +170,7 @@ def collect_via_slurm(nodes: list[str], command: NodeCommand, *, partition: str 
     seen: set[str] = set()
     job_reported = False
     pieces = Reassembler()
-    with _Streamed(argv, deadline_s, env) as stream:
+    with StreamedRun(argv, deadline_s, env) as stream:
         for line in stream.lines():
             envelope = pieces.feed(line)
             if envelope is None or envelope["node"] not in nodes:
@@ -200,71 +197,6 @@ def collect_via_slurm(nodes: list[str], command: NodeCommand, *, partition: str 
         # Not one node answered and srun failed: Slurm itself is the problem (exit 4), after
         # every node is recorded with srun's message.
         raise ExternalCommandError(f"sweep job failed: {stream.failure()}")
-
-
-class _Streamed:
-    """An argv run with a hard deadline whose stdout is read line by line as it comes.
-
-    Like trainctl.proc.run (own process group, killed whole at the deadline, never a
-    shell), but streaming, so each node's result can be committed the moment it arrives.
-    """
-
-    def __init__(self, argv: list[str], deadline_s: float, env: dict[str, str] | None):
-        self.argv = argv
-        self.deadline_s = deadline_s
-        self.env = env
-        self.timed_out = False
-        self._stderr: list[str] = []
-
-    def __enter__(self) -> _Streamed:
-        try:
-            self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, env=self.env, text=True, errors="replace",
-                                          start_new_session=True)
-        except OSError as exc:
-            self._proc = None
-            self._start_error = f"{self.argv[0]}: {exc.strerror}"
-            return self
-        self._timer = threading.Timer(self.deadline_s, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
-        self._stderr_reader = threading.Thread(target=lambda: self._stderr.extend(self._proc.stderr),
-                                               daemon=True)
-        self._stderr_reader.start()
-        return self
-
-    def lines(self) -> Iterator[str]:
-        if self._proc is not None:
-            yield from self._proc.stdout
-
-    def _expire(self) -> None:
-        self.timed_out = True
-        self._kill()
-
-    def _kill(self) -> None:
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    @property
-    def failed(self) -> bool:
-        return self._proc is None or self._proc.returncode != 0
-
-    def failure(self) -> str:
-        if self._proc is None:
-            return self._start_error
-        tail = "".join(self._stderr).strip()[-STDERR_TAIL_CHARS:]
-        return f"{self.argv[0]} exited with status {self._proc.returncode}" + (f": {tail}" if tail else "")
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._proc is None:
-            return
-        if exc_info[0] is not None:  # the consumer stopped early (Ctrl-C): take srun down too
-            self._kill()
-        self._proc.wait()
-        self._timer.cancel()
-        self._stderr_reader.join(timeout=5)
 
 
 # ---------------------------------------------------------------- SSH

@@ -11,7 +11,9 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainctl.errors import ExternalCommandError
@@ -95,3 +97,68 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+class StreamedRun:
+    """An argv run with a hard deadline whose stdout is read line by line as it comes.
+
+    Like `run` (own process group, killed whole at the deadline, never a shell), but the
+    caller reads stdout as it comes: a sweep commits each node's result the moment it arrives.
+    """
+
+    def __init__(self, argv: list[str], deadline_s: float, env: dict[str, str] | None):
+        self.argv = argv
+        self.deadline_s = deadline_s
+        self.env = env
+        self.timed_out = False
+        self._stderr: list[str] = []
+
+    def __enter__(self) -> StreamedRun:
+        try:
+            self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, env=self.env, text=True, errors="replace",
+                                          start_new_session=True)
+        except OSError as exc:
+            self._proc = None
+            self._start_error = f"{self.argv[0]}: {exc.strerror}"
+            return self
+        self._timer = threading.Timer(self.deadline_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+        self._stderr_reader = threading.Thread(target=lambda: self._stderr.extend(self._proc.stderr),
+                                               daemon=True)
+        self._stderr_reader.start()
+        return self
+
+    def lines(self) -> Iterator[str]:
+        if self._proc is not None:
+            yield from self._proc.stdout
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        self._kill()
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    @property
+    def failed(self) -> bool:
+        return self._proc is None or self._proc.returncode != 0
+
+    def failure(self) -> str:
+        if self._proc is None:
+            return self._start_error
+        tail = "".join(self._stderr).strip()[-STDERR_TAIL_CHARS:]
+        return f"{self.argv[0]} exited with status {self._proc.returncode}" + (f": {tail}" if tail else "")
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._proc is None:
+            return
+        if exc_info[0] is not None:  # the consumer stopped early (Ctrl-C): take srun down too
+            self._kill()
+        self._proc.wait()
+        self._timer.cancel()
+        self._stderr_reader.join(timeout=5)
