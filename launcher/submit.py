@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from trainctl.errors import ExternalCommandError, UsageError
+from trainctl.ssh import connect
 
 SBATCH_TIMEOUT_S = 60.0
-SSH_CONNECT_TIMEOUT_S = 20.0
 SSH_PORT = 22
 _JOB_ID = re.compile(r"\d+(_\d+)?")
 _REMOTE = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>[^@\s:]+)(?::(?P<port>\d+))?")
@@ -99,7 +99,7 @@ def submit_remote(script_text: str, sbatch_argv: list[str], target: RemoteTarget
 
     import paramiko
 
-    client = connect(target, identity=identity, known_hosts=known_hosts)
+    client = connect(target.user, target.host, target.port, identity=identity, known_hosts=known_hosts)
     try:
         check_remote_script(client, script, chdir)
         command = shlex.join(sbatch_argv)
@@ -115,48 +115,6 @@ def submit_remote(script_text: str, sbatch_argv: list[str], target: RemoteTarget
         raise ExternalCommandError(f"sbatch on {target} exited with status {status}: {tail}")
     job_id, cluster = parse_parsable(stdout)
     return Submitted(job_id, cluster, tuple(sbatch_argv), str(target))
-
-
-def connect(target: RemoteTarget, *, identity: str | None, known_hosts: str):
-    """An SSH connection whose host key is in `known_hosts`; agent keys, or `identity`."""
-    import paramiko
-
-    if not os.path.isfile(known_hosts):
-        raise UsageError(f"known_hosts file {known_hosts} does not exist: host keys cannot be verified",
-                         hint="--known-hosts FILE")
-    if identity is not None and not os.path.isfile(identity):
-        raise UsageError(f"identity file {identity} does not exist")
-    client = paramiko.SSHClient()
-    client.load_host_keys(known_hosts)
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    try:
-        client.connect(target.host, port=target.port, username=target.user, key_filename=identity,
-                       allow_agent=True, look_for_keys=identity is None, timeout=SSH_CONNECT_TIMEOUT_S,
-                       banner_timeout=SSH_CONNECT_TIMEOUT_S, auth_timeout=SSH_CONNECT_TIMEOUT_S)
-    except paramiko.BadHostKeyException as exc:
-        client.close()
-        raise ExternalCommandError(f"{target.host} offers a host key that does not match {known_hosts} "
-                                   f"(got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}): refusing "
-                                   "to connect") from exc
-    except paramiko.PasswordRequiredException as exc:
-        client.close()
-        raise UsageError(f"key {identity} is encrypted: load it into ssh-agent instead") from exc
-    except paramiko.AuthenticationException as exc:
-        client.close()
-        raise ExternalCommandError(f"SSH authentication as {target.user}@{target.host} failed: {exc}",
-                                   hint="--identity FILE or a key in ssh-agent") from exc
-    except paramiko.SSHException as exc:
-        client.close()
-        if "not found in known_hosts" in str(exc):
-            raise ExternalCommandError(
-                f"host key of {target.host} is not in {known_hosts}: refusing to connect",
-                hint="verify the host's fingerprint out of band, then add it to that file") from exc
-        raise ExternalCommandError(f"SSH to {target}: {exc}") from exc
-    except OSError as exc:
-        client.close()
-        raise ExternalCommandError(f"cannot reach {target.host}:{target.port}: "
-                                   f"{exc.strerror or exc}") from exc
-    return client
 
 
 def check_remote_script(client, script: str, chdir: str | None) -> None:

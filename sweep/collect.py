@@ -18,15 +18,15 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.errors import ExternalCommandError
+from trainctl.errors import ExternalCommandError, TrainctlError
 from trainctl.proc import StreamedRun
 from trainctl.slurm import fold_hostlist
+from trainctl.ssh import connect
 from trainctl.sweep.model import CHECKED, ERROR, STATUSES, TIMEOUT, CheckRow, NodeOutcome
 
 JOB_NAME = "trainctl-sweep"
 ALLOCATION_WAIT_S = 60     # srun --immediate: give up if the idle nodes were taken meanwhile
 STARTUP_MARGIN_S = 30.0    # Python and trainctl start-up on a node, on top of the checks' deadline
-SSH_CONNECT_TIMEOUT_S = 15.0
 STDERR_TAIL_CHARS = 400
 
 
@@ -233,28 +233,19 @@ def ssh_node(host: str, address: str, command: NodeCommand, access: SshAccess, s
         return NodeOutcome(host, outcome, slurm_state=slurm_state, detail=detail,
                            duration_s=round(time.monotonic() - started, 3))
 
-    client = paramiko.SSHClient()
-    try:
-        client.load_host_keys(str(access.known_hosts_path))
-    except OSError as exc:
-        return failed(ERROR, f"cannot read known_hosts {access.known_hosts_path}: {exc.strerror}")
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
     target = f"{access.user}@{address}:{access.port}"
     try:
-        client.connect(address, port=access.port, username=access.user,
-                       key_filename=access.key_path or None, allow_agent=not access.key_path,
-                       look_for_keys=not access.key_path, timeout=SSH_CONNECT_TIMEOUT_S,
-                       banner_timeout=SSH_CONNECT_TIMEOUT_S, auth_timeout=SSH_CONNECT_TIMEOUT_S)
+        client = connect(access.user, address, access.port, identity=access.key_path or None,
+                         known_hosts=str(access.known_hosts_path))
+    except TrainctlError as exc:  # unknown or changed host key, no key, unreachable: no verdict
+        return failed(ERROR, f"ssh {target}: {exc}")
+    try:
         _, stdout, stderr = client.exec_command(shlex.join(command.argv()), timeout=command.deadline_s)
         out = stdout.read().decode(errors="replace")
         err = stderr.read().decode(errors="replace")
         status = stdout.channel.recv_exit_status()
     except TimeoutError:  # socket.timeout: the channel stayed silent past the deadline
         return failed(TIMEOUT, f"no answer over SSH within {command.deadline_s:g} s ({target})")
-    except paramiko.BadHostKeyException:
-        return failed(ERROR, f"ssh {target}: host key differs from {access.known_hosts_path}; refused")
-    except paramiko.AuthenticationException as exc:
-        return failed(ERROR, f"ssh {target}: authentication failed: {exc}")
     except (paramiko.SSHException, OSError) as exc:
         return failed(ERROR, f"ssh {target}: {exc}")
     finally:

@@ -170,7 +170,7 @@ def test_ssh_sweep_checks_nodes_in_parallel_and_verifies_host_keys(cluster, tmp_
     out = trainctl(cluster, "sweep", "--site", site, "--via", "ssh", "--nodes", "node1", "--json")
     assert out.returncode == 3, out.stderr                    # no verdict, not a failing node
     (node,) = json.loads(out.stdout)["nodes"]
-    assert node["outcome"] == "error" and "not found in known_hosts" in node["detail"]
+    assert node["outcome"] == "error" and f"is not in {stranger}: refusing to connect" in node["detail"]
 
 
 def test_fabric_add_on_records_each_nodes_verdict_as_a_check(cluster, tmp_path):
