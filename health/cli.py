@@ -183,7 +183,7 @@ def run_fabric_from_cli_options(*, sizes=None, iters=None, warmup=2, timeout_s=N
                                                   factor, floor_gbps, no_intra, local_procs)
     from trainctl.health.fabric.runner import identity_from_env, run_rank
 
-    identity = identity_from_env(os.environ, master_addr or _slurm_master_addr(), port)
+    identity = identity_from_env(os.environ, master_addr, port)
     return run_rank(identity, options, straggler_factor=factor, floor_gbps=floor_gbps)
 
 
@@ -218,18 +218,6 @@ def _fabric_options(policy, sizes, iters, warmup, timeout_s, join_timeout_s, fac
     chosen_factor = factor or (gate.straggler_factor if gate else 0.7)
     floor = floor_gbps if floor_gbps is not None else (gate.busbw_floor_gbps if gate else 0.0)
     return options, chosen_factor, floor or None
-
-
-def _slurm_master_addr() -> str | None:
-    """The first node of this Slurm step, at the address Slurm reaches it by."""
-    import os
-
-    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
-    if os.environ.get("MASTER_ADDR") or not nodelist:
-        return None
-    from trainctl.slurm import expand_hostlist, node_address
-
-    return node_address(expand_hostlist(nodelist)[0])
 
 
 def format_fabric_report(report: dict) -> str:

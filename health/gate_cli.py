@@ -104,11 +104,9 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated):
 
 
 def _write_json(path: Path, data: dict) -> None:
-    """Write whole or not at all: decide may read while a slow node is still writing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(data, indent=1) + "\n")
-    partial.replace(path)
+    from trainctl.files import write_atomically
+
+    write_atomically(path, json.dumps(data, indent=1) + "\n")
 
 
 def _read_json(path: Path) -> dict | None:

@@ -54,23 +54,6 @@ def parse_since(text: str) -> float:
     return value * SINCE_UNITS[unit]
 
 
-def _write_atomically(path: str, text: str) -> None:
-    """Readers (node_exporter, a web server) never see half a file."""
-    import os
-    import tempfile
-
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _node_command(config, given_site: str, partition: str | None, timeout_s: float | None, fabric: bool):
     from trainctl.sweep.collect import NodeCommand
 
@@ -179,6 +162,7 @@ def report(since_text, fmt, out_file, prom_file, site, db_path):
     """
     import time
 
+    from trainctl.files import write_atomically
     from trainctl.sweep import render
     from trainctl.sweep.db import History
     from trainctl.sweep.report import build_report, load_report_data
@@ -190,13 +174,13 @@ def report(since_text, fmt, out_file, prom_file, site, db_path):
         built = build_report(load_report_data(history, since), now, since)
         if prom_file:
             sweeps = history.sweeps()
-            _write_atomically(prom_file, render.to_prometheus(
+            write_atomically(prom_file, render.to_prometheus(
                 history.latest_checked_results(), history.current_nodes(1), history.drains(open_only=True),
                 sweeps[-1] if sweeps else None))
     text = {"text": render.to_text, "json": render.to_json, "markdown": render.to_markdown,
             "html": render.to_html}[fmt](built)
     if out_file:
-        _write_atomically(out_file, text)
+        write_atomically(out_file, text)
     else:
         click.echo(text, nl=False)
 

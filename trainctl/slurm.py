@@ -42,6 +42,12 @@ def parse_scontrol_oneliner(text: str) -> list[dict[str, str]]:
     return records
 
 
+def step_hosts(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The hosts of this Slurm step (else of the job) in Slurm's order; [] outside Slurm."""
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    return expand_hostlist(nodelist) if nodelist else []
+
+
 def node_address(node: str, env: dict[str, str] | None = None) -> str:
     """The address Slurm reaches `node` at (NodeAddr), which need not resolve through DNS."""
     result = run_checked(["scontrol", "show", "node", "-o", node], timeout=SCONTROL_TIMEOUT_S, env=env)

@@ -26,7 +26,8 @@ from queue import Empty
 from trainctl.health.fabric.bandwidth import algbw_gbps, busbw_gbps
 from trainctl.health.fabric.report import build_report, retest_rounds
 from trainctl.health.fabric.schedule import pairing_schedule
-from trainctl.slurm import job_port
+from trainctl.errors import UsageError
+from trainctl.slurm import job_port, node_address, step_hosts
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
 # c10d warns on every connection when peers' hostnames do not resolve (namespace nodes); noise.
@@ -333,19 +334,12 @@ def identity_from_env(environ=os.environ, master_addr: str | None = None, port: 
     """Rank and world from Slurm (or torchrun-style RANK/WORLD_SIZE)."""
     rank = int(environ.get("SLURM_PROCID", environ.get("RANK", "0")))
     world = int(environ.get("SLURM_NTASKS", environ.get("WORLD_SIZE", "1")))
-    addr = master_addr or environ.get("MASTER_ADDR")
+    hosts = step_hosts(environ)
+    # rank 0 runs on the step's first node; Slurm's NodeAddr need not resolve through DNS
+    addr = master_addr or environ.get("MASTER_ADDR") or (node_address(hosts[0]) if hosts else None)
     if not addr:
-        raise ValueError("no master address: pass --master-addr or set MASTER_ADDR")
+        raise UsageError("no master address: pass --master-addr, set MASTER_ADDR, or run under srun")
     chosen_port = port or int(environ.get("TRAINCTL_FABRIC_PORT", "0")) or job_port(environ, offset=1)
-    return Identity(rank, world, socket.gethostname(), addr, chosen_port, _step_hosts(environ, world))
-
-
-def _step_hosts(environ, world: int) -> tuple[str, ...]:
-    """Slurm's node list for this step, if it has one node per rank (block distribution)."""
-    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        return ()
-    from trainctl.slurm import expand_hostlist
-
-    hosts = tuple(expand_hostlist(nodelist))
-    return hosts if len(hosts) == world else ()
+    # with one task per node (block distribution), rank i runs on the step's i-th host
+    expected = tuple(hosts) if len(hosts) == world else ()
+    return Identity(rank, world, socket.gethostname(), addr, chosen_port, expected)
