@@ -9,8 +9,6 @@ exit code. Exit codes, documented in the README:
     70 internal error         130 interrupted (Ctrl-C)
 """
 
-EXIT_OK = 0
-EXIT_WARN = 1
 EXIT_FAIL = 2
 EXIT_USAGE = 2
 EXIT_UNKNOWN = 3

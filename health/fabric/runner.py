@@ -16,14 +16,13 @@ import json
 import multiprocessing
 import os
 import socket
-import statistics
 import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from queue import Empty
 
-from trainctl.health.fabric.bandwidth import algbw_gbps, busbw_gbps
+from trainctl.health.fabric.bandwidth import Collective, figures_from_timings
 from trainctl.health.fabric.report import build_report, retest_rounds
 from trainctl.health.fabric.schedule import pairing_schedule
 from trainctl.errors import UsageError
@@ -98,8 +97,8 @@ class Deadline:
         return time.monotonic() >= self.end
 
 
-def measure_allreduce(group, tensor: torch.Tensor, iters: int, warmup: int) -> float:
-    """Median seconds of `iters` timed all_reduce calls after `warmup` untimed ones."""
+def time_allreduce(group, tensor: torch.Tensor, iters: int, warmup: int) -> list[float]:
+    """Seconds of each of `iters` timed all_reduce calls after `warmup` untimed ones."""
     cuda = tensor.is_cuda
     for _ in range(warmup):
         group.allreduce([tensor]).wait()
@@ -112,7 +111,7 @@ def measure_allreduce(group, tensor: torch.Tensor, iters: int, warmup: int) -> f
         if cuda:
             torch.cuda.synchronize(tensor.device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
 def measure_sizes(group, peers: tuple[str, ...], ranks: int, device: torch.device,
@@ -120,9 +119,10 @@ def measure_sizes(group, peers: tuple[str, ...], ranks: int, device: torch.devic
     results = []
     for size in options.sizes:
         tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-        median_s = measure_allreduce(group, tensor, options.iters, options.warmup)
-        results.append(Measurement(peers, size, ranks, median_s, algbw_gbps(size, median_s),
-                                   busbw_gbps("all_reduce", size, median_s, ranks)))
+        figures = figures_from_timings(Collective.ALL_REDUCE, size, ranks,
+                                       time_allreduce(group, tensor, options.iters, options.warmup))
+        results.append(Measurement(peers, size, ranks, figures.median_seconds, figures.algbw_gbps,
+                                   figures.busbw_gbps))
     return results
 
 
