@@ -121,8 +121,7 @@ def main() -> int:
     binaries = {}
     with tempfile.TemporaryDirectory() as tmp:
         if args.replay_delay is not None:
-            sys.path.insert(0, str(REPO / "tests"))
-            from support.replay import write_replay
+            from trainctl.devcluster.replay import write_replay
 
             h100 = RECORDED / "h100-vm-2026-11-22"
             smi = write_replay(Path(tmp), "nvidia-smi", {
