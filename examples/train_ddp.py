@@ -5,7 +5,16 @@ Reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the environment (what
 own random batch (fixed seeds); DDP averages the gradients, so after every step all ranks
 must hold identical parameters. Prints one line per rank and exits 1 if they differ.
 
+With `--checkpoint PATH` rank 0 saves the step, model and optimizer state to PATH every
+`--checkpoint-every` steps and at the first step after SIGUSR1 (what `submit --signal USR1@120`
+has Slurm send before the time limit), and every rank resumes from PATH when it exists
+(`resumed from step K`): a successor job (`submit --retries`) continues where its predecessor
+stopped. Each rank's data stream is replayed up to step K, so a resumed run ends with the
+same parameters as one that was never interrupted.
+
     trainctl submit --site local-demo --nodes 2 --spare 2 -- examples/train_ddp.py
+    trainctl submit --site local-demo --nodes 2 --spare 1 --retries 1 --signal USR1@120 -- \
+        examples/train_ddp.py --steps 200 --step-time 0.2 --checkpoint ckpt/train.pt
 """
 
 from __future__ import annotations
@@ -13,10 +22,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import signal
 import socket
+import time
 import sys
 import warnings
 
+# SIGUSR1 asks for a checkpoint at the next step; caught before torch loads (seconds), so an
+# early signal never ends the program (Python's default for SIGUSR1 is to terminate).
+WARNED: list[int] = []
+signal.signal(signal.SIGUSR1, lambda signum, frame: WARNED.append(signum))
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns when peer hostnames do not resolve
 import torch  # noqa: E402
@@ -33,6 +48,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds for rendezvous and each collective")
+    parser.add_argument("--checkpoint", default=None, help="save to and resume from this file (rank 0 writes)")
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
+    parser.add_argument("--step-time", type=float, default=0.0,
+                        help="seconds each step sleeps (stands in for real work, so a run lasts long enough)")
     parser.add_argument("--desync-rank", type=int, default=None,
                         help="nudge this rank's parameters after training (shows the check can fail)")
     args = parser.parse_args()
@@ -45,13 +64,29 @@ def main() -> int:
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     data = torch.Generator().manual_seed(DATA_SEED + rank)
-    for _ in range(args.steps):
+    start = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        state = torch.load(args.checkpoint, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+        for _ in range(start):  # replay this rank's data stream up to the checkpoint
+            torch.randn(args.batch, 16, generator=data)
+        print(f"resumed from step {start} ({args.checkpoint}) on rank {rank}", flush=True)
+    loss = torch.zeros(())
+    for step in range(start, args.steps):
         inputs = torch.randn(args.batch, 16, generator=data)
         targets = inputs.sum(dim=1, keepdim=True)
         loss = torch.nn.functional.mse_loss(ddp(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        time.sleep(args.step_time)
+        done = step + 1
+        if args.checkpoint and rank == 0 and (done % args.checkpoint_every == 0 or WARNED):
+            save_checkpoint(args.checkpoint, done, model, optimizer)
+            print(f"checkpoint at step {done}{' (signalled)' if WARNED else ''}", flush=True)
+            WARNED.clear()
 
     if rank == args.desync_rank:
         with torch.no_grad():
@@ -65,10 +100,20 @@ def main() -> int:
     dist.destroy_process_group()
 
     local = os.environ.get("LOCAL_RANK", "?")
-    print(f"rank {rank}/{world} (local {local}) on {socket.gethostname()}: {args.steps} steps, "
+    print(f"rank {rank}/{world} (local {local}) on {socket.gethostname()}: {args.steps} steps "
+          f"({args.steps - start} here), "
           f"last loss {loss.item():.4f}, parameters {'agree' if agree else 'DIFFER'} across ranks "
           f"(sum {params.sum().item():.6f})", flush=True)
     return 0 if agree else 1
+
+
+def save_checkpoint(path: str, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Write to a temporary file, then rename: a rank killed mid-write never leaves half a checkpoint."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    temporary = f"{path}.tmp"
+    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, temporary)
+    os.replace(temporary, path)
 
 
 if __name__ == "__main__":

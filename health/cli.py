@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import socket
 
 import click
+
+from trainctl.validate import DAY_S, Bounds, Number
 
 
 @click.group("health")
@@ -16,7 +18,7 @@ def health() -> None:
 @health.command("snapshot")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Directory to write (default: ./trainctl-snapshot-HOST).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=20.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=Number(float, Bounds(0.1, 3600)), default=20.0, show_default=True,
               help="Seconds each probe may run before it is killed and recorded as timed out.")
 @click.option("--json", "as_json", is_flag=True, help="Print meta.json instead of a summary.")
 def snapshot(out_dir: str | None, timeout_s: float, as_json: bool) -> None:
@@ -28,8 +30,11 @@ def snapshot(out_dir: str | None, timeout_s: float, as_json: bool) -> None:
     """
     from trainctl.health.collect import collect_snapshot
 
-    out_dir = out_dir or f"trainctl-snapshot-{socket.gethostname()}"
-    meta = collect_snapshot(out_dir, timeout_s=timeout_s)
+    from trainctl.slurm import this_node_name
+
+    out_dir = out_dir or f"trainctl-snapshot-{this_node_name()}"
+    with _writing(out_dir):
+        meta = collect_snapshot(out_dir, timeout_s=timeout_s)
     if as_json:
         click.echo(json.dumps(meta, indent=1))
         return
@@ -47,13 +52,14 @@ def snapshot(out_dir: str | None, timeout_s: float, as_json: bool) -> None:
 @click.option("--only", default=None, help="Comma-separated check names or families (gpu, ib, host...).")
 @click.option("--keep", "keep_dir", type=click.Path(file_okay=False), default=None,
               help="Collect into this directory and keep it (default: a temporary one).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=None,
+@click.option("--timeout", "timeout_s", type=Number(float, Bounds(0.1, 3600)), default=None,
               help="Seconds each probe may run (default: the site's probe_timeout_s, else 20).")
 @click.option("--json", "as_json", is_flag=True, help="Print the node report as JSON.")
 def check(snapshot_dir, site, partition, only, keep_dir, timeout_s, as_json):
     """Collect this node's snapshot (unless --snapshot), run the checks, print the verdict.
 
-    Exits with the node status: 0 ok, 1 warn, 2 fail, 3 unknown (the worst check).
+    Exits with the node status, the worst check (fail > unknown > warn > ok): 0 ok,
+    1 warn, 2 fail, 3 unknown.
     """
     import dataclasses
     import tempfile
@@ -64,14 +70,96 @@ def check(snapshot_dir, site, partition, only, keep_dir, timeout_s, as_json):
     if timeout_s:
         policy = dataclasses.replace(policy, probe_timeout_s=timeout_s)
     if snapshot_dir:
-        report = check_node(snapshot_dir, policy, collect=False)
+        report, missing = check_node(snapshot_dir, policy, collect=False), missing_probes(snapshot_dir)
     elif keep_dir:
-        report = check_node(keep_dir, policy, collect=True)
+        with _writing(keep_dir):
+            report, missing = check_node(keep_dir, policy, collect=True), missing_probes(keep_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="trainctl-snapshot-") as tmp:
-            report = check_node(tmp, policy, collect=True)
+            report, missing = check_node(tmp, policy, collect=True), missing_probes(tmp)
     click.echo(json.dumps(report.to_json(), indent=1) if as_json else format_node_report(report))
-    return int(report.status)
+    if missing:
+        click.echo(f"trainctl: {missing}", err=True)
+    return report.status.exit_code
+
+
+@health.command("slurm-hook")
+@click.option("--role", type=click.Choice(["auto", "health-check", "prolog", "epilog"]), default="auto",
+              show_default=True, help="What slurmd runs this as; auto reads SLURM_SCRIPT_CONTEXT "
+                                      "(prolog_slurmd, epilog_slurmd; none: health check).")
+@click.option("--site", default=None, help="Site name or .toml file: expectations and the gate's checks.")
+@click.option("--partition", default=None, help="Partition of --site (default: the site's default).")
+@click.option("--only", default=None,
+              help="Comma-separated checks or families (default: the site's gate checks).")
+@click.option("--budget", "budget_s", type=Number(float, Bounds(1, 55)), default=8.0, show_default=True,
+              help="Seconds for the whole run: probes get half, Slurm calls the rest. Keep it inside "
+                   "MessageTimeout (Prolog) and slurmd's 60 s kill (HealthCheckProgram).")
+@click.option("--state-dir", default="/var/lib/trainctl/slurm-hook", show_default=True,
+              help="Where the hook remembers the drain it set on this node (node-local is fine).")
+@click.option("--drain-unknown", is_flag=True,
+              help="Also drain when a check cannot decide (a probe hung or is missing); "
+                   "default: only on fail.")
+@click.option("--log", "log_file", type=click.Path(dir_okay=False), default=None,
+              help="Append the one-line outcome here too (slurmd keeps no output of its hooks).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def slurm_hook(role, site, partition, only, budget_s, state_dir, drain_unknown, log_file, as_json):
+    """Quick node checks as slurm.conf's HealthCheckProgram, Prolog or Epilog (no fabric test).
+
+    A failing node is drained with `trainctl: <check>: <reason>` unless someone set a reason;
+    the hook resumes its own drain once the node passes, never anyone else's. Exit code as
+    Slurm expects per role: a prolog exits 1 on a failing node (Slurm requeues the job);
+    a health check and an epilog exit 0 once they drained it themselves, 1 only when they
+    could not. See contrib/trainctl-slurm-hook.conf and .sh.
+    """
+    import os
+
+    from trainctl.health.node import policy_for
+    from trainctl.health.slurm_hook import role_from_env, run_hook
+
+    policy = policy_for(site, partition, tuple(only.split(",")) if only else None)
+    chosen = role_from_env(os.environ) if role == "auto" else role
+    outcome = run_hook(role=chosen, policy=policy, budget_s=budget_s, state_dir=state_dir,
+                       drain_unknown=drain_unknown)
+    if log_file:
+        try:
+            with open(log_file, "a") as handle:
+                handle.write(outcome.line() + "\n")
+        except OSError as exc:  # the outcome stands (a prolog's non-zero exit would drain the node)
+            click.echo(f"trainctl: warning: --log {log_file}: {exc.strerror or exc}", err=True)
+    click.echo(json.dumps(outcome.to_json(), indent=1) if as_json else outcome.line())
+    return outcome.exit_code
+
+
+def missing_probes(snapshot_dir: str) -> str:
+    """One line naming the probe binaries that were not found and where trainctl looked ("" if none)."""
+    from pathlib import Path
+
+    from trainctl.errors import ParseError
+    from trainctl.health.parse.snapshot_files import parse_meta
+    from trainctl.text import printable
+
+    try:
+        meta = parse_meta((Path(snapshot_dir) / "meta.json").read_bytes().decode("utf-8", "replace"))
+    except (OSError, ParseError):
+        return ""  # no or a hand-written meta.json: the checks say what they lack
+    missing = {probe.command[0]: probe.error or "" for probe in meta.probes.values() if probe.missing and probe.command}
+    if not missing:
+        return ""
+    looked = next((error.partition(" not found on ")[2] for error in missing.values() if " not found on " in error),
+                  "")
+    return printable(f"probes not found: {', '.join(sorted(missing))}" + (f" (looked on {looked})" if looked else "")
+                     + "; the site's [probes] table or TRAINCTL_BIN_<NAME> points elsewhere")
+
+
+@contextlib.contextmanager
+def _writing(directory: str):
+    """A directory trainctl cannot write (read-only, under a file) is bad input: one line, exit 2."""
+    from trainctl.errors import UsageError
+
+    try:
+        yield
+    except OSError as exc:
+        raise UsageError(f"cannot write to {directory}: {exc.strerror or exc}") from exc
 
 
 @health.command("list")
@@ -93,17 +181,20 @@ def list_checks(as_json):
 def format_node_report(report) -> str:
     lines = [f"{report.host}: {report.status.label.upper()}"]
     width = max((len(c.name) for c in report.checks), default=0)
-    for result in sorted(report.checks, key=lambda c: (-c.status, c.name)):
+    for result in sorted(report.checks, key=lambda c: (-c.status.severity, c.name)):
         lines.append(f"  {result.status.label:<7} {result.name:<{width}}  {result.reason}")
-    return "\n".join(lines)
+    from trainctl.text import printable
+
+    return printable("\n".join(lines), keep_lines=True)  # the host name comes from meta.json
 
 
 def _probe_outcome(record: dict) -> str:
     if record["missing"]:
         return f"not found: {record['command'][0]} (PATH in meta.json)"
-    if record["timed_out"] or record["exit_code"] != 0:
-        return record["error"]
-    return "ok"
+    outcome = record["error"] if record["timed_out"] or record["exit_code"] != 0 else "ok"
+    if record.get("truncated"):
+        outcome += f" (output cut to its head and tail: {record['stdout_bytes']} bytes written)"
+    return outcome
 
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -122,18 +213,46 @@ def parse_size(text: str) -> int:
     return size
 
 
+@health.command("compute")
+@click.option("--budget", "budget_s", type=Number(float, Bounds(0.1, 600)), default=1.5, show_default=True,
+              help="Seconds per GPU, warm-up included (all GPUs run at once).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def compute(budget_s, as_json):
+    """Time a matmul and a device-memory copy on every GPU of this node (the CPU without GPUs).
+
+    Prints each GPU's TFLOPS (bf16 where supported, else fp16; float32 on the CPU) and copy
+    GB/s (read + write, as NVIDIA's bandwidthTest counts). The gate runs the same test on every
+    node and judges each GPU against the job's GPUs of the same model.
+    """
+    from trainctl.health.compute.measure import measure_node
+
+    devices = measure_node(budget_s)
+    if as_json:
+        click.echo(json.dumps({"budget_s": budget_s, "devices": [d.to_json() for d in devices]}, indent=1))
+    else:
+        for d in devices:
+            label = "CPU" if d.index < 0 else f"GPU {d.index} ({d.name})"
+            click.echo(f"{label}: " + (f"error: {d.error}" if d.error else
+                                       f"{d.tflops:.4g} TFLOPS {d.dtype} matmul ({d.matmul_iters} iters), "
+                                       f"{d.copy_gbps:.4g} GB/s copy ({d.copy_iters} iters)"))
+    return 2 if any(d.error for d in devices) else 0
+
+
 @health.command("fabric")
 @click.option("--sizes", default=None, help="all_reduce sizes, e.g. 1M,64M (default: site, else 1M,64M).")
-@click.option("--iters", type=click.IntRange(min=1), default=None, help="Timed iterations per size (default 5).")
+@click.option("--iters", type=click.IntRange(min=1), default=None,
+              help="Timed iterations per size and pass (default: site, else 5).")
+@click.option("--passes", type=click.IntRange(min=1), default=None,
+              help="Run the pairing rounds this many times, interleaved (default: site, else 1).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Untimed iterations before timing.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=5), default=None,
+@click.option("--timeout", "timeout_s", type=Number(float, Bounds(5, DAY_S)), default=None,
               help="Deadline for the whole test in seconds (default: site, else 120).")
-@click.option("--join-timeout", "join_timeout_s", type=click.FloatRange(min=1), default=None,
+@click.option("--join-timeout", "join_timeout_s", type=Number(float, Bounds(1, DAY_S)), default=None,
               help="How long rank 0 waits for every node to join (default: a quarter of --timeout).")
-@click.option("--factor", type=click.FloatRange(min=0.01, max=1), default=None,
-              help="Straggler factor: slower than factor x peers' median (default: site, else 0.7).")
-@click.option("--floor", "floor_gbps", type=click.FloatRange(min=0), default=None,
+@click.option("--factor", type=Number(float, Bounds(0.01, 1)), default=None,
+              help="Straggler factor: best busbw below factor x healthy pairs' (default: site, else 0.7).")
+@click.option("--floor", "floor_gbps", type=Number(float, Bounds(0, 1e6)), default=None,
               help="Absolute busbw floor in GB/s for inter-node pairs (default: site, else none).")
 @click.option("--site", default=None, help="Site name or .toml file for the gate policy and interface.")
 @click.option("--partition", default=None, help="Partition of --site (default: the site's default).")
@@ -147,40 +266,62 @@ def parse_size(text: str) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Rank 0 prints the report as JSON.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="Rank 0 also writes the JSON report to this file.")
-def fabric(sizes, iters, warmup, timeout_s, join_timeout_s, factor, floor_gbps, site, partition,
+def fabric(sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floor_gbps, site, partition,
            master_addr, port, no_intra, local_procs, as_json, out_file):
     """Measure intra-node and pairwise inter-node all_reduce bandwidth; name the stragglers.
 
     Start it with one task per node, e.g. `srun --ntasks-per-node=1 trainctl health fabric`.
     Ranks meet at a TCPStore on rank 0; a node that does not join in time, dies, or is
     slow against more than one partner is reported, and rank 0 prints the verdict and exits
-    with the worst node status (0 ok, 1 warn, 2 fail, 3 unknown). Bus bandwidth is computed
-    as nccl-tests does: algbw = bytes / time, busbw = algbw x 2(n-1)/n.
+    with the worst node status (fail > unknown > warn > ok; exit 0 ok, 1 warn, 2 fail,
+    3 unknown). Bus bandwidth is computed as nccl-tests does: algbw = bytes / time,
+    busbw = algbw x 2(n-1)/n.
     """
-    report = run_fabric_from_cli_options(
-        sizes=sizes, iters=iters, warmup=warmup, timeout_s=timeout_s, join_timeout_s=join_timeout_s,
-        factor=factor, floor_gbps=floor_gbps, site=site, partition=partition, master_addr=master_addr,
-        port=port, no_intra=no_intra, local_procs=local_procs)
+    from torch.distributed import DistError
+
+    from trainctl.errors import EXIT_EXTERNAL
+    from trainctl.health.fabric.runner import end_process
+
+    try:
+        report = run_fabric_from_cli_options(
+            sizes=sizes, iters=iters, passes=passes, warmup=warmup, timeout_s=timeout_s,
+            join_timeout_s=join_timeout_s, factor=factor, floor_gbps=floor_gbps, site=site, partition=partition,
+            master_addr=master_addr, port=port, no_intra=no_intra, local_procs=local_procs)
+    except DistError as exc:  # rank 0's store gone or silent past the deadline: the machine, not a bug
+        click.echo(f"trainctl: error: fabric test ended: the coordinator's store: {' '.join(str(exc).split())[:300]}",
+                   err=True)
+        end_process(EXIT_EXTERNAL)
+        return EXIT_EXTERNAL
+
     if report is None:
+        end_process(0)
         return 0
     if out_file:
-        with open(out_file, "w") as handle:
+        with _writing(out_file), open(out_file, "w") as handle:
             json.dump(report, handle, indent=1)
     click.echo(json.dumps(report, indent=1) if as_json else format_fabric_report(report))
-    from trainctl.health.status import Status
+    from trainctl.health.fabric.report import exit_status
 
-    return int(Status[report["status"].upper()])
+    code = exit_status(report).exit_code
+    end_process(code)
+    return code
 
 
-def run_fabric_from_cli_options(*, sizes=None, iters=None, warmup=2, timeout_s=None, join_timeout_s=None,
-                                factor=None, floor_gbps=None, site=None, partition=None, master_addr=None,
-                                port=None, no_intra=False, local_procs=0) -> dict | None:
+def run_fabric_from_cli_options(*, sizes=None, iters=None, passes=None, warmup=2, timeout_s=None,
+                                join_timeout_s=None, factor=None, floor_gbps=None, site=None, partition=None,
+                                master_addr=None, port=None, no_intra=False, local_procs=0) -> dict | None:
     """This rank's part of the fabric test with the site's policy; rank 0 returns the report."""
     import os
+    import signal
+
+    # The CLI turns SIGTERM/SIGHUP into a clean stop, but a Python handler waits while torch
+    # blocks in native code: here they kill at once, as Slurm expects (no probe runs now).
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
     policy = _fabric_policy(site, partition)
-    options, factor, floor_gbps = _fabric_options(policy, sizes, iters, warmup, timeout_s, join_timeout_s,
-                                                  factor, floor_gbps, no_intra, local_procs)
+    options, factor, floor_gbps = _fabric_options(policy, sizes, iters, passes, warmup, timeout_s,
+                                                  join_timeout_s, factor, floor_gbps, no_intra, local_procs)
     from trainctl.health.fabric.runner import identity_from_env, run_rank
 
     identity = identity_from_env(os.environ, master_addr, port)
@@ -190,14 +331,14 @@ def run_fabric_from_cli_options(*, sizes=None, iters=None, warmup=2, timeout_s=N
 def _fabric_policy(site: str | None, partition: str | None):
     if site is None:
         return None
-    from trainctl.launcher.site import load_site, partition as pick_partition
+    from trainctl.site import load_site, partition as pick_partition
 
     config = load_site(site).config
     _, part = pick_partition(config, partition)
     return config.gate, part
 
 
-def _fabric_options(policy, sizes, iters, warmup, timeout_s, join_timeout_s, factor, floor_gbps,
+def _fabric_options(policy, sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floor_gbps,
                     no_intra, local_procs):
     from trainctl.health.fabric.runner import FabricOptions
 
@@ -207,6 +348,7 @@ def _fabric_options(policy, sizes, iters, warmup, timeout_s, join_timeout_s, fac
     options = FabricOptions(
         sizes=tuple(parse_size(s) for s in size_list),
         iters=iters or (gate.fabric_iters if gate else 5),
+        passes=passes or (gate.fabric_passes if gate else 1),
         warmup=warmup,
         timeout_s=timeout,
         join_timeout_s=join_timeout_s or timeout / 4,
@@ -222,15 +364,17 @@ def _fabric_options(policy, sizes, iters, warmup, timeout_s, join_timeout_s, fac
 
 def format_fabric_report(report: dict) -> str:
     size_mib = report["judged_size"] / (1 << 20)
+    reference = report.get("reference_gbps")
     lines = [f"fabric test: {report['joined']} of {report['world']} nodes joined, {report['rounds']} rounds"
              f" (+{report['retest_rounds']} retest), judged at {size_mib:g} MiB, {report['duration_s']:.1f} s,"
-             f" status {report['status']}"]
-    lines.append(f"{'NODE':<12} {'STATUS':<8} {'INTRA GB/s':>10}  INTER GB/s (partner)  REASON")
+             f" reference {'-' if reference is None else f'{reference:.2f} GB/s'}, status {report['status']}"]
+    lines.append(f"{'NODE':<12} {'STATUS':<10} {'BEST GB/s':>9} {'INTRA GB/s':>10}  "
+                 "INTER GB/s (partner)  REASON")
     for host, node in sorted(report["nodes"].items(), key=lambda item: item[1]["rank"]):
-        intra = node.get("intra_busbw_gbps")
+        intra, best = node.get("intra_busbw_gbps"), node.get("busbw_gbps")
         inter = ", ".join(f"{peer} {bw:.2f}" for peer, bw in sorted((node.get("inter_busbw_gbps") or {}).items()))
-        lines.append(f"{host:<12} {node['status']:<8} {'-' if intra is None else f'{intra:.2f}':>10}  "
-                     f"{inter or '-'}  {node['reason']}")
+        lines.append(f"{host:<12} {node['status']:<10} {'-' if best is None else f'{best:.2f}':>9} "
+                     f"{'-' if intra is None else f'{intra:.2f}':>10}  {inter or '-'}  {node['reason']}")
     for item in report["excluded"]:
         lines.append(f"excluded: {item['host']}: {item['reason']}")
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,12 +26,19 @@ def _run(spec: CheckSpec, inputs: SnapshotInputs, expectations: NodeExpectations
         return CheckResult(spec.name, Status.OK,
                            f"skipped: the site expects no {spec.hardware} on this node",
                            {"skipped": True})
-    args = []
+    args, unreadable = [], {}
     for name in spec.needs + spec.uses:
         value = inputs.get(name)
         if isinstance(value, Unavailable):
-            if name in spec.needs or value.unreadable:
+            if name in spec.needs:
                 return CheckResult(spec.name, Status.UNKNOWN, value.reason)
+            if value.unreadable:
+                # An optional input only adds detail (a GPU's index to an Xid's PCI address):
+                # what the check's own inputs show is judged without it, and not hidden.
+                unreadable[name] = value.reason
             value = None
         args.append(value)
-    return spec.func(*args, expectations)
+    result = spec.func(*args, expectations)
+    if unreadable:
+        result = dataclasses.replace(result, details={**result.details, "unreadable_inputs": unreadable})
+    return result

@@ -24,6 +24,9 @@ class NodeExpectations:
     nvlink_speed_gbps: float | None = None  # per link, as nvlink -s prints it (GB/s)
     # InfiniBand / RoCE. ib_ports=() says the node has none: fabric port checks are skipped.
     ib_ports: tuple[str, ...] | None = None     # "mlx5_0" (port 1) or "mlx5_0:2"
+    # True: the site runs a node with some of ib_ports down, those ports left out of its
+    # NCCL_IB_HCA (site key hca_port_down = "drop-port"): a down port warns, none up fails.
+    ib_ports_may_drop: bool = False
     ib_rate_gbps: float | None = None
     ib_link_layer: str | None = None        # "InfiniBand" or "Ethernet"
     ib_mtu: int | None = None               # active MTU from ibv_devinfo, bytes: 4096
@@ -41,6 +44,16 @@ class NodeExpectations:
     max_defunct_processes: int | None = None
     max_load_per_cpu: float | None = None
     numa_nodes: int | None = None
+    # PCIe: a GPU or HCA link below its maximum speed or width fails (the site may say warn).
+    pcie_below_max_warns: bool = False
+    # Processes already holding a GPU: the gate fails the node (its job would share the GPU),
+    # sweeps only warn (a node between jobs may still be tearing one down).
+    gpu_processes_fail: bool = False
+    # `dcgmi diag -r LEVEL` where the site enables it (None: not run).
+    dcgm_diag_level: int | None = None
+    # Versions the site pins ("driver", "cuda", "vbios", "hca_firmware MT4129", "ofed", "kernel",
+    # "torch", "nccl"): a node that differs fails node.versions.
+    pinned_versions: dict[str, str] = field(default_factory=dict)
 
     def lacks(self, hardware: str) -> bool:
         """True where the site says this node has no such hardware, so its checks skip."""
@@ -54,13 +67,20 @@ class NodeExpectations:
 
 
 def from_site(part, gate) -> NodeExpectations:
-    """What a site's partition and gate policy (launcher.site types) expect of one node."""
+    """What a site's partition and gate policy (trainctl.site types) expect of one node."""
     no_fabric = part.link_layer == "none"
     return NodeExpectations(
         gpus=part.gpus_per_node,
         gpu_model=part.gpu_model or None,
         persistence_mode=True if part.gpu_persistence else None,
+        nvlink={"auto": None, "required": True, "none": False}[part.nvlink],
         nvlink_type=part.nvlink_type or None,
+        nvlink_links_per_gpu=part.nvlink_links_per_gpu or None,
+        nvlink_speed_gbps=part.nvlink_speed_gbps or None,
+        max_retired_pages=None if gate.max_retired_pages < 0 else gate.max_retired_pages,
+        numa_nodes=part.numa_nodes or None,
+        min_free_disk_gib=dict(gate.min_free_disk_gib),
+        ib_ports_may_drop=part.hca_port_down == "drop-port",
         ib_ports=() if no_fabric else (tuple(part.hca_ports) or None),
         ib_rate_gbps=part.port_rate_gbps or None,
         ib_link_layer=None if no_fabric else part.link_layer,
@@ -73,4 +93,7 @@ def from_site(part, gate) -> NodeExpectations:
         min_shm_gib=gate.min_shm_gib or None,
         max_defunct_processes=None if gate.max_defunct_processes < 0 else gate.max_defunct_processes,
         max_load_per_cpu=gate.max_load_per_cpu or None,
+        pcie_below_max_warns=gate.pcie_below_max == "warn",
+        dcgm_diag_level=gate.dcgm_diag_level or None,
+        pinned_versions=dict(gate.pinned_versions),
     )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 import click
+
+from trainctl.validate import DAY_S, Bounds, Number
 
 
 @click.group("gate")
@@ -33,25 +34,118 @@ def node(site, partition, gate_dir, no_fabric):
     Writes DIR/nodes/HOST.json and DIR/snapshots/HOST/; rank 0 of the step also writes
     DIR/fabric.json. The verdict is in those files: this exits 0 unless it could not run.
     """
-    from trainctl.health.node import check_node, policy_for
+    from trainctl.health.node import check_node, counter_growth, policy_for
+    from trainctl.slurm import this_node_name
 
+    ignore_checkpoint_signals()
     root = Path(gate_dir)
-    host = socket.gethostname()
-    policy = policy_for(site, partition, None)
+    host = this_node_name()  # the name `gate decide` finds in SLURM_JOB_NODELIST
+    policy = policy_for(site, partition, None, in_gate=True)
     report = check_node(root / "snapshots" / host, policy, collect=True)
     _write_json(root / "nodes" / f"{host}.json", report.to_json())
     click.echo(f"gate: {host} node checks {report.status.label}", err=True)
+    _run_compute(root, host, site)
     world = int(os.environ.get("SLURM_NTASKS", "1"))
     if no_fabric or world < 2:
+        _write_final_marker(root, host)
         return 0
-    from trainctl.health.cli import run_fabric_from_cli_options
+    from torch.distributed import DistError
 
-    fabric = run_fabric_from_cli_options(site=site, partition=partition)
+    from trainctl.health.cli import run_fabric_from_cli_options
+    from trainctl.health.fabric.runner import end_process
+
+    try:
+        fabric = run_fabric_from_cli_options(site=site, partition=partition)
+    except DistError as exc:  # c10d's store errors: rank 0's node (the store's host) is gone
+        click.echo(f"gate: {host}: fabric test ended: lost the coordinator's store: "
+                   f"{' '.join(str(exc).split())[:300]}", err=True)
+        end_process(0)
     if fabric is not None:
         _write_json(root / "fabric.json", fabric)
         click.echo(f"gate: fabric test {fabric['status']}, excluded "
                    f"{[item['host'] for item in fabric['excluded']] or 'none'}", err=True)
+    # error counters judged by their growth while the fabric test loaded the links
+    grown = counter_growth(report, root / "snapshots" / f"{host}.after-fabric", policy)
+    if grown is not report:
+        _write_json(root / "nodes" / f"{host}.json", grown.to_json())
+    _write_final_marker(root, host)
+    end_process(0)
     return 0
+
+
+def _write_final_marker(root: Path, host: str) -> None:
+    """DIR/nodes/HOST.final: this node's report will not change any more (its counters were
+    read again after the fabric test), so `gate decide --wait` can judge it."""
+    _write_json(root / "nodes" / f"{host}{FINAL_MARKER}", {"host": host})
+
+
+def _run_compute(root: Path, host: str, site: str | None) -> None:
+    from trainctl.health.compute.gate_step import compute_policy, run_for_gate
+
+    policy = compute_policy(site)
+    if not policy.enabled:
+        return
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    world = int(os.environ.get("SLURM_NTASKS", "1"))
+    report = run_for_gate(root, host, rank, world, policy.budget_s, policy.in_turns)
+    figures = ", ".join(f"{d['tflops']:.3g} TFLOPS {d['copy_gbps']:.3g} GB/s" + (f" ({d['error']})" if d["error"] else "")
+                        for d in report["devices"])
+    click.echo(f"gate: {host} compute {figures}", err=True)
+
+
+@gate.command("sentinel")
+@click.option("--dir", "gate_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="The job's gate directory: the batch script beats in DIR/batch-host.beat.")
+@click.option("--silence", "silence_s", type=Number(float, Bounds(1, DAY_S)), default=30.0, show_default=True,
+              help="Seconds without a beat after which the batch host counts as lost.")
+def sentinel(gate_dir, silence_s):
+    """End this job when its batch host is lost (one task on another node, for the job's life).
+
+    The batch script writes a counter to DIR/batch-host.beat every 2 s. When it has not
+    changed for --silence seconds, the batch host is dead or hung, and with it the job script:
+    this sets the job's Comment to say so and cancels the job. Without it, a --no-kill job
+    (Slurm 22.05) whose batch host died stays RUNNING, with no script, until its time limit.
+    """
+    import time
+
+    from trainctl.health.gate import BeatWatch
+    from trainctl.proc import run
+
+    beat_file = Path(gate_dir) / BATCH_HOST_BEAT
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        from trainctl.errors import UsageError
+        raise UsageError("gate sentinel runs inside a Slurm job (no SLURM_JOB_ID)")
+    ignore_checkpoint_signals()
+    watch = BeatWatch(silence_s)
+    while not watch.silent(_read_text(beat_file), time.monotonic()):
+        time.sleep(SENTINEL_POLL_S)
+    why = f"trainctl: batch host lost: no heartbeat in {beat_file} for {silence_s:g} s; job cancelled"
+    click.echo(why, err=True)
+    env = dict(os.environ)
+    run(["scontrol", "update", f"JobId={job_id}", f"Comment={why}"], timeout=SLURM_CMD_TIMEOUT_S, env=env)
+    result = run(["scancel", job_id], timeout=SLURM_CMD_TIMEOUT_S, env=env)
+    if not result.ok:
+        click.echo(f"trainctl: scancel {job_id} failed: {result.describe_failure()}", err=True)
+        return 4
+    return 0
+
+
+def ignore_checkpoint_signals() -> None:
+    """submit --signal (e.g. USR1@120) reaches every step of the job, the gate's and the sentinel's
+    too (sbatch(1) --signal: "By default all job steps will be signaled"); it is meant for the
+    program, and Python's default for SIGUSR1/SIGUSR2 would end these steps."""
+    import signal
+
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()  # open() revalidates an NFS client's cached attributes
+    except OSError:
+        return None
 
 
 @gate.command("decide")
@@ -64,13 +158,23 @@ def node(site, partition, gate_dir, no_fabric):
               help="Fewest healthy nodes the job accepts (default: --nodes).")
 @click.option("--allocated", default=None,
               help="Hostlist of the allocation (default: $SLURM_JOB_NODELIST).")
-def decide_command(site, partition, gate_dir, wanted, minimum, allocated):
+@click.option("--wait", "wait", is_flag=True,
+              help="Wait for every node's report until the gate's deadline (from the site).")
+@click.option("--deadline", "deadline_s", type=Number(float, Bounds(0, DAY_S)), default=None,
+              help="Wait for every node's report at most this many seconds (implies --wait).")
+def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, deadline_s):
     """Choose the healthy nodes; print their hostlist and rank 0's address, or fail with why.
 
-    Writes DIR/decision.json and DIR/report.txt, and prints the report on stderr. On
-    success stdout has two lines: the folded hostlist of the chosen nodes and the address
-    of the first one (for MASTER_ADDR). With fewer than --min-nodes healthy nodes it exits
-    2 with one line naming which nodes failed which check.
+    With --wait (the job script starts it beside the gate step) it waits until every node
+    has reported and the fabric test has its report, or the gate step has ended (the script
+    writes DIR/gate-step.status), or the deadline (site: probe timeout + fabric timeout +
+    margins); a node with no report by then is "lost during the gate: no report within N s",
+    and the decision is made with what arrived.
+
+    Writes DIR/decision.json and DIR/report.txt. On success it prints the report on stderr
+    and two lines on stdout: the folded hostlist of the chosen nodes and the address of the
+    first one (for MASTER_ADDR). With fewer than --min-nodes healthy nodes it exits 2 with
+    one line (nodes folded by cause, at most 300 characters); the detail is in report.txt.
     """
     from trainctl.errors import GateFailed, UsageError
     from trainctl.health.gate import decide, format_report
@@ -82,25 +186,121 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated):
     minimum = minimum or wanted
     if minimum > wanted:
         raise UsageError(f"--min-nodes {minimum} is more than --nodes {wanted}")
+    hosts = expand_hostlist(hostlist)
     root = Path(gate_dir)
+    missing = None
+    if wait or deadline_s is not None:
+        limit = deadline_s if deadline_s is not None else _site_deadline_s(site, len(hosts))
+        missing = _wait_for_reports(root, hosts, limit, _final_grace_s(site))
     node_reports = {}
     for path in sorted((root / "nodes").glob("*.json")):
         report = _read_json(path)
         if report is not None:
             node_reports[report.get("host", path.stem)] = report
     fabric = _read_json(root / "fabric.json")
-    decision = decide(expand_hostlist(hostlist), node_reports, fabric, wanted, minimum)
-    text = format_report(decision, fabric)
+    from trainctl.health.compute.gate_step import compute_policy, judge_gate_dir
+
+    compute_verdicts, compute_reasons = judge_gate_dir(root, compute_policy(site))
+    gate_policy = _site_gate(site)
+    decision = decide(hosts, node_reports, fabric, wanted, minimum, missing=missing,
+                      unknown_policy=gate_policy.unknown if gate_policy else "exclude",
+                      compute_reasons=compute_reasons,
+                      odd_node_fails=bool(gate_policy) and gate_policy.odd_node_out == "fail")
+    text = format_report(decision, fabric, compute_verdicts)
     if site:
         text = f"site {site}{f' partition {partition}' if partition else ''}\n" + text
-    _write_json(root / "decision.json", decision.to_json())
+    from trainctl.sweep.gate_drain import drain_excluded  # the site's [gate] drain_on; never fails the gate
+
+    drains = drain_excluded(site, decision, node_reports, fabric, os.environ)
+    text += "".join(f"{drain.line()}\n" for drain in drains)
+    _write_json(root / "decision.json", decision.to_json() | {"drains": [d.to_json() for d in drains],
+                                                               "compute": [v.to_json() for v in compute_verdicts]})
     (root / "report.txt").write_text(text)
-    click.echo(text, err=True, nl=False)
     if not decision.ok:
-        raise GateFailed(decision.failure_line())
+        raise GateFailed(decision.failure_line())  # the one line; the detail is in report.txt
+    click.echo(text, err=True, nl=False)
     click.echo(fold_hostlist(list(decision.chosen)))
     click.echo(node_address(decision.chosen[0]))
     return 0
+
+
+def _site_gate(site: str | None):
+    """The site's `[gate]` table; None without a site (the defaults apply)."""
+    if site is None:
+        return None
+    from trainctl.site import load_site
+
+    return load_site(site).config.gate
+
+
+GATE_STEP_STATUS = "gate-step.status"  # written by the job script when the gate's srun returns
+FINAL_MARKER = ".final"                # DIR/nodes/HOST.final: that node's report is final
+BATCH_HOST_BEAT = "batch-host.beat"    # a counter the job script rewrites every 2 s
+WAIT_POLL_S = 0.2
+FINAL_MARGIN_S = 5.0
+SENTINEL_POLL_S = 1.0
+SLURM_CMD_TIMEOUT_S = 30.0
+
+
+def _site_deadline_s(site: str | None, nodes: int) -> float:
+    from trainctl.health.compute.gate_step import compute_deadline_s, compute_policy
+    from trainctl.health.gate import gate_deadline_s
+    from trainctl.site import GateConfig, load_site
+
+    gate = load_site(site).config.gate if site else GateConfig()
+    return gate_deadline_s(gate.probe_timeout_s, gate.fabric_timeout_s,
+                           compute_deadline_s(compute_policy(site), nodes))
+
+
+def _final_grace_s(site: str | None) -> float:
+    """How long after the fabric report a live node may take to re-read its error counters."""
+    from trainctl.site import GateConfig, load_site
+
+    gate = load_site(site).config.gate if site else GateConfig()
+    return gate.probe_timeout_s + FINAL_MARGIN_S
+
+
+def _wait_for_reports(root: Path, hosts: list[str], limit_s: float, final_grace_s: float) -> str:
+    """Wait until the gate is over; returns why a node still without a report is missing.
+
+    Over means: the fabric test's report is in (rank 0 writes it last, after every live node
+    joined or was given up) and every node that reported and is not lost has marked its report
+    final (its error counters read again after the fabric test), or `final_grace_s` has passed
+    since the fabric report; or, on one node, its report is final; or the gate step has ended
+    (nothing more will come); or `limit_s` has passed.
+    """
+    import time
+
+    start = time.monotonic()
+    fabric_seen = None
+    lost: set[str] = set()
+    click.echo(f"gate: deciding when all {len(hosts)} nodes have reported, at the latest in {limit_s:g} s",
+               err=True)
+    while True:
+        now = time.monotonic()
+        waited = now - start
+        reported = {p.stem for p in (root / "nodes").glob("*.json")}
+        if len(hosts) == 1 and (root / "nodes" / f"{hosts[0]}{FINAL_MARKER}").exists():
+            why = "no health report"  # after its compute test too, which it runs after its checks
+            break
+        if fabric_seen is None and (root / "fabric.json").exists():
+            fabric_seen = now
+            fabric = _read_json(root / "fabric.json") or {}
+            lost = {host for host, node in fabric.get("nodes", {}).items() if node.get("lost")}
+        if fabric_seen is not None:
+            final = {p.name[:-len(FINAL_MARKER)] for p in (root / "nodes").glob(f"*{FINAL_MARKER}")}
+            if reported - lost <= final or now - fabric_seen >= final_grace_s:
+                why = "no health report"
+                break
+        if (root / GATE_STEP_STATUS).exists():
+            why = f"no report (the gate step ended after {waited:.0f} s)"
+            break
+        if waited >= limit_s:
+            why = f"no report within {limit_s:g} s"
+            break
+        time.sleep(WAIT_POLL_S)
+    click.echo(f"gate: deciding after {waited:.1f} s", err=True)
+    return why
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -6,14 +6,16 @@ way wherever it is judged.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.health.collect import DEFAULT_PROBE_TIMEOUT_S, collect_snapshot
+from trainctl.health.collect import DEFAULT_PROBE_TIMEOUT_S, collect_counters, collect_snapshot
+from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.evaluate import evaluate
 from trainctl.health.expectations import NodeExpectations, from_site
 from trainctl.health.snapshot import load_snapshot
-from trainctl.health.status import NodeReport
+from trainctl.health.status import NodeReport, Status
 
 
 @dataclass(frozen=True)
@@ -24,20 +26,49 @@ class NodePolicy:
     probe_timeout_s: float
 
 
-def policy_for(site: str | None, partition: str | None, only: tuple[str, ...] | None) -> NodePolicy:
-    """The site's expectations and checks; --only overrides the site's list."""
+def policy_for(site: str | None, partition: str | None, only: tuple[str, ...] | None,
+               in_gate: bool = False) -> NodePolicy:
+    """The site's expectations and checks; --only overrides the site's list.
+
+    `in_gate`: the node is about to run a job, so a process already on a GPU fails it.
+    """
     if site is None:
-        return NodePolicy(NodeExpectations(), only, {}, DEFAULT_PROBE_TIMEOUT_S)
-    from trainctl.launcher.site import load_site, partition as pick_partition
+        return NodePolicy(NodeExpectations(gpu_processes_fail=in_gate), only, {}, DEFAULT_PROBE_TIMEOUT_S)
+    from trainctl.site import load_site, partition as pick_partition
 
     config = load_site(site).config
     _, part = pick_partition(config, partition)
     site_checks = None if "all" in config.gate.checks else tuple(config.gate.checks)
-    return NodePolicy(from_site(part, config.gate), only or site_checks, dict(config.probes),
-                      config.gate.probe_timeout_s)
+    expectations = dataclasses.replace(from_site(part, config.gate), gpu_processes_fail=in_gate)
+    return NodePolicy(expectations, only or site_checks, dict(config.probes), config.gate.probe_timeout_s)
 
 
 def check_node(snapshot_dir: str | Path, policy: NodePolicy, collect: bool) -> NodeReport:
     if collect:
-        collect_snapshot(snapshot_dir, binaries=policy.probe_binaries, timeout_s=policy.probe_timeout_s)
+        # the site's free-space paths are measured too, so host.disk can judge them
+        disks = tuple(dict.fromkeys(("/", "/tmp", *policy.expectations.min_free_disk_gib)))
+        collect_snapshot(snapshot_dir, binaries=policy.probe_binaries, timeout_s=policy.probe_timeout_s,
+                         disk_paths=disks, dcgm_diag_level=policy.expectations.dcgm_diag_level)
     return evaluate(load_snapshot(snapshot_dir), policy.expectations, policy.only)
+
+
+def counter_growth(report: NodeReport, after_dir: str | Path, policy: NodePolicy,
+                   window: str = "during the fabric test", sysfs_root: str | Path = "/") -> NodeReport:
+    """`report` with its counter checks judged by growth: the counters are read again now
+    (into `after_dir`) and compared with the reading the report holds (the gate's hook,
+    called after its fabric test). Checks that did not read counters the first time stay."""
+    wanted = [c for c in report.checks if c.name in COUNTER_CHECKS and c.status == Status.OK
+              and "counters" in c.details]
+    if not wanted:
+        return report
+    collect_counters(after_dir, binaries=policy.probe_binaries, timeout_s=policy.probe_timeout_s,
+                     sysfs_root=sysfs_root)
+    after = {c.name: c for c in evaluate(load_snapshot(after_dir), policy.expectations,
+                                         tuple(c.name for c in wanted)).checks}
+    judged = {}
+    for before in wanted:
+        second = after[before.name]
+        judged[before.name] = (judge_growth(before.name, before.details, second.details, window)
+                               if second.status == Status.OK and "counters" in second.details else
+                               dataclasses.replace(second, reason=f"second reading: {second.reason}"))
+    return NodeReport(report.host, tuple(judged.get(c.name, c) for c in report.checks))

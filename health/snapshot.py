@@ -7,8 +7,10 @@ Layout (a contract: other tools and tests write snapshots by hand; a missing fil
     host.json                 memory, filesystems, defunct processes, load (ditto)
     nvidia-smi-topo-m.txt     nvidia-smi topo -m
     nvidia-smi-nvlink-s.txt   nvidia-smi nvlink -s
-    nvidia-smi-nvlink-e.txt   nvidia-smi nvlink -e (kept for people; not judged yet)
+    nvidia-smi-nvlink-e.txt   nvidia-smi nvlink -e (or dcgmi-nvlink-e/<gpu>.json: dcgmi nvlink -e -g N -j)
     nvidia-smi-q.xml          nvidia-smi -q -x   (or nvidia-smi-q.txt: nvidia-smi -q)
+    nvidia-smi-compute-apps.csv  nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv
+    dcgmi-diag.json           dcgmi diag -r LEVEL -j (only where the site enables it)
     ibstat.txt                ibstat
     ibv_devinfo.txt           ibv_devinfo -v
     ip-link.json              ip -j -d link
@@ -17,6 +19,12 @@ Layout (a contract: other tools and tests write snapshots by hand; a missing fil
     sys/class/infiniband/<hca>/ports/<n>/{state,phys_state,rate,link_layer}, <hca>/hca_type
     sys/class/infiniband/<hca>/device/net/<if>/{operstate,mtu,dev_port}   (the port's netdev)
     sys/class/net/<if>/{mtu,operstate,speed,type}
+    sys/devices/system/cpu/cpu<N>/topology/thread_siblings_list   (which CPUs share a core)
+    sys/class/infiniband/<hca>/ports/<n>/counters/<error counter>, <hca>/fw_ver, <hca>/device/uevent
+    sys/bus/pci/devices/<addr>/{vendor,class,current_link_speed,current_link_width,max_link_speed,
+                                max_link_width}   (NVIDIA devices and the HCAs)
+    sys/module/{mlx5_core,nvidia}/version
+    (a hand-written snapshot may hold perfquery.txt: perfquery -x, and lspci.txt: lspci -vvv)
 """
 
 from __future__ import annotations
@@ -27,16 +35,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import ParseError, UsageError
+from trainctl.health.parse.counters import (parse_dcgm_nvlink_tree, parse_ib_counters, parse_nvlink_errors,
+                                            parse_perfquery)
+from trainctl.health.parse.dcgm import parse_dcgm_diag
+from trainctl.health.parse.gpu_apps import parse_compute_apps
 from trainctl.health.parse.ibstat import parse_ibstat
 from trainctl.health.parse.ibv_devinfo import parse_ibv_devinfo
 from trainctl.health.parse.ip_link import parse_ip_link
 from trainctl.health.parse.kernel_log import parse_kernel_log
 from trainctl.health.parse.lscpu import parse_lscpu
 from trainctl.health.parse.nvlink import parse_nvlink_status
+from trainctl.health.parse.pcie import (parse_hca_pci_addresses, parse_lspci, parse_pci_sysfs,
+                                        parse_pcie_kernel_lines)
 from trainctl.health.parse.smi_query import parse_smi_text, parse_smi_xml
 from trainctl.health.parse.snapshot_files import parse_host, parse_meta
 from trainctl.health.parse.sysfs import parse_ib_sysfs, parse_net_sysfs
 from trainctl.health.parse.topo import parse_topo
+from trainctl.health.parse.versions import parse_software_sysfs
 
 
 @dataclass(frozen=True)
@@ -51,9 +66,12 @@ def load_snapshot(path: str | os.PathLike) -> Snapshot:
     if not root.is_dir():
         raise UsageError(f"snapshot directory not found: {root}")
     files = {}
-    for file in sorted(root.rglob("*")):
-        if file.is_file():
-            files[file.relative_to(root).as_posix()] = file.read_bytes().decode("utf-8", "replace")
+    try:
+        for file in sorted(root.rglob("*")):
+            if file.is_file():
+                files[file.relative_to(root).as_posix()] = file.read_bytes().decode("utf-8", "replace")
+    except OSError as exc:
+        raise UsageError(f"snapshot {root}: cannot read {exc.filename or 'a file'}: {exc.strerror or exc}") from exc
     return Snapshot(path=str(root), files=files)
 
 
@@ -90,6 +108,16 @@ INPUTS: dict[str, tuple[FileSource | TreeSource, ...]] = {
     "netdevs": (FileSource("ip-link.json", parse_ip_link), TreeSource("sys/class/net/", parse_net_sysfs)),
     "lscpu": (FileSource("lscpu.txt", parse_lscpu),),
     "kernel_log": (FileSource("dmesg.txt", parse_kernel_log),),
+    "ib_counters": (TreeSource("sys/class/infiniband/", parse_ib_counters),
+                    FileSource("perfquery.txt", parse_perfquery)),
+    "nvlink_errors": (FileSource("nvidia-smi-nvlink-e.txt", parse_nvlink_errors),
+                      TreeSource("dcgmi-nvlink-e/", parse_dcgm_nvlink_tree)),
+    "pci": (TreeSource("sys/bus/pci/devices/", parse_pci_sysfs), FileSource("lspci.txt", parse_lspci)),
+    "hca_pci": (TreeSource("sys/class/infiniband/", parse_hca_pci_addresses),),
+    "pcie_kernel": (FileSource("dmesg.txt", parse_pcie_kernel_lines),),
+    "compute_apps": (FileSource("nvidia-smi-compute-apps.csv", parse_compute_apps),),
+    "dcgm_diag": (FileSource("dcgmi-diag.json", parse_dcgm_diag),),
+    "software": (TreeSource("sys/", parse_software_sysfs),),
 }
 
 
@@ -119,12 +147,23 @@ class SnapshotInputs:
             try:
                 parsed = source.read(self.snapshot)
             except ParseError as exc:
-                return Unavailable(f"unreadable: {exc}", unreadable=True)
+                # a probe that failed usually explains its unreadable output
+                failed = self._probe_error(source.name)
+                return Unavailable(f"unreadable: {exc}" + (f" ({failed})" if failed else ""), unreadable=True)
             if parsed is not None:
                 return parsed
         return Unavailable("not collected: " + "; ".join(self._why_missing(s.name) for s in sources))
 
     def _why_missing(self, file: str) -> str:
+        error = self._probe_error(file)
+        return f"{file} ({error})" if error else file
+
+    def _probe_error(self, file: str) -> str | None:
+        """meta.json's one line on why the probe that writes `file` failed, if it did."""
         meta = self.get("meta") if file != "meta.json" else None
         probe = meta.probes.get(file) if meta is not None and not isinstance(meta, Unavailable) else None
-        return f"{file} ({probe.error})" if probe is not None and probe.error else file
+        if probe is not None and probe.missing and probe.command:
+            # Not the PATH searched: a node without GPUs would repeat it for every GPU check;
+            # `health check` says once which probes are missing and where it looked.
+            return f"{probe.command[0]} not found"
+        return probe.error if probe is not None else None

@@ -1,25 +1,58 @@
-"""Check results and the node verdict.
+"""Check results and the node verdict: one status algebra for every consumer.
 
-Statuses are ordered like Nagios and share its exit codes, so a node's status is
-the `max` of its checks' statuses and doubles as the process exit code.
+Two orders, kept apart on purpose:
+
+- severity (which status wins when several meet): fail > unknown > warn > ok. A check that
+  failed is a fact about the node; one that could not decide is not, so it never hides a
+  failure. `max()` of statuses and `Status.worst()` follow severity.
+- exit code (what a process returns, as Nagios does): ok 0, warn 1, fail 2, unknown 3.
+
+Health check, gate, fabric test, sweeps, reports and drain planning all order statuses
+through this class (`sweep.model` maps the stored labels onto it).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 
-class Status(enum.IntEnum):
-    OK = 0
-    WARN = 1
-    FAIL = 2
-    UNKNOWN = 3
+@functools.total_ordering
+class Status(enum.Enum):
+    # Declared least severe first: the declaration order is the severity order.
+    OK = "ok"
+    WARN = "warn"
+    UNKNOWN = "unknown"
+    FAIL = "fail"
 
     @property
     def label(self) -> str:
-        return self.name.lower()
+        return self.value
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+    @property
+    def exit_code(self) -> int:
+        return _EXIT_CODE[self]
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Status):
+            return NotImplemented
+        return self.severity < other.severity
+
+    @classmethod
+    def worst(cls, statuses: Iterable[Status], default: Status) -> Status:
+        """The most severe of `statuses`; `default` when there are none."""
+        return max(statuses, default=default)
+
+
+_SEVERITY = {status: rank for rank, status in enumerate(Status)}
+_EXIT_CODE = {Status.OK: 0, Status.WARN: 1, Status.FAIL: 2, Status.UNKNOWN: 3}
 
 
 @dataclass(frozen=True)
@@ -42,7 +75,7 @@ class NodeReport:
     @property
     def status(self) -> Status:
         # A report with no checks proves nothing about the node.
-        return max((c.status for c in self.checks), default=Status.UNKNOWN)
+        return Status.worst((c.status for c in self.checks), default=Status.UNKNOWN)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status.label,
@@ -60,5 +93,5 @@ def summarize(issues: list[tuple[Status, str]], ok_reason: str, details: dict[st
     """One finding from many: the worst status, and every issue's text, worst first."""
     if not issues:
         return Finding(Status.OK, ok_reason, details)
-    ordered = sorted(issues, key=lambda issue: -issue[0])
+    ordered = sorted(issues, key=lambda issue: -issue[0].severity)
     return Finding(ordered[0][0], "; ".join(text for _, text in ordered), details)

@@ -25,12 +25,22 @@ def topo(snapshot_dir: str | None, as_json: bool) -> None:
         path = Path(snapshot_dir) / TOPO_FILE
         if not path.is_file():
             raise UsageError(f"{path}: not in the snapshot (nvidia-smi topo -m was not collected)")
-        text, source = path.read_text(), str(path)
+        try:  # undecodable bytes are the parser's to judge, like in any snapshot file
+            text, source = path.read_bytes().decode("utf-8", "replace"), str(path)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read: {exc.strerror}") from exc
     else:
-        from trainctl.health.collect import binary_paths
-        from trainctl.proc import run_checked
+        import os
 
-        text = run_checked([binary_paths()["nvidia-smi"], "topo", "-m"], timeout=TOPO_TIMEOUT_S).stdout
+        from trainctl.errors import ExternalCommandError
+        from trainctl.health.collect import binary_paths
+        from trainctl.proc import resolve, run_checked
+
+        binary = binary_paths()["nvidia-smi"]
+        if resolve(binary) is None:  # said once, with where trainctl looked
+            raise ExternalCommandError(f"{binary} not found (looked on PATH={os.environ.get('PATH', '')}; "
+                                       "TRAINCTL_BIN_NVIDIA_SMI points elsewhere)")
+        text = run_checked([binary, "topo", "-m"], timeout=TOPO_TIMEOUT_S).stdout
         source = "nvidia-smi topo -m"
     gpus = gpu_affinity(parse_topo(text, source=source))
     if as_json:

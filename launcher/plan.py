@@ -14,10 +14,27 @@ from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from trainctl.errors import UsageError
-from trainctl.launcher.site import PartitionConfig, SiteConfig, partition
+from trainctl.site import PartitionConfig, SiteConfig, partition
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+# Set by the job script from site keys and options, by rank-exec for each rank, or by Slurm:
+# a site's launch.env may not set them (each has its own key, option or owner).
+OWNED_ENV = {
+    "NCCL_SOCKET_IFNAME": "socket_ifname", "GLOO_SOCKET_IFNAME": "socket_ifname", "NCCL_IB_HCA": "hca_ports",
+    "NCCL_IB_DISABLE": "link_layer/hca_ports", "NCCL_IB_GID_INDEX": "roce_gid_index",
+    "NCCL_DEBUG": "submit --nccl-debug", "CUDA_VISIBLE_DEVICES": "Slurm's GPU allocation",
+    **{name: "rank-exec, per rank" for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")},
+}
+
+# srun's filename pattern for per-rank output: %N is the node's short name, %t the task id (the rank).
+RANK_OUTPUT = "rank-%N-%t.out"
+# PyTorch appends the rank to this prefix for each rank's flight recorder dump.
+FLIGHT_RECORDER_PREFIX = "nccl-trace-rank-"
 # sbatch --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+# sbatch(1) --signal=[{R|B}:]<sig_num>[@sig_time]: a signal name or number, seconds 0-65535.
+SIGNAL_RE = re.compile(r"(?P<prefix>[RB]{1,2}:)?(?P<sig>(SIG)?[A-Za-z][A-Za-z0-9+-]*|\d{1,2})"
+                       r"(@(?P<time>\d{1,5}))?")
 TIME_LIMIT_RE = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}(:\d{1,2})?)?)$")
 
 
@@ -35,6 +52,8 @@ class SubmitRequest:
     time_limit: str | None = None
     job_name: str | None = None          # None: the script's file name without suffix
     nccl_debug: str | None = None
+    retries: int | None = None           # None: the site's launch.retries
+    signal: str | None = None            # None: the site's launch.signal; "": none
 
 
 class SbatchOption(NamedTuple):  # NamedTuple, not dataclass: a third of the import time
@@ -54,6 +73,11 @@ class EnvSetting(NamedTuple):
     name: str
     value: str
     why: str
+    in_gate_dir: bool = False            # `value` is a path inside the job's gate directory
+
+    @property
+    def shown(self) -> str:
+        return f"${{gate_dir}}/{self.value}" if self.in_gate_dir else self.value
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,10 @@ class JobPlan:
     gpus_per_node: int
     tasks_per_node: int                  # one rank per GPU; one per node without GPUs
     bind: bool                           # rank-exec binds ranks to GPU/CPU/NUMA/NIC
+    rank_output: bool                    # srun writes each rank's output to <gate dir>/RANK_OUTPUT
+    release_unused: bool                 # after the gate, shrink the allocation to the chosen nodes
+    retries: int                         # successors the job may submit around bad nodes (0: none)
+    signal: str                          # sbatch --signal value ("" : none)
     job_name: str
     sbatch_options: tuple[SbatchOption, ...]
     environment: tuple[EnvSetting, ...]  # exported by the batch script, in this order
@@ -84,7 +112,10 @@ class JobPlan:
                 "spare": self.spare, "min_nodes": self.min_nodes, "gpus_per_node": self.gpus_per_node,
                 "tasks_per_node": self.tasks_per_node, "job_name": self.job_name,
                 "program": list(self.program),
-                "environment": {setting.name: setting.value for setting in self.environment}}
+                "rank_output": f"${{gate_dir}}/{RANK_OUTPUT}" if self.rank_output else None,
+                "release_unused": self.release_unused, "retries": self.retries,
+                "signal": self.signal or None,
+                "environment": {setting.name: setting.shown for setting in self.environment}}
 
 
 def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, node_python: str,
@@ -111,6 +142,11 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
     if not job_name:
         raise UsageError("--job-name is empty")
 
+    retries = site.launch.retries if request.retries is None else request.retries
+    if retries < 0:
+        raise UsageError(f"--retries must be 0 or more, got {retries}")
+    signal = check_signal(site.launch.signal if request.signal is None else request.signal)
+
     script = request.program[0]
     python = site.launch.python or node_python
     program = (python, *request.program) if script.endswith(".py") else request.program
@@ -118,10 +154,16 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
         site_name=site.name, site_ref=request.site_ref, partition=partition_name,
         nodes=request.nodes, spare=request.spare,
         min_nodes=request.nodes if request.min_nodes is None else request.min_nodes,
-        gpus_per_node=gpus, tasks_per_node=max(gpus, 1), bind=gpus > 0, job_name=job_name,
+        gpus_per_node=gpus, tasks_per_node=max(gpus, 1), bind=gpus > 0, rank_output=site.launch.rank_output,
+        release_unused=site.launch.release_unused, retries=retries, signal=signal,
+        job_name=job_name,
         sbatch_options=sbatch_options(site, partition_name, request.nodes + request.spare, gpus,
-                                      max(gpus, 1), job_name, time_limit),
-        environment=nccl_environment(part, nccl_debug), trainctl=site.launch.trainctl or node_trainctl,
+                                      max(gpus, 1), job_name, time_limit)
+        + ((SbatchOption("--signal", signal),) if signal else ()),
+        environment=(nccl_environment(part, nccl_debug)
+                     + flight_recorder_environment(site.launch.flight_recorder_entries)
+                     + site_environment(site)),
+        trainctl=site.launch.trainctl or node_trainctl,
         program=program, command=command, version=version)
 
 
@@ -137,6 +179,27 @@ def _check_counts(request: SubmitRequest, part: PartitionConfig, partition_name:
     if gpus is not None and not 0 <= gpus <= part.gpus_per_node:
         raise UsageError(f"--gpus-per-node must be between 0 and {part.gpus_per_node} "
                          f"(partition {partition_name}), got {gpus}")
+
+
+def check_signal(value: str) -> str:
+    """`[R:]SIG[@SECONDS]` as sbatch(1) --signal takes it, or "" for none. SIG goes to every job
+    step (the ranks), not to the batch shell: `B:` is refused, because trainctl's batch script
+    neither traps nor forwards signals, and bash ends on an untrapped USR1."""
+    if not value:
+        return ""
+    match = SIGNAL_RE.fullmatch(value)
+    if not match:
+        raise UsageError(f"--signal {value!r}: expected [R:]SIG[@SECONDS], e.g. USR1@120 "
+                         "(SIG a name such as USR1 or a number, SECONDS 0-65535)")
+    if match["prefix"] and "B" in match["prefix"]:
+        raise UsageError(f"--signal {value!r}: B: would signal only the batch shell, which runs trainctl's "
+                         "gate and srun, not your program; leave B: out so the program's ranks get it")
+    sig = match["sig"].upper().removeprefix("SIG")
+    if sig in ("KILL", "STOP", "9", "19"):
+        raise UsageError(f"--signal {value!r}: the program cannot catch {sig}; use e.g. USR1")
+    if match["time"] and int(match["time"]) > 65535:
+        raise UsageError(f"--signal {value!r}: SECONDS must be 0-65535 (sbatch(1))")
+    return value
 
 
 def _default_job_name(script: str) -> str:
@@ -170,6 +233,12 @@ def sbatch_options(site: SiteConfig, partition_name: str, allocated_nodes: int, 
     return tuple(options)
 
 
+def nccl_ib_hca(entries: tuple[str, ...]) -> str:
+    """NCCL_IB_HCA for a list of `dev[:port]` entries: `=` makes NCCL match names exactly, so
+    `mlx5_1` does not also select `mlx5_10` to `mlx5_19` (NCCL env.rst, NCCL_IB_HCA)."""
+    return "=" + ",".join(entries)
+
+
 def nccl_environment(part: PartitionConfig, nccl_debug: str | None) -> tuple[EnvSetting, ...]:
     """NCCL and gloo settings for the partition's fabric, each with the reason it is set."""
     env: list[EnvSetting] = []
@@ -180,9 +249,13 @@ def nccl_environment(part: PartitionConfig, nccl_debug: str | None) -> tuple[Env
     export("NCCL_SOCKET_IFNAME", part.socket_ifname, "bootstrap traffic on the site's socket interface")
     export("GLOO_SOCKET_IFNAME", part.socket_ifname, "gloo (CPU collectives) on the same interface")
     if part.hca_ports and part.link_layer != "none":
-        # '=' makes NCCL match names exactly: without it mlx5_1 also selects mlx5_10 and mlx5_11.
-        export("NCCL_IB_HCA", "=" + ",".join(part.hca_ports),
-               "the partition's compute HCA ports; rank-exec narrows it to each rank's nearest one")
+        # One list for every rank of a node (NVIDIA/nccl#1478); '=' matches names exactly, so
+        # mlx5_1 does not also select mlx5_10 and mlx5_11 (NCCL env.rst, NCCL_IB_HCA).
+        export("NCCL_IB_HCA", nccl_ib_hca(part.hca_ports),
+               "the partition's compute HCA ports, the same list for every rank of a node "
+               "(NVIDIA/nccl#1478): NCCL picks each GPU's nearest port itself"
+               + ("; a node with one down runs without it (hca_port_down = drop-port)"
+                  if part.hca_port_down == "drop-port" else ""))
     else:
         export("NCCL_IB_DISABLE", "1", "no HCA ports in this partition: NCCL uses sockets")
     if part.link_layer == "Ethernet" and part.roce_gid_index >= 0:
@@ -190,3 +263,37 @@ def nccl_environment(part: PartitionConfig, nccl_debug: str | None) -> tuple[Env
     if nccl_debug:
         export("NCCL_DEBUG", nccl_debug, "asked for with --nccl-debug")
     return tuple(env)
+
+
+def site_environment(site: SiteConfig) -> tuple[EnvSetting, ...]:
+    """The site's `[launch.env]` table (RoCE traffic class, UCX, container settings), in file order."""
+    for name in site.launch.env:
+        if name in OWNED_ENV or name.startswith("SLURM_"):
+            owner = OWNED_ENV.get(name, "Slurm")
+            raise UsageError(f"site {site.name!r}: launch.env.{name}: trainctl sets {name} itself "
+                             f"(from {owner}); remove it from launch.env")
+    return tuple(EnvSetting(name, value, f"site {site.name}: launch.env.{name}")
+                 for name, value in site.launch.env.items())
+
+def flight_recorder_environment(entries: int) -> tuple[EnvSetting, ...]:
+    """PyTorch's NCCL flight recorder, dumped per rank into the gate directory on a collective timeout.
+
+    Names and meaning from PyTorch's ProcessGroupNCCL environment variables
+    (https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html) and its flight
+    recorder tutorial (https://docs.pytorch.org/tutorials/prototype/flight_recorder_tutorial.html):
+    DUMP_ON_TIMEOUT needs TRACE_BUFFER_SIZE > 0; the dump file is the prefix with the rank appended.
+    Newer PyTorch reads the prefix as TORCH_FR_DUMP_TEMP_FILE and still accepts the older
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE (both are in torch 2.13's libtorch), so both are set.
+    """
+    if entries <= 0:
+        return ()
+    return (
+        EnvSetting("TORCH_NCCL_TRACE_BUFFER_SIZE", str(entries),
+                   "NCCL flight recorder: the last collectives of each rank, kept in memory"),
+        EnvSetting("TORCH_NCCL_DUMP_ON_TIMEOUT", "1",
+                   "a collective that times out dumps them (`trainctl job show`)"),
+        EnvSetting("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", FLIGHT_RECORDER_PREFIX,
+                   "one dump per rank in the gate directory (PyTorch appends the rank)", in_gate_dir=True),
+        EnvSetting("TORCH_FR_DUMP_TEMP_FILE", FLIGHT_RECORDER_PREFIX,
+                   "the same, under the name newer PyTorch reads", in_gate_dir=True),
+    )

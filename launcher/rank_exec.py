@@ -5,10 +5,15 @@ Run by the job script as `srun ... trainctl rank-exec --site S --partition P --m
 
 1. derives RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK from Slurm's task
    variables and MASTER_PORT from the job id (`trainctl.slurm.job_port`, offset 0);
-2. binds local rank i to GPU i's CPUs (the i-th GPU of Slurm's CUDA_VISIBLE_DEVICES when the
-   job has part of a node; its NUMA affinity, split among the ranks that share it), memory to that NUMA node (numactl --membind) and NCCL to its nearest HCA port, from
-   the node's `nvidia-smi topo -m` (the gate's snapshot when there is one);
-3. replaces itself with PROGRAM (os.execvp: no shell, no extra process).
+2. binds local rank i to GPU i (the i-th GPU of Slurm's CUDA_VISIBLE_DEVICES when the job has
+   part of a node), to that GPU's CPUs (its NUMA affinity, split in whole cores among the ranks
+   that share it) and its memory to that NUMA node (numactl --membind), from the node's
+   `nvidia-smi topo -m` and CPU siblings (the gate's snapshot when there is one);
+3. sets NCCL_IB_HCA to the node's list of compute ports, the same for every rank of the node
+   (NVIDIA/nccl#1478: "You should not set NCCL_IB_HCA differently on each rank"; NCCL picks
+   each GPU's nearest port itself from the PCI topology);
+4. replaces itself with PROGRAM (os.execvpe: no shell, no extra process; `submit` hands it
+   the path its pre-submit check resolved, so no PATH search picks another file).
 
 Local rank 0 says once per node what the binding is, or why there is none.
 """
@@ -18,18 +23,21 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import ParseError, UsageError
-from trainctl.launcher.binding import RankBinding, format_cpu_list, rank_bindings
-from trainctl.slurm import job_port
+from trainctl.health.parse.cpu_siblings import Cores
+from trainctl.launcher.binding import RankBinding, format_cpu_list, node_nccl_hcas, rank_bindings
+from trainctl.launcher.plan import nccl_ib_hca
+from trainctl.site import PartitionConfig
+from trainctl.slurm import job_port, this_node_name
 
 TOPO_SNAPSHOT = "nvidia-smi-topo-m.txt"   # the file name `gate node` writes under snapshots/<host>/
 NUMA_SYSFS = "/sys/devices/system/node"
+CPU_SYSFS_ROOT = "/"                        # live sysfs, where the gate's snapshot has no CPU siblings
 _TASKS_PER_NODE_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 
 
@@ -78,12 +86,6 @@ def distributed_environment(placement: RankPlacement, master_addr: str, master_p
             "MASTER_PORT": str(master_port)}
 
 
-def hca_port_for(nic: str, hca_ports: tuple[str, ...]) -> str:
-    """NCCL_IB_HCA for one rank: the site's `dev:port` entry for `nic`, exact-match ('=')."""
-    port = next((entry for entry in hca_ports if entry.split(":")[0] == nic), nic)
-    return "=" + port
-
-
 def program_argv(program: tuple[str, ...], numa_node: int | None, numactl: str | None) -> list[str]:
     """PROGRAM, under `numactl --membind` when there is a NUMA node and numactl to bind to it."""
     if numa_node is None or numactl is None:
@@ -91,11 +93,49 @@ def program_argv(program: tuple[str, ...], numa_node: int | None, numactl: str |
     return [numactl, f"--membind={numa_node}", "--", *program]
 
 
-def describe_bindings(host: str, bindings: list[RankBinding], source: str) -> str:
-    """One line for the job log: every local rank's GPU, CPUs, NUMA node and NIC."""
+@dataclass(frozen=True)
+class NodeSetup:
+    """What every rank of one node is given: its own binding, and the node's NCCL_IB_HCA."""
+    bindings: list[RankBinding]     # one per local rank; [] when the ranks run unbound
+    why_unbound: str | None
+    topology_source: str
+    cores_source: str               # where the CPU siblings came from, or why there are none
+    nccl_ib_hca: str | None         # None: the partition has no HCA ports (NCCL_IB_DISABLE=1)
+    dropped_ports: tuple[str, ...]  # compute ports left out because they are down (drop-port)
+
+
+def plan_node(topo_text: str | None, topology_source: str, ranks: int, part: PartitionConfig,
+              gpus_of_job: list[int] | None, cores: Cores | None, cores_source: str,
+              up_ports: frozenset[tuple[str, int]] | None) -> NodeSetup:
+    """The node's setup from what was read on it (pure: every rank computes the same one)."""
+    entries, dropped = node_nccl_hcas(part.hca_ports, up_ports, part.hca_port_down == "drop-port")
+    hca = nccl_ib_hca(entries) if part.hca_ports and part.link_layer != "none" else None
+    bindings, why_not = (plan_bindings(topo_text, topology_source, ranks, part.hca_ports, gpus_of_job, cores)
+                         if topo_text is not None else ([], topology_source))
+    return NodeSetup(bindings, why_not, topology_source, cores_source, hca, dropped)
+
+
+def rank_environment(environ: Mapping[str, str], placement: RankPlacement, master_addr: str,
+                     setup: NodeSetup) -> dict[str, str]:
+    """This rank's environment: torch.distributed's variables and the node's NCCL_IB_HCA."""
+    env = dict(environ)
+    env.update(distributed_environment(placement, master_addr, job_port(environ, offset=0)))
+    if setup.nccl_ib_hca is not None:
+        env["NCCL_IB_HCA"] = setup.nccl_ib_hca
+    return env
+
+
+def describe_node(host: str, setup: NodeSetup) -> str:
+    """One line for the job log: every local rank's GPU, CPUs, NUMA node and nearest NIC, and
+    the one NCCL_IB_HCA they all use."""
     ranks = "; ".join(f"{b.local_rank}: GPU {b.gpu} CPUs {b.cpus or '-'} NUMA {_or_dash(b.numa_node)} "
-                      f"NIC {b.nic or '-'}" for b in bindings)
-    return f"{host}: local ranks {ranks} (topology from {source})"
+                      f"nearest NIC {b.nearest_nic or '-'}" for b in setup.bindings)
+    line = f"{host}: local ranks {ranks}"
+    if setup.nccl_ib_hca is not None:
+        line += f"; every rank NCCL_IB_HCA={setup.nccl_ib_hca}"
+    if setup.dropped_ports:
+        line += f" ({', '.join(setup.dropped_ports)} down, left out: hca_port_down = drop-port)"
+    return line + f" (topology from {setup.topology_source}; CPU cores from {setup.cores_source})"
 
 
 def _or_dash(value: object) -> str:
@@ -103,13 +143,6 @@ def _or_dash(value: object) -> str:
 
 
 # ---------------------------------------------------------------- I/O
-
-
-def node_names(environ: Mapping[str, str]) -> list[str]:
-    """Names this node may be filed under in the gate's snapshots: Slurm's, then the host's."""
-    hostname = socket.gethostname()
-    names = [environ.get("SLURMD_NODENAME", ""), hostname, hostname.split(".")[0]]
-    return list(dict.fromkeys(name for name in names if name))
 
 
 def read_topology(gate_dir: str | None, names: list[str], nvidia_smi: str, timeout_s: float
@@ -152,7 +185,8 @@ def job_gpus(environ: Mapping[str, str]) -> list[int] | None:
 
 
 def plan_bindings(topo_text: str, source: str, ranks: int, hca_ports: tuple[str, ...],
-                  gpus_of_job: list[int] | None = None) -> tuple[list[RankBinding], str | None]:
+                  gpus_of_job: list[int] | None = None, cores: Cores | None = None
+                  ) -> tuple[list[RankBinding], str | None]:
     """(bindings for local ranks 0..ranks-1, or [] and the reason there are none)."""
     from trainctl.health.affinity import gpu_affinity
     from trainctl.health.parse.topo import parse_topo
@@ -164,43 +198,103 @@ def plan_bindings(topo_text: str, source: str, ranks: int, hca_ports: tuple[str,
     if not gpus:
         return [], f"no GPUs in {source}"
     try:
-        return rank_bindings(gpus, ranks, tuple(port.split(":")[0] for port in hca_ports), gpus_of_job), None
+        return rank_bindings(gpus, ranks, tuple(port.split(":")[0] for port in hca_ports), gpus_of_job,
+                             cores), None
     except ValueError as exc:
         return [], str(exc)
+
+
+def snapshot_of(gate_dir: str | None, names: list[str]) -> Path | None:
+    """The gate's snapshot directory of this node, if the gate left one."""
+    for name in names if gate_dir else ():
+        directory = Path(gate_dir) / "snapshots" / name
+        if directory.is_dir():
+            return directory
+    return None
+
+
+def read_cores(snapshot: Path | None, sysfs_root: str = CPU_SYSFS_ROOT) -> tuple[Cores | None, str]:
+    """(the node's cores, where they came from), or (None, why not): the gate's copy of sysfs
+    thread_siblings_list, else its lscpu, else this node's live sysfs."""
+    from trainctl.health.parse.cpu_siblings import parse_thread_siblings
+    from trainctl.health.parse.lscpu import parse_lscpu
+
+    places = [(snapshot, f"the gate's snapshot {snapshot}")] if snapshot else []
+    places.append((Path(sysfs_root), str(Path(sysfs_root) / "sys/devices/system/cpu")))
+    for root, where in places:
+        try:
+            cores = parse_thread_siblings(_siblings_files(root)) or None
+            if cores is None and root == snapshot and (root / "lscpu.txt").is_file():
+                cores = parse_lscpu((root / "lscpu.txt").read_text(), source="lscpu.txt").measured_cores()
+                where = f"lscpu in the gate's snapshot {snapshot}"
+        except (ParseError, OSError) as exc:
+            return None, f"not measured ({exc})"
+        if cores:
+            return cores, where
+    return None, "not measured (no thread_siblings_list): ranks sharing a NUMA node share its CPUs"
+
+
+def _siblings_files(root: Path) -> dict[str, str]:
+    from trainctl.health.parse.cpu_siblings import SIBLINGS_GLOB
+
+    return {f"{topology.relative_to(root)}/thread_siblings_list": (topology / "thread_siblings_list").read_text()
+            for topology in sorted(root.glob(SIBLINGS_GLOB)) if (topology / "thread_siblings_list").is_file()}
+
+
+def read_up_ports(snapshot: Path | None) -> frozenset[tuple[str, int]] | None:
+    """HCA ports Active/LinkUp in the gate's snapshot of this node (ibstat or sysfs); None: not known."""
+    from trainctl.health.checks.fabric import port_is_up
+    from trainctl.health.snapshot import INPUTS, Snapshot
+
+    if snapshot is None:
+        return None
+    files = {path.relative_to(snapshot).as_posix(): path.read_text(errors="replace")
+             for path in [snapshot / "ibstat.txt", *sorted((snapshot / "sys/class/infiniband").rglob("*"))]
+             if path.is_file()}
+    for source in INPUTS["ib"]:
+        try:
+            inventory = source.read(Snapshot(str(snapshot), files))
+        except ParseError:
+            return None
+        if inventory is not None:
+            return frozenset((port.device, port.port) for port in inventory.ports if port_is_up(port))
+    return None
 
 
 def rank_exec(*, site_ref: str, partition_name: str | None, master_addr: str, gate_dir: str | None,
               bind: bool, program: tuple[str, ...], environ: Mapping[str, str] = os.environ) -> None:
     """Set up this rank and exec PROGRAM; returns only by raising."""
     from trainctl.health.parse.cpulist import parse_cpu_list
-    from trainctl.launcher.site import load_site, partition
+    from trainctl.site import load_site, partition
 
     if not program:
         raise UsageError("no PROGRAM given: put it after `--`")
     site = load_site(site_ref).config
     _, part = partition(site, partition_name)
     placement = placement_from_slurm(environ)
-    env = dict(environ)
-    env.update(distributed_environment(placement, master_addr, job_port(environ, offset=0)))
-    host = node_names(environ)[0]
+    host = this_node_name(environ)  # the name the gate filed its snapshot under
+    names = [host]
     speaks = placement.local_rank == 0   # one voice per node in the job log
 
-    binding = None
+    snapshot = snapshot_of(gate_dir, names)
+    up_ports = read_up_ports(snapshot) if part.hca_port_down == "drop-port" else None
     if not bind:
+        setup = plan_node(None, "--no-bind: a job without GPUs", placement.local_world_size, part, None,
+                          None, "-", up_ports)
         _say(speaks, f"{host}: no binding (--no-bind: a job without GPUs)")
     else:
         nvidia_smi = site.probes.get("nvidia-smi", "nvidia-smi")
-        topo, source = read_topology(gate_dir, node_names(environ), nvidia_smi, site.gate.probe_timeout_s)
-        bindings, why_not = plan_bindings(topo, source, placement.local_world_size, part.hca_ports,
-                                          job_gpus(environ)) if topo is not None else ([], source)
-        if why_not:
-            _say(speaks, f"{host}: ranks run unbound: {why_not}")
-        else:
-            binding = bindings[placement.local_rank]
-            _say(speaks, describe_bindings(host, bindings, source))
+        topo, source = read_topology(gate_dir, names, nvidia_smi, site.gate.probe_timeout_s)
+        cores, cores_source = read_cores(snapshot)
+        setup = plan_node(topo, source, placement.local_world_size, part, job_gpus(environ), cores,
+                          cores_source, up_ports)
+        _say(speaks, f"{host}: ranks run unbound: {setup.why_unbound}" if setup.why_unbound
+             else describe_node(host, setup))
+    env = rank_environment(environ, placement, master_addr, setup)
 
     argv = list(program)
-    if binding is not None:
+    if setup.bindings:
+        binding = setup.bindings[placement.local_rank]
         # Pinned before the exec, so the program and every thread it starts inherit it.
         allowed = frozenset(os.sched_getaffinity(0))
         usable = parse_cpu_list(binding.cpus) & allowed
@@ -210,8 +304,6 @@ def rank_exec(*, site_ref: str, partition_name: str | None, master_addr: str, ga
             _say(speaks, f"{host}: Slurm gives this task CPUs {format_cpu_list(sorted(allowed))}, not all of "
                          f"{binding.cpus}: " + (f"bound to {format_cpu_list(sorted(usable))}" if usable
                                                  else "CPU affinity left as Slurm set it"))
-        if binding.nic and part.hca_ports:
-            env["NCCL_IB_HCA"] = hca_port_for(binding.nic, part.hca_ports)
         numa_node = binding.numa_node
         if numa_node is not None and not os.path.isdir(f"{NUMA_SYSFS}/node{numa_node}"):
             _say(speaks, f"{host}: NUMA node {numa_node} is not in {NUMA_SYSFS}: memory not bound")

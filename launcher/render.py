@@ -20,7 +20,7 @@ from pathlib import Path
 import jinja2
 
 import trainctl.templates
-from trainctl.launcher.plan import JobPlan, SbatchOption
+from trainctl.launcher.plan import RANK_OUTPUT, JobPlan, SbatchOption
 
 TEMPLATE = "sbatch.sh.j2"
 TEMPLATE_DIR = Path(trainctl.templates.__file__).parent  # package data (not importlib.resources: 3 ms)
@@ -78,7 +78,7 @@ def sbatch_argv(plan: JobPlan) -> list[str]:
 def render_script(plan: JobPlan) -> str:
     directives, on_argv = split_sbatch_options(plan.sbatch_options)
     return template_environment().get_template(TEMPLATE).render(
-        plan=plan, directives=directives, on_argv=on_argv)
+        plan=plan, directives=directives, on_argv=on_argv, rank_output=RANK_OUTPUT)
 
 
 # ---------------------------------------------------------------- filters

@@ -16,7 +16,7 @@ def site() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: name -> file.")
 def list_sites(as_json: bool) -> None:
     """List the sites found on the search path (later directories win)."""
-    from trainctl.launcher.site import available_sites, site_dirs
+    from trainctl.site import available_sites, site_dirs
 
     dirs = site_dirs()
     sites = available_sites(dirs)
@@ -25,7 +25,7 @@ def list_sites(as_json: bool) -> None:
         return
     for name, path in sorted(sites.items()):
         click.echo(f"{name:<20} {path}")
-    click.echo("searched (later wins): " + ", ".join(str(d) for d in dirs), err=True)
+    click.echo("trainctl: searched (later wins): " + ", ".join(str(d) for d in dirs), err=True)
 
 
 @site.command("show")
@@ -33,7 +33,7 @@ def list_sites(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: key -> {value, source}.")
 def show_site(name: str, as_json: bool) -> None:
     """Print every setting of site NAME (a name or a .toml path) and where it came from."""
-    from trainctl.launcher.site import flatten, load_site
+    from trainctl.site import flatten, load_site
 
     loaded = load_site(name)
     rows = [(key, value, loaded.source_of(key)) for key, value in flatten(loaded.config)]
@@ -41,8 +41,11 @@ def show_site(name: str, as_json: bool) -> None:
         click.echo(json.dumps({key: {"value": list(value) if isinstance(value, tuple) else value,
                                      "source": source} for key, value, source in rows}, indent=1))
         return
-    click.echo(f"# site {loaded.config.name} from {loaded.path}")
+    from trainctl.text import printable
+
+    lines = [f"# site {loaded.config.name} from {loaded.path}"]
     width = max(len(key) for key, _, _ in rows)
     for key, value, source in rows:
-        shown = json.dumps(list(value) if isinstance(value, tuple) else value)
-        click.echo(f"{key:<{width}} = {shown}    # {'default' if source == 'default' else 'file'}")
+        shown = json.dumps(list(value) if isinstance(value, tuple) else value)  # JSON escapes controls
+        lines.append(f"{key:<{width}} = {shown}    # {'default' if source == 'default' else 'file'}")
+    click.echo(printable("\n".join(lines), keep_lines=True))

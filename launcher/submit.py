@@ -14,14 +14,18 @@ import posixpath
 import re
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from trainctl.errors import ExternalCommandError, UsageError
-from trainctl.ssh import connect
+from trainctl.ssh import check_port, connect
 
 SBATCH_TIMEOUT_S = 60.0
 SSH_PORT = 22
+REMOTE_OUTPUT_CAP_BYTES = 1 << 20  # per stream: sbatch, scontrol and `command -v` print a few lines
+REMOTE_READ_CHUNK = 32768
+REMOTE_POLL_S = 0.02
 _JOB_ID = re.compile(r"\d+(_\d+)?")
 _REMOTE = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>[^@\s:]+)(?::(?P<port>\d+))?")
 
@@ -45,14 +49,20 @@ def parse_parsable(stdout: str) -> tuple[str, str | None]:
 # ---------------------------------------------------------------- the script must exist
 
 
-def check_local_script(script: str, base_dir: Path) -> None:
-    """SCRIPT is a file under `base_dir` (the job's working directory), or a command on PATH."""
+def check_local_script(script: str, base_dir: Path) -> str:
+    """SCRIPT is a file under `base_dir` (the job's working directory), or a command on PATH.
+
+    Returns the program as the job must run it, the file this check found: its absolute path.
+    A bare name (`run.sh`) found in `base_dir` would otherwise be searched on PATH by the exec
+    inside the job and not be found, or find another file.
+    """
     path = base_dir / script
     if path.is_file():
         _check_runnable(script, os.stat(path).st_mode, os.access(path, os.X_OK))
-        return
-    if "/" not in script and shutil.which(script):
-        return
+        return os.path.abspath(path)
+    found = shutil.which(script) if "/" not in script else None
+    if found:
+        return os.path.abspath(found)
     where = f"in {base_dir}" if "/" not in script else f"(relative to {base_dir})"
     raise UsageError(f"script {script!r} does not exist {where}")
 
@@ -89,23 +99,26 @@ def parse_remote(text: str, default_user: str) -> RemoteTarget:
     match = _REMOTE.fullmatch(text.strip())
     if not match:
         raise UsageError(f"--remote {text!r}: expected [USER@]HOST[:PORT]")
-    return RemoteTarget(match["user"] or default_user, match["host"], int(match["port"] or SSH_PORT))
+    port = int(match["port"] or SSH_PORT)
+    check_port(port, f"--remote {text!r}: port")
+    return RemoteTarget(match["user"] or default_user, match["host"], port)
 
 
-def submit_remote(script_text: str, sbatch_argv: list[str], target: RemoteTarget, *, script: str,
-                  chdir: str | None, identity: str | None, known_hosts: str) -> Submitted:
-    """Check SCRIPT over SFTP, then run sbatch on `target` with the script on the channel's stdin."""
+def submit_remote(render: Callable[[str], str], sbatch_argv: list[str], target: RemoteTarget, *, script: str,
+                  chdir: str | None, identity: str | None, known_hosts: str) -> tuple[Submitted, str]:
+    """Check SCRIPT over SFTP, render the job script for the path the check found (`render`),
+    then run sbatch on `target` with it on the channel's stdin. Returns what was submitted and the script."""
     import shlex
 
     import paramiko
 
     client = connect(target.user, target.host, target.port, identity=identity, known_hosts=known_hosts)
     try:
-        check_remote_script(client, script, chdir)
+        script_text = render(check_remote_script(client, script, chdir))
         command = shlex.join(sbatch_argv)
         if chdir:  # sbatch's working directory is the job's: the gate report and output land there
             command = f"cd -- {shlex.quote(chdir)} && {command}"
-        status, stdout, stderr = _exec(client, command, script_text, SBATCH_TIMEOUT_S)
+        status, stdout, stderr = exec_remote(client, command, script_text, SBATCH_TIMEOUT_S)
     except paramiko.SSHException as exc:
         raise ExternalCommandError(f"SSH session with {target} failed: {exc}") from exc
     finally:
@@ -114,11 +127,12 @@ def submit_remote(script_text: str, sbatch_argv: list[str], target: RemoteTarget
         tail = (stderr.strip().splitlines() or stdout.strip().splitlines() or [""])[-1]
         raise ExternalCommandError(f"sbatch on {target} exited with status {status}: {tail}")
     job_id, cluster = parse_parsable(stdout)
-    return Submitted(job_id, cluster, tuple(sbatch_argv), str(target))
+    return Submitted(job_id, cluster, tuple(sbatch_argv), str(target)), script_text
 
 
-def check_remote_script(client, script: str, chdir: str | None) -> None:
-    """The remote twin of `check_local_script`: SFTP stat, or `command -v` for a bare name."""
+def check_remote_script(client, script: str, chdir: str | None) -> str:
+    """The remote twin of `check_local_script`: SFTP stat, or `command -v` for a bare name.
+    Returns the absolute path it found (a bare name where `command -v` names no file)."""
     import shlex
 
     import paramiko
@@ -139,24 +153,48 @@ def check_remote_script(client, script: str, chdir: str | None) -> None:
         sftp.close()
     if attributes is not None:
         _check_runnable(script, attributes.st_mode, bool(attributes.st_mode & 0o111))
-        return
+        return path
     if "/" not in script:
-        status, _, _ = _exec(client, shlex.join(["command", "-v", script]), "", SBATCH_TIMEOUT_S)
+        status, stdout, _ = exec_remote(client, shlex.join(["command", "-v", script]), "", SBATCH_TIMEOUT_S)
         if status == 0:
-            return
+            found = stdout.strip()
+            return found if found.startswith("/") else script
     raise UsageError(f"script {script!r} does not exist on the remote host (looked for {path})")
 
 
-def _exec(client, command: str, stdin_text: str, timeout_s: float) -> tuple[int, str, str]:
+def exec_remote(client, command: str, stdin_text: str, timeout_s: float,
+                cap_bytes: int = REMOTE_OUTPUT_CAP_BYTES) -> tuple[int, str, str]:
+    """Run `command` on the SSH host: (exit status, stdout, stderr), each stream cut at
+    `cap_bytes`. The whole exchange is bounded by `timeout_s` (paramiko's own timeout is per
+    read, and waiting for the exit status has none); past it the channel is closed."""
     import socket
+    import time
 
+    deadline = time.monotonic() + timeout_s
     try:
-        stdin, stdout, stderr = client.exec_command(command, timeout=timeout_s)
+        stdin, stdout, _ = client.exec_command(command, timeout=timeout_s)
+        channel = stdout.channel
         stdin.write(stdin_text)
-        stdin.channel.shutdown_write()
-        out = stdout.read().decode(errors="replace")
-        err = stderr.read().decode(errors="replace")
-        return stdout.channel.recv_exit_status(), out, err
+        channel.shutdown_write()
+        out, err = bytearray(), bytearray()
+        while True:
+            ready = False
+            if channel.recv_ready():
+                out += channel.recv(REMOTE_READ_CHUNK)[:max(0, cap_bytes - len(out))]
+                ready = True
+            if channel.recv_stderr_ready():
+                err += channel.recv_stderr(REMOTE_READ_CHUNK)[:max(0, cap_bytes - len(err))]
+                ready = True
+            if not ready and (channel.exit_status_ready() or channel.closed):
+                if not (channel.recv_ready() or channel.recv_stderr_ready()):
+                    break
+            if time.monotonic() >= deadline:
+                channel.close()
+                raise socket.timeout()
+            if not ready:
+                time.sleep(REMOTE_POLL_S)
+        status = channel.recv_exit_status() if channel.exit_status_ready() else -1
+        return status, out.decode(errors="replace"), err.decode(errors="replace")
     except socket.timeout as exc:
         raise ExternalCommandError(f"remote command timed out after {timeout_s:g} s: "
                                    f"{command[:200]}") from exc

@@ -36,6 +36,12 @@ class _CommandRecordingArgs(click.Command):
 @click.option("--job-name", help="Job name (default: the script's name without suffix).")
 @click.option("--nccl-debug", type=click.Choice(NCCL_DEBUG_CHOICES, case_sensitive=False),
               help="Set NCCL_DEBUG in the job.")
+@click.option("--retries", type=int, default=None,
+              help="Submit a successor around the bad nodes, up to this many times, when the gate finds too few "
+                   "healthy nodes or a node is lost during training (default: the site's launch.retries, 0).")
+@click.option("--signal", "signal_spec", metavar="[R:]SIG[@SECONDS]", default=None,
+              help="Slurm sends SIG to the program's ranks SECONDS before the time limit, e.g. USR1@120, so it "
+                   "can checkpoint (default: the site's launch.signal; '' for none).")
 @click.option("--chdir", help="Submit from this directory (default: the current one): the job runs there, "
               "SCRIPT is relative to it, the gate report and slurm-<id>.out land there.")
 @click.option("--dry-run", is_flag=True, help="Print the script and the sbatch command; submit nothing.")
@@ -50,12 +56,14 @@ class _CommandRecordingArgs(click.Command):
 @click.pass_context
 def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spare: int,
            min_nodes: int | None, gpus_per_node: int | None, time_limit: str | None, job_name: str | None,
-           nccl_debug: str | None, chdir: str | None, dry_run: bool, remote: str | None,
+           nccl_debug: str | None, retries: int | None, signal_spec: str | None, chdir: str | None,
+           dry_run: bool, remote: str | None,
            identity: str | None, known_hosts: str | None, as_json: bool, program: tuple[str, ...]) -> None:
     """Render an sbatch script for SITE's hardware and submit it (here, or over SSH).
 
     The job runs the health gate on all --nodes + --spare nodes, then runs SCRIPT on --nodes
-    healthy ones (one rank per GPU, each bound to its GPU's CPUs, NUMA node and nearest NIC),
+    healthy ones (one rank per GPU, each bound to its GPU's CPUs and NUMA node; every rank of
+    a node gets the node's HCA list for NCCL),
     or fails with one line naming the bad nodes if fewer than --min-nodes are healthy.
     A SCRIPT ending in .py runs under the site's launch.python.
     """
@@ -63,9 +71,10 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     from trainctl.errors import UsageError
     from trainctl.launcher.plan import SubmitRequest, plan_job
     from trainctl.launcher.render import command_line, render_script, sbatch_argv
-    from trainctl.launcher.site import load_site
+    from trainctl.site import load_site
     from trainctl.launcher.submit import check_local_script, parse_remote
 
+    _refuse_undecodable(ctx.meta["trainctl.raw_args"])
     loaded = load_site(site)
     target = None
     if remote is not None:
@@ -79,17 +88,26 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     site_ref = str(loaded.path.resolve()) if _is_path(site) and target is None else site
     request = SubmitRequest(site_ref=site_ref, program=program, nodes=nodes, partition=partition, spare=spare,
                             min_nodes=min_nodes, gpus_per_node=gpus_per_node, time_limit=time_limit,
-                            job_name=job_name, nccl_debug=nccl_debug)
-    plan = plan_job(loaded.config, request, node_trainctl=loaded.config.launch.trainctl or _this_trainctl(),
-                    node_python=sys.executable, version=__version__,
-                    command=("trainctl", "submit", *ctx.meta["trainctl.raw_args"]))
-    script = render_script(plan)
-    argv = sbatch_argv(plan)
+                            job_name=job_name, nccl_debug=nccl_debug, retries=retries, signal=signal_spec)
+
+    def plan_for(resolved: str):
+        """The plan with SCRIPT as the pre-submit check found it: the job execs that very file."""
+        import dataclasses
+
+        return plan_job(loaded.config, dataclasses.replace(request, program=(resolved, *program[1:])),
+                        node_trainctl=loaded.config.launch.trainctl or _this_trainctl(),
+                        node_python=sys.executable, version=__version__,
+                        command=("trainctl", "submit", *ctx.meta["trainctl.raw_args"]))
+
     submit_dir = Path.cwd() / (chdir or "")
     if target is None:
         if not submit_dir.is_dir():
             raise UsageError(f"--chdir {chdir}: no such directory")
-        check_local_script(program[0], submit_dir)
+        plan = plan_for(check_local_script(program[0], submit_dir))
+    else:
+        plan = plan_for(program[0])   # checked and resolved on the login node, when submitting
+    script = render_script(plan)
+    argv = sbatch_argv(plan)
 
     if dry_run:
         where = f"in {submit_dir}" if target is None else f"on {target} over SSH, in {chdir or '~'}"
@@ -108,8 +126,14 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     else:
         from trainctl.launcher.submit import submit_remote
 
-        submitted = submit_remote(script, argv, target, script=program[0], chdir=chdir, identity=identity,
-                                  known_hosts=known_hosts or os.path.expanduser("~/.ssh/known_hosts"))
+        def render_for(resolved: str) -> str:
+            nonlocal plan
+            plan = plan_for(resolved)
+            return render_script(plan)
+
+        submitted, script = submit_remote(render_for, argv, target, script=program[0], chdir=chdir,
+                                          identity=identity,
+                                          known_hosts=known_hosts or os.path.expanduser("~/.ssh/known_hosts"))
     if as_json:
         summary = _summary(submitted.job_id, argv, script, plan, submitted.where)
         summary["cluster"] = submitted.cluster
@@ -119,6 +143,20 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
         click.echo(f"trainctl: submitted job {submitted.job_id} ({submitted.where}): {plan.nodes} nodes "
                    f"+ {plan.spare} spare on {plan.site_name}/{plan.partition}; the gate report lands in "
                    f"trainctl-gate-{submitted.job_id}/ in the submit directory", err=True)
+
+
+def _refuse_undecodable(args: tuple[str, ...]) -> None:
+    """The job script is UTF-8 text: an argument that is not UTF-8 (Python holds its bytes as
+    surrogates) could not reach the job exactly, so it is refused rather than mangled."""
+    from trainctl.errors import UsageError
+    from trainctl.text import printable
+
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"argument '{printable(arg)}' is not valid UTF-8: the job script cannot carry it "
+                             "exactly") from None
 
 
 def _summary(job_id: str | None, argv: list[str], script: str, plan, where: str) -> dict:

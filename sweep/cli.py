@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
 
+from trainctl.validate import DAY_S, Bounds, Number
+
 DEFAULT_SINCE = "7d"
 SINCE_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_SINCE_DAYS = 100_000   # 274 years: "all of it"; further back a date has no year to show
 
 db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False),
                          help="Sweep history (SQLite). Default: the site's [sweep] db, "
@@ -28,7 +32,7 @@ def _load_site(site: str | None):
     """(site config or None, the argument as the nodes should see it)."""
     if site is None:
         return None, None
-    from trainctl.launcher.site import load_site
+    from trainctl.site import load_site
 
     loaded = load_site(site)
     # A file is handed to the nodes by absolute path; a name they resolve themselves.
@@ -37,21 +41,23 @@ def _load_site(site: str | None):
 
 
 def _db(db_path: str | None, config) -> Path:
-    from trainctl.launcher.site import SweepConfig
+    from trainctl.site import SweepConfig
 
     return Path(db_path or (config.sweep.db if config else SweepConfig().db)).expanduser()
 
 
 def parse_since(text: str) -> float:
-    """'7d', '36h', '2w', '90m' -> seconds."""
+    """'7d', '36h', '2w', '90m' -> seconds (finite, more than 0, at most MAX_SINCE_DAYS)."""
+    from trainctl.validate import check_number
+
     number, unit = text[:-1], text[-1:].lower()
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in SINCE_UNITS or value <= 0:
-        raise click.BadParameter(f"{text!r} is not a duration like 7d, 36h, 2w or 90m", param_hint="--since")
-    return value * SINCE_UNITS[unit]
+    try:  # check_number refuses nan and inf (InvalidValue is a ValueError)
+        seconds = check_number(float(number), Bounds(0, low_open=True)) * SINCE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise click.BadParameter(f"{text!r} is not a duration like 7d, 36h, 2w or 90m", param_hint="--since") from None
+    if seconds > MAX_SINCE_DAYS * SINCE_UNITS["d"]:
+        raise click.BadParameter(f"{text!r} reaches back more than {MAX_SINCE_DAYS} days", param_hint="--since")
+    return seconds
 
 
 def _node_command(config, given_site: str, partition: str | None, timeout_s: float | None, fabric: bool):
@@ -86,7 +92,7 @@ def _ssh_access(config):
 @click.option("--fabric", is_flag=True, help="Also run the pairwise fabric test (Slurm only), "
                                               "recorded per node as check fabric.allreduce.")
 @click.option("--fanout", type=click.IntRange(min=1), help="SSH: nodes at once (default: site's [sweep] fanout).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1),
+@click.option("--timeout", "timeout_s", type=Number(float, Bounds(1, DAY_S)),
               help="Seconds a node's checks may take before it counts as timed out (default: site).")
 @db_option
 @json_option
@@ -102,7 +108,7 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
     4 if Slurm or SSH itself failed.
     """
     from trainctl.errors import UsageError
-    from trainctl.launcher.site import partition as pick_partition
+    from trainctl.site import partition as pick_partition
     from trainctl.slurm import expand_hostlist
     from trainctl.sweep.collect import gpu_request_args
     from trainctl.sweep.db import History
@@ -120,9 +126,15 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
         kind="sweep", site=given_site, via=via, partition=partition, nodes=nodes,
         command=_node_command(config, given_site, partition, timeout_s, fabric),
         gpu_args=gpu_request_args(config.slurm.gpu_request, part.gpus_per_node),
-        access=_ssh_access(config), fanout=fanout or config.sweep.fanout)
+        access=_ssh_access(config), fanout=fanout or config.sweep.fanout,
+        odd_node_fails=config.gate.odd_node_out == "fail")
     with History.open(_db(db_path, config), write=True) as history:
         result = run_sweep(request, history, _progress)
+        if config.sweep.keep_days > 0:
+            removed = history.prune(time.time() - config.sweep.keep_days * DAY_S)
+            if removed:
+                _progress(f"history: removed {removed} sweep(s) older than {config.sweep.keep_days:g} days "
+                          "([sweep] keep_days)")
     nodes_out = sorted(result.nodes.values(), key=lambda n: n.host)
     if as_json:
         click.echo(json.dumps({
@@ -173,10 +185,10 @@ def report(since_text, fmt, out_file, prom_file, site, db_path):
     with History.open(_db(db_path, config), write=False) as history:
         built = build_report(load_report_data(history, since), now, since)
         if prom_file:
-            sweeps = history.sweeps()
+            full = [s for s in history.sweeps() if s.kind == "sweep"]   # a resume's re-check is no sweep
             write_atomically(prom_file, render.to_prometheus(
                 history.latest_checked_results(), history.current_nodes(1), history.drains(open_only=True),
-                sweeps[-1] if sweeps else None))
+                full[-1] if full else None))
     text = {"text": render.to_text, "json": render.to_json, "markdown": render.to_markdown,
             "html": render.to_html}[fmt](built)
     if out_file:
@@ -188,6 +200,8 @@ def report(since_text, fmt, out_file, prom_file, site, db_path):
 # ---------------------------------------------------------------- drain / resume
 
 def _print_actions(actions, as_json: bool, applied: bool, extra: dict | None = None) -> None:
+    from trainctl.text import printable  # host names and reasons come from the nodes
+
     if as_json:
         click.echo(json.dumps({"applied": applied, **(extra or {}),
                                "actions": [{"host": a.host, "action": a.action, "text": a.text, "check": a.check}
@@ -199,7 +213,7 @@ def _print_actions(actions, as_json: bool, applied: bool, extra: dict | None = N
             "release": "released" if applied else "would release", "skip": "left alone",
             "recheck": "would re-check"}
     for action in actions:
-        click.echo(f"{action.host:<12} {verb.get(action.action, action.action):<15} {action.text}")
+        click.echo(printable(f"{action.host:<12} {verb.get(action.action, action.action):<15} {action.text}"))
 
 
 @click.command("drain")
@@ -248,7 +262,7 @@ def drain(apply, sweep_id, site, db_path, as_json):
 @click.option("--apply", is_flag=True, help="Resume for real (needs Slurm operator rights). "
                                             "Without it, re-check and print what would be resumed.")
 @click.option("--site", required=True, help="Site name or .toml file (checks and SSH access for the re-check).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1),
+@click.option("--timeout", "timeout_s", type=Number(float, Bounds(1, DAY_S)),
               help="Seconds a node's re-check may take (default: site).")
 @db_option
 @json_option

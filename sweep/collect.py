@@ -97,29 +97,47 @@ class Reassembler:
     """Joins the node task's pieces (see `sweep.node_task.emit`) back into envelopes.
 
     Pieces of different nodes arrive interleaved; anything that is not a piece (a stray
-    line a task printed) is ignored, and a damaged envelope is dropped, never raised.
+    line a task printed) is ignored, and a damaged envelope is dropped, never raised. A node
+    whose unfinished envelopes hold more than `NODE_PENDING_CAP` chars (a task flooding
+    pieces that never complete) loses them, so memory stays bounded per node.
     """
 
     def __init__(self) -> None:
         self._pieces: dict[tuple[str, int], dict[int, str]] = {}
+        self._pending: dict[str, int] = {}
 
     def feed(self, line: str) -> dict | None:
         """The envelope this line completes, else None."""
         piece = _piece(line)
         if piece is None:
             return None
-        key = (piece["node"], piece["msg"])
+        node = piece["node"]
+        key = (node, piece["msg"])
         got = self._pieces.setdefault(key, {})
+        self._pending[node] = self._pending.get(node, 0) + len(piece["data"]) - len(got.get(piece["part"], ""))
         got[piece["part"]] = piece["data"]
+        if self._pending[node] > NODE_PENDING_CAP:
+            self._drop(node)
+            return None
         if len(got) < piece["parts"]:
             return None
         del self._pieces[key]
+        self._pending[node] -= sum(map(len, got.values()))
         try:
             data = "".join(got[i] for i in range(piece["parts"]))
             envelope = json.loads(zlib.decompress(base64.b64decode(data, validate=True)))
         except (KeyError, ValueError, zlib.error):
             return None
         return envelope if isinstance(envelope, dict) and envelope.get("node") == piece["node"] else None
+
+
+    def _drop(self, node: str) -> None:
+        for key in [key for key in self._pieces if key[0] == node]:
+            del self._pieces[key]
+        self._pending[node] = 0
+
+
+NODE_PENDING_CAP = 16 << 20  # chars of one node's unfinished envelopes (a real one is a few KB)
 
 
 def _piece(line: str) -> dict | None:
@@ -217,10 +235,16 @@ def collect_via_ssh(addresses: dict[str, str], command: NodeCommand, access: Ssh
                     states: dict[str, str]) -> Iterator[NodeOutcome]:
     """Run the node task on each host (at its address) over SSH, `fanout` at a time."""
     with ThreadPoolExecutor(max_workers=max(1, fanout)) as pool:
-        futures = [pool.submit(ssh_node, host, address, command, access, states.get(host, ""))
-                   for host, address in addresses.items()]
+        futures = {pool.submit(ssh_node, host, address, command, access, states.get(host, "")): host
+                   for host, address in addresses.items()}
         for future in as_completed(futures):
-            yield future.result()
+            try:
+                yield future.result()
+            except Exception as exc:  # one node's surprise is that node's recorded error; the sweep goes on
+                host = futures[future]
+                yield NodeOutcome(host, ERROR, slurm_state=states.get(host, ""),
+                                  detail=f"ssh {access.user}@{addresses[host]}:{access.port}: "
+                                         f"{type(exc).__name__}: {exc}")
 
 
 def ssh_node(host: str, address: str, command: NodeCommand, access: SshAccess, slurm_state: str) -> NodeOutcome:
@@ -246,8 +270,8 @@ def ssh_node(host: str, address: str, command: NodeCommand, access: SshAccess, s
         status = stdout.channel.recv_exit_status()
     except TimeoutError:  # socket.timeout: the channel stayed silent past the deadline
         return failed(TIMEOUT, f"no answer over SSH within {command.deadline_s:g} s ({target})")
-    except (paramiko.SSHException, OSError) as exc:
-        return failed(ERROR, f"ssh {target}: {exc}")
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        return failed(ERROR, f"ssh {target}: {exc or 'connection closed'}")
     finally:
         client.close()
     pieces = Reassembler()

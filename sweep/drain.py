@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from trainctl.slurm import REASON_MAX_BYTES, NodeState, drain_nodes, fit_reason, node_states, resume_nodes
+from trainctl.slurm import (DRAIN_TAG, NodeState, drain_unclaimed, node_states, not_ours_any_more,
+                            resume_nodes, tagged_reason)
 from trainctl.sweep.db import History
-from trainctl.sweep.model import CHECKED, DRAIN_TAG, DrainRow, NodeOutcome, NodeRow, ResultRow, SweepRow
+from trainctl.sweep.model import CHECKED, DrainRow, NodeOutcome, NodeRow, ResultRow, SweepRow
 
 DRAIN = "drain"
 RESUME = "resume"
@@ -38,13 +39,7 @@ class Action:
 
 def drain_reason(failing: list[ResultRow]) -> tuple[str, str]:
     """(first failing check, `trainctl: <check>: <reason> [+other checks]`) within Slurm's limit."""
-    failing = sorted(failing, key=lambda r: r.check)
-    first, others = failing[0], [r.check for r in failing[1:]]
-    head = f"{DRAIN_TAG} {first.check}: "
-    tail = f" [+{', '.join(others)}]" if others else ""
-    # Cut the reason, not the tag or the list of other checks.
-    budget = max(16, REASON_MAX_BYTES - len(head.encode()) - len(tail.encode()))
-    return first.check, fit_reason(head + fit_reason(first.reason, budget) + tail)
+    return tagged_reason([(r.check, r.reason) for r in failing])
 
 
 def plan_drains(nodes: list[NodeRow], results: list[ResultRow], states: dict[str, NodeState],
@@ -72,6 +67,10 @@ def plan_drains(nodes: list[NodeRow], results: list[ResultRow], states: dict[str
             actions.append(Action(node.host, SKIP, f"already drained by trainctl: {held[node.host].reason}", check))
         elif state is None:
             actions.append(Action(node.host, SKIP, "not known to Slurm", check))
+        elif state.reason.startswith(DRAIN_TAG):
+            why = ("drained by trainctl outside this history (the Slurm hook, or another history): "
+                   f"{state.reason!r}")
+            actions.append(Action(node.host, SKIP, f"{why}; left alone", check))
         elif state.reason:
             who = state.reason_user or "someone"
             actions.append(Action(node.host, SKIP, f"has a reason trainctl did not set ({who}: {state.reason!r}); "
@@ -85,20 +84,11 @@ def plan_resumes(open_drains: Iterable[DrainRow], states: dict[str, NodeState]) 
     """Which of trainctl's drains are still its own (RECHECK) and which it must let go (RELEASE)."""
     actions = []
     for drain in open_drains:
-        state = states.get(drain.host)
-        if state is None:
-            why = "no longer known to Slurm"
-        elif not state.drained:
-            why = f"no longer drained (now {state.label}): resumed outside trainctl"
-        elif state.reason != drain.reason:
-            why = f"reason changed by {state.reason_user or 'someone'} to {state.reason!r}: no longer trainctl's"
-        elif drain.reason_time and state.reason_time != drain.reason_time:
-            why = (f"drained again by {state.reason_user or 'someone'} at {state.reason_time} "
-                   "(same text, new drain): no longer trainctl's")
+        why = not_ours_any_more(states.get(drain.host), drain.reason, drain.reason_time)
+        if why:
+            actions.append(Action(drain.host, RELEASE, why, drain.check, drain.id))
         else:
             actions.append(Action(drain.host, RECHECK, "drained by trainctl; re-checking", drain.check, drain.id))
-            continue
-        actions.append(Action(drain.host, RELEASE, why, drain.check, drain.id))
     return actions
 
 
@@ -138,15 +128,12 @@ def apply_drains(history: History, sweep_id: int, actions: list[Action],
         if action.action != DRAIN:
             done.append(action)
             continue
-        state = node_states(nodes=[action.host]).get(action.host)
-        if state is None or state.reason:
-            why = f"{state.reason_user or 'someone'} set {state.reason!r} meanwhile" if state else "gone from Slurm"
+        after, why = drain_unclaimed(action.host, action.text)
+        if after is None:
             done.append(Action(action.host, SKIP, f"not drained: {why}", action.check))
             continue
-        drain_nodes([action.host], action.text)
-        after = node_states(nodes=[action.host]).get(action.host)
-        history.record_drain(host=action.host, reason=after.reason if after else action.text,
-                             reason_time=after.reason_time if after else "", sweep_id=sweep_id,
+        history.record_drain(host=action.host, reason=after.reason or action.text,
+                             reason_time=after.reason_time, sweep_id=sweep_id,
                              check=action.check, drained_at=clock())
         done.append(action)
     return done

@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainctl.health.status import Status
 
-# Node check statuses, in the order of their exit codes: worst is highest.
+# Node check statuses as stored, least severe first (health.status: fail > unknown > warn > ok).
 STATUSES = tuple(status.label for status in Status)
-STATUS_CODE = {name: code for code, name in enumerate(STATUSES)}
+STATUS_CODE = {status.label: status.exit_code for status in Status}
+
+
+def worst_label(labels: Iterable[str], default: str = "ok") -> str:
+    """The most severe of stored status labels (an unrecognised one counts as unknown)."""
+    # By the labels' severity rank, not through Status objects: a 10,000-node sweep asks this
+    # for every node's 30-odd rows.
+    worst = max(labels, key=_label_severity, default=default)
+    return worst if worst in _LABEL_SEVERITY else Status.UNKNOWN.label
+
+
+def _label_severity(label: str) -> int:
+    return _LABEL_SEVERITY.get(label, _UNKNOWN_SEVERITY)
+
+
+_LABEL_SEVERITY = {status.label: status.severity for status in Status}
+_UNKNOWN_SEVERITY = Status.UNKNOWN.severity
+
+
+def _status(label: str) -> Status:
+    return Status(label) if label in STATUS_CODE else Status.UNKNOWN
 
 # What happened to a node in a sweep. Only "checked" nodes have check results.
 CHECKED = "checked"
 TIMEOUT = "timeout"        # the checks did not finish in time: not the same as failing one
 ERROR = "error"            # no verdict came back (ssh refused, trainctl crashed on the node)
 NOT_SWEPT = "not_swept"    # Slurm had the node busy, drained or down: its state says which
-
-DRAIN_TAG = "trainctl:"    # every reason trainctl sets starts with this
 
 
 @dataclass(frozen=True)
@@ -41,11 +60,15 @@ class NodeOutcome:
     checks: tuple[CheckRow, ...] = ()
 
     @property
-    def exit_code(self) -> int:
-        """This node's share of the sweep's exit code: its status; no verdict counts as unknown."""
+    def verdict(self) -> Status:
+        """This node's share of the sweep's verdict: its status; no verdict counts as unknown."""
         if self.outcome == CHECKED:
-            return STATUS_CODE[self.status or "unknown"]
-        return STATUS_CODE["unknown"] if self.outcome in (TIMEOUT, ERROR) else 0
+            return _status(self.status or "unknown")
+        return Status.UNKNOWN if self.outcome in (TIMEOUT, ERROR) else Status.OK
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
 
 
 @dataclass(frozen=True)

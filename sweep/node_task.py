@@ -24,11 +24,11 @@ import argparse
 import base64
 import json
 import os
-import socket
 import sys
 import zlib
 
 from trainctl.proc import ProcResult, run
+from trainctl.slurm import this_node_name
 
 STDERR_TAIL_CHARS = 300
 PIECE_CHARS = 700           # keeps each printed line well under srun's 1024-byte buffer
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fabric-timeout", type=float,
                         help="also run `health fabric` with this deadline (all tasks of the step)")
     args = parser.parse_args(argv)
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    node = this_node_name()
     trainctl = [sys.executable, "-m", "trainctl.cli"]
     site = ["--site", args.site] if args.site else []
     site += ["--partition", args.partition] if args.partition else []
@@ -84,14 +84,14 @@ def interpret(result: ProcResult, timeout_s: float) -> dict:
             raise ValueError("not a health verdict")
     except ValueError:
         last_words = (result.stderr.strip().splitlines() or [""])[-1][-STDERR_TAIL_CHARS:]
-        if result.missing:
-            why = result.stderr
+        if result.missing or result.exec_error:
+            why = result.describe_failure()
         elif result.returncode != 0:
             why = f"`{' '.join(result.argv[3:5])}` exited with status {result.returncode}"
         else:
             why = f"`{' '.join(result.argv[3:5])}` printed no JSON verdict"
         return {**base, "outcome": "error", "report": None,
-                "detail": f"{why}: {last_words}" if last_words and not result.missing else why}
+                "detail": f"{why}: {last_words}" if last_words and result.returncode is not None else why}
     return {**base, "outcome": "checked", "report": report, "detail": ""}
 
 

@@ -1,35 +1,45 @@
 """The drain report: what is broken now, grouped by check and reason, since when, and whether it flaps.
 
 `load_report_data` reads the few rows a report needs from the history (newest row per
-node, the checks that are not ok, their past rows, the open drains); `build_report` is a
-pure function of those rows and `now`, so every rule below is tested without a database.
+node, the checks that are not ok, their past rows, the window's rows of every node with
+trouble, the open drains); `build_report` is a pure function of those rows and `now`, so
+every rule below is tested without a database. Every format (text, JSON, Markdown, HTML)
+renders the one `Report` it returns, so they cannot tell different stories.
 
 Rules:
 - a node's current state is its newest row in the window: checked, timed out, error, or
-  not swept (with Slurm's state);
+  not swept (with Slurm's state), whether that row comes from a nightly sweep or from a
+  resume's re-check of that node (the freshest look at it);
+- the latest sweep is the newest full sweep; re-checks are listed as re-checks, never as it;
 - a group is the nodes whose current check has the same status and reason, the same
   streak start and the same flapping verdict;
 - a streak is the unbroken run of the check's rows with the current status, counting
   only sweeps that checked the node (a night it was busy neither breaks nor extends it);
-- a check flaps when, within the window, it changed between ok and not ok twice or more.
+- a check flaps when, within the window, it changed between ok and not ok twice or more;
+- the node x night grid has a row for every node with trouble in the window (not ok, no
+  verdict) or held drained by trainctl, so every node the report names is in it; a cell is
+  the node's last verdict of that night, so a node's newest cell is its current state.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from trainctl.slurm import expand_hostlist, fold_hostlist
+from trainctl.slurm import fold_hostlist
 from trainctl.sweep.db import History
 from trainctl.sweep.model import CHECKED, ERROR, NOT_SWEPT, TIMEOUT, DrainRow, NodeRow, ResultRow, SweepRow
 
 GRID_MAX_ROWS = 200
 FLAP_CHANGES = 2
-# Worst first, for a grid cell that covers several sweeps of one night.
-CELL_RANK = ("fail", TIMEOUT, ERROR, "unknown", "warn", "ok", NOT_SWEPT)
 PROBLEM_ORDER = {"fail": 0, "unknown": 1, "warn": 2}
+TROUBLE = frozenset({"fail", "unknown", "warn", TIMEOUT, ERROR})
+SWEEP, RECHECK = "sweep", "recheck"   # kinds of history rows; the gate's drains come as "gate"
+_NAME_PARTS = re.compile(r"(\D*)(\d*)")
 
 
 @dataclass(frozen=True)
@@ -48,10 +58,11 @@ def load_report_data(history: History, since: float) -> ReportData:
     in_window = [s.id for s in sweeps if s.started_at >= since]
     first = min(in_window) if in_window else (sweeps[-1].id + 1 if sweeps else 1)
     problems = history.current_problems(first)
+    drains = history.drains(open_only=True)
     return ReportData(
         sweeps=sweeps, first_sweep=first, current=history.current_nodes(first), problems=problems,
         check_rows=history.check_history((r.host, r.check) for r in problems),
-        troubled=history.troubled_node_rows(first), drains=history.drains(open_only=True))
+        troubled=history.troubled_node_rows(first, also_hosts=[d.host for d in drains]), drains=drains)
 
 
 @dataclass(frozen=True)
@@ -65,8 +76,8 @@ class Group:
     flapping: bool
     changes: int                  # ok <-> not ok changes inside the window (the most of any node)
 
-    @property
-    def hostlist(self) -> str:
+    @functools.cached_property
+    def hostlist(self) -> str:  # folded once: every format shows it, and 10,000 names take a while
         return fold_hostlist(list(self.hosts))
 
 
@@ -77,8 +88,8 @@ class HostGroup:
     detail: str
     hosts: tuple[str, ...]
 
-    @property
-    def hostlist(self) -> str:
+    @functools.cached_property
+    def hostlist(self) -> str:  # folded once: every format shows it, and 10,000 names take a while
         return fold_hostlist(list(self.hosts))
 
 
@@ -90,24 +101,66 @@ class Grid:
 
 
 @dataclass(frozen=True)
+class NodeNow:
+    """One node's current state, as every part of the report sees it."""
+
+    host: str
+    state: str                 # ok, warn, fail, unknown (checked), timeout, error or not_swept
+    sweep_id: int              # the sweep (or re-check) the state comes from
+    recheck: bool              # that was a resume's re-check, not a full sweep
+    slurm_state: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class Report:
     generated_at: float
     since: float
-    sweeps: tuple[SweepRow, ...]                  # the sweeps of the window, oldest first
-    counts: dict[str, int]                        # current nodes per status / outcome
+    sweeps: tuple[SweepRow, ...]                  # the full sweeps of the window, oldest first
+    counts: dict[str, int]                        # current nodes per state, from `nodes`
     groups: tuple[Group, ...]
     unanswered: tuple[HostGroup, ...]             # timed out or no verdict
     not_swept: tuple[HostGroup, ...]
     drained: tuple[DrainRow, ...]
     grid: Grid = field(default_factory=lambda: Grid((), (), 0))
+    rechecks: tuple[SweepRow, ...] = ()           # resume's re-checks of drained nodes in the window
+    nodes: tuple[NodeNow, ...] = ()               # every node's current state, natural order
 
     @property
     def latest(self) -> SweepRow | None:
+        """The newest full sweep of the window: a re-check of a few drained nodes never is."""
         return self.sweeps[-1] if self.sweeps else None
 
     @property
     def incomplete(self) -> tuple[SweepRow, ...]:
-        return tuple(s for s in self.sweeps if not s.complete)
+        return tuple(s for s in self.sweeps + self.rechecks if not s.complete)
+
+    @property
+    def failing_hosts(self) -> tuple[str, ...]:
+        """Nodes whose current state is not ok (fail, warn, unknown) or gave no verdict."""
+        return tuple(n.host for n in self.nodes if n.state in TROUBLE)
+
+    @property
+    def earlier_trouble(self) -> tuple[str, ...]:
+        """Grid rows that are fine now: the trouble was earlier in the window."""
+        now = set(self.failing_hosts) | {d.host for d in self.drained}
+        return tuple(host for host, _ in self.grid.rows if host not in now)
+
+    @functools.cached_property
+    def verdict(self) -> str:  # every format leads with it; its hostlists are folded once
+        """The one-line answer every format leads with."""
+        if not self.nodes:
+            return "no nodes recorded"
+        failing = self.failing_hosts
+        if failing:
+            text = (f"{len(failing)} of {len(self.nodes)} nodes need attention now: "
+                    f"{fold_hostlist(list(failing))}")
+        else:
+            text = "every checked node passed its latest check"
+        earlier = self.earlier_trouble
+        if earlier:
+            text += f"; earlier in the window, trouble on {fold_hostlist(list(earlier))} (see the grid)"
+        return text
 
 
 def build_report(data: ReportData, now: float, since: float,
@@ -115,10 +168,13 @@ def build_report(data: ReportData, now: float, since: float,
     sweeps_by_id = {s.id: s for s in data.sweeps}
     window = tuple(s for s in data.sweeps if s.id >= data.first_sweep)
     current = {row.host: row for row in data.current}
+    rechecks = {s.id for s in data.sweeps if s.kind == RECHECK}
+    nodes = tuple(NodeNow(host, _state(row), row.sweep_id, row.sweep_id in rechecks, row.slurm_state,
+                          row.detail) for host in _natural(current) for row in (current[host],))
 
     counts: dict[str, int] = defaultdict(int)
-    for row in current.values():
-        counts[row.status if row.outcome == CHECKED else row.outcome] += 1
+    for node in nodes:
+        counts[node.state] += 1
 
     pair_rows: dict[tuple[str, str], list[ResultRow]] = defaultdict(list)
     for row in data.check_rows:
@@ -139,11 +195,18 @@ def build_report(data: ReportData, now: float, since: float,
     groups.sort(key=lambda g: (PROBLEM_ORDER.get(g.status, 3), -len(g.hosts), g.check, g.reason))
 
     return Report(
-        generated_at=now, since=since, sweeps=window, counts=dict(counts), groups=tuple(groups),
+        generated_at=now, since=since, sweeps=tuple(s for s in window if s.kind == SWEEP),
+        counts=dict(counts), groups=tuple(groups),
         unanswered=_host_groups(r for r in current.values() if r.outcome in (TIMEOUT, ERROR)),
         not_swept=_host_groups((r for r in current.values() if r.outcome == NOT_SWEPT), by_state=True),
         drained=tuple(sorted(data.drains, key=lambda d: d.drained_at)),
-        grid=build_grid(data.troubled, window, tz))
+        grid=build_grid(data.troubled, tuple(s for s in window if s.kind in (SWEEP, RECHECK)), tz,
+                        {d.host for d in data.drains}),
+        rechecks=tuple(s for s in window if s.kind == RECHECK), nodes=nodes)
+
+
+def _state(row: NodeRow) -> str:
+    return (row.status or "unknown") if row.outcome == CHECKED else row.outcome
 
 
 def streak_start(history: list[ResultRow], current: ResultRow) -> int:
@@ -162,20 +225,25 @@ def status_changes(rows: list[ResultRow]) -> int:
     return sum(1 for before, after in zip(bad, bad[1:]) if before != after)
 
 
-def build_grid(rows: Iterable[NodeRow], window: tuple[SweepRow, ...], tz: datetime.tzinfo | None) -> Grid:
-    """Node x night: the worst thing that happened to each troubled node on each night."""
+def build_grid(rows: Iterable[NodeRow], window: tuple[SweepRow, ...], tz: datetime.tzinfo | None,
+               drained: set[str] = frozenset()) -> Grid:
+    """Node x night: each node's last verdict of each night, for nodes with trouble or a trainctl drain.
+
+    The last verdict, not the worst: a node that failed the nightly sweep and passed its re-check
+    the same day is green that day, as it is in the rest of the report.
+    """
     night_of = {s.id: night(s.started_at, tz) for s in window}
     nights = tuple(sorted(set(night_of.values())))
     cells: dict[str, dict[str, str]] = defaultdict(dict)
-    for row in rows:
+    troubled = set(drained)
+    for row in sorted(rows, key=lambda r: r.sweep_id):
         if row.sweep_id not in night_of:
             continue
-        label = row.status if row.outcome == CHECKED else row.outcome
-        day = night_of[row.sweep_id]
-        previous = cells[row.host].get(day)
-        if previous is None or CELL_RANK.index(label) < CELL_RANK.index(previous):
-            cells[row.host][day] = label
-    hosts = _natural(cells)
+        label = _state(row)
+        cells[row.host][night_of[row.sweep_id]] = label
+        if label in TROUBLE:
+            troubled.add(row.host)
+    hosts = _natural(troubled)
     shown = hosts[:GRID_MAX_ROWS]
     return Grid(nights, tuple((h, tuple(cells[h].get(n) for n in nights)) for h in shown),
                 len(hosts) - len(shown))
@@ -195,6 +263,10 @@ def _host_groups(rows: Iterable[NodeRow], by_state: bool = False) -> tuple[HostG
 
 
 def _natural(hosts: Iterable[str]) -> list[str]:
-    """gpu2 before gpu10, as Slurm and ClusterShell order them."""
-    hosts = list(hosts)
-    return expand_hostlist(fold_hostlist(hosts)) if hosts else []
+    """gpu2 before gpu10: natural order, Slurm's for names of one pattern (a sort key, because
+    folding and expanding 10,000 names through ClusterShell costs seconds)."""
+    return sorted(set(hosts), key=_natural_key)
+
+
+def _natural_key(host: str) -> tuple[tuple[str, int], ...]:
+    return tuple((text, int(number) if number else -1) for text, number in _NAME_PARTS.findall(host))

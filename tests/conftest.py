@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainctl.devcluster.cluster import ClusterSpec, DevCluster, missing_prerequisites
+from trainctl.devcluster.cluster import DevCluster, missing_prerequisites, spec_for_instance
 
 # Another test session on this machine may hold the cluster: wait for it rather than
 # rebuilding the cluster under its feet.
@@ -27,7 +27,7 @@ def devcluster() -> Iterator[DevCluster]:
         if os.environ.get("TRAINCTL_REQUIRE_CLUSTER") == "1":  # CI: a skipped cluster test is a failure
             pytest.fail(reason)
         pytest.skip(reason)
-    cluster = DevCluster(ClusterSpec())
+    cluster = DevCluster(spec_for_instance())  # $TRAINCTL_DEVCLUSTER_INSTANCE: 0 unless set
     cluster.up(lock_wait_s=DEVCLUSTER_LOCK_WAIT_S)
     try:
         yield cluster

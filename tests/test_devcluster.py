@@ -14,12 +14,12 @@ import paramiko
 import pytest
 
 from trainctl.cli import main
-from trainctl.devcluster import cluster as devcluster_module
+from trainctl.devcluster import processes as devcluster_processes
 from trainctl.devcluster.cli import parse_node_assignments, spec_from_options
 from trainctl.devcluster.cluster import (ClusterSpec, DevCluster, gres_conf_text, known_hosts_text,
                                         mounts_under, parse_link_mtu, parse_sinfo_node_states,
                                         parse_tbf_rate_bits, pid_alive, slurm_conf_text,
-                                        sshd_config_text, task_prolog_text)
+                                        spec_for_instance, sshd_config_text, task_prolog_text)
 from trainctl.errors import PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
 
@@ -56,6 +56,17 @@ def test_slurm_conf_declares_controller_nodes_partition_and_prolog():
     assert partitions == ["PartitionName=gpu Nodes=node[1-3] Default=YES MaxTime=INFINITE State=UP"]
 
 
+def test_a_domain_gives_nodes_fqdn_hostnames_but_keeps_their_node_names():
+    spec = ClusterSpec(nodes=2, domain="cluster.test")
+    assert [spec.hostname(n) for n in spec.node_names] == ["node1.cluster.test", "node2.cluster.test"]
+    nodes = [line.split()[:3] for line in conf_lines(slurm_conf_text(spec, "vm"))
+             if line.startswith("NodeName=")]
+    assert nodes == [["NodeName=node1", "NodeAddr=10.77.0.1", "NodeHostname=node1.cluster.test"],
+                     ["NodeName=node2", "NodeAddr=10.77.0.2", "NodeHostname=node2.cluster.test"]]
+    assert "Nodes=node[1-2] " in slurm_conf_text(spec, "vm")  # partitions and jobs use NodeName
+    assert ClusterSpec(nodes=2).hostname("node2") == "node2"
+
+
 def test_slurm_conf_without_gpus_declares_no_gres_on_nodes():
     text = slurm_conf_text(ClusterSpec(nodes=1, gpus_per_node=0), controller_hostname="vm")
     node_lines = [line for line in conf_lines(text) if line.startswith("NodeName=")]
@@ -72,12 +83,19 @@ def test_gres_conf_lists_fake_gpu_device_files(gpus, expected):
     assert conf_lines(gres_conf_text(ClusterSpec(gpus_per_node=gpus))) == expected
 
 
-def test_task_prolog_prepends_the_node_bin_dir_to_path(tmp_path):
+@pytest.mark.parametrize("path, exported", [
+    ("/usr/bin:/bin", "export PATH=/tmp/dc-x/local/bin:/usr/bin:/bin\n"),
+    # a batch step's PATH, passed on by srun to every node: already right, left alone
+    ("/tmp/dc-x/local/bin:/usr/bin:/bin", ""),
+    ("/tmp/dc-x/local/bin", ""),
+    ("/tmp/dc-x/local/binx:/bin", "export PATH=/tmp/dc-x/local/bin:/tmp/dc-x/local/binx:/bin\n"),
+])
+def test_task_prolog_puts_the_node_local_bin_dir_first_once(tmp_path, path, exported):
     script = tmp_path / "prolog.sh"
     script.write_text(task_prolog_text(ClusterSpec(base_dir="/tmp/dc-x")))
-    result = run_checked(["sh", str(script)], timeout=10,
-                         env={"SLURMD_NODENAME": "node2", "PATH": "/usr/bin:/bin"})
-    assert result.stdout == "export PATH=/tmp/dc-x/nodes/node2/bin:/usr/bin:/bin\n"
+    for node in ("node1", "node2"):  # the same path on every node: nothing node-specific to leak
+        result = run_checked(["/bin/sh", str(script)], timeout=10, env={"SLURMD_NODENAME": node, "PATH": path})
+        assert result.stdout == exported
 
 
 def test_sshd_config_sets_slurm_conf_and_the_pitfall_options():
@@ -124,6 +142,9 @@ def test_spec_defaults_give_node1_a_different_mtu_and_distinct_names():
     ({"mtus": {"node2": 9200}}, "MTU for node2"),
     ({"rates": {"node2": "fast"}}, "rate for node2"),
     ({"partition": "gpu queue"}, "partition"),
+    ({"domain": "Cluster.Test"}, "domain"),
+    ({"domain": "cluster..test"}, "domain"),
+    ({"domain": "a" * 60}, "domain"),  # node1.aaa... would pass Linux's 64-character limit
 ])
 def test_spec_validation_names_the_bad_setting(changes, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -139,6 +160,16 @@ def test_mtu_and_rate_options_become_the_spec():
     spec = spec_from_options(4, "/tmp/dc-x", ("node3=1500", "node1=9000"), ("node2=1gbit",))
     assert [spec.mtu(n) for n in spec.node_names] == [9000, 9000, 1500, 9000]
     assert spec.rate("node2") == "1gbit" and spec.rate("node1") is None
+    assert spec.domain == "" and spec.base_dir == "/tmp/dc-x"
+
+
+def test_up_options_build_on_the_instance_spec(monkeypatch):
+    monkeypatch.setenv("TRAINCTL_DEVCLUSTER_INSTANCE", "3")
+    spec = spec_from_options(2, None, (), (), "cluster.test")
+    instance = spec_for_instance(3)
+    assert (spec.base_dir, spec.subnet, spec.prefix, spec.slurmctld_port) == (
+        instance.base_dir, instance.subnet, instance.prefix, instance.slurmctld_port)
+    assert spec.hostname("node2") == "node2.cluster.test"
 
 
 @pytest.mark.parametrize("values, message", [
@@ -168,12 +199,12 @@ def test_cli_up_rejects_bad_options_in_one_line_before_touching_anything(argv, m
 def test_missing_prerequisites_say_exactly_what_is_missing(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(devcluster_module, "SBIN_DIRS", str(tmp_path))
-    problems = devcluster_module.missing_prerequisites()
+    monkeypatch.setattr(devcluster_processes, "SBIN_DIRS", str(tmp_path))
+    problems = devcluster_processes.missing_prerequisites()
     assert problems[0].startswith("not root (euid 1000)")
     assert "slurmd" in problems[1] and "munged" in problems[1]
     with pytest.raises(PrivilegeError):
-        devcluster_module.check_prerequisites()
+        devcluster_processes.check_prerequisites()
 
 
 # ---------------------------------------------------------------- pure parsers
@@ -223,9 +254,10 @@ def test_cluster_is_up_with_four_idle_nodes_and_live_daemons(devcluster):
     assert slurm_states(devcluster) == {f"node{i}": "idle" for i in (1, 2, 3, 4)}
     status = devcluster.status()
     assert status.slurmctld_alive and status.munged_alive
+    address = devcluster.spec.address
     assert [(n.name, n.address, n.mtu, n.rate_bit_s, n.slurmd_alive) for n in status.nodes] == [
-        ("node1", "10.77.0.1", 1500, None, True), ("node2", "10.77.0.2", 9000, None, True),
-        ("node3", "10.77.0.3", 9000, None, True), ("node4", "10.77.0.4", 9000, None, True)]
+        ("node1", address("node1"), 1500, None, True), ("node2", address("node2"), 9000, None, True),
+        ("node3", address("node3"), 9000, None, True), ("node4", address("node4"), 9000, None, True)]
     json.dumps(status.as_dict())  # `status --json` relies on it
 
 
@@ -238,8 +270,8 @@ def test_each_srun_task_sees_its_own_node_hostname_address_and_mtu(devcluster):
         hostname, mtu, _, _, family, address = line.split()[:6]
         assert family == "inet"
         seen[hostname] = (address, int(mtu))
-    assert seen == {"node1": ("10.77.0.1/24", 1500), "node2": ("10.77.0.2/24", 9000),
-                    "node3": ("10.77.0.3/24", 9000), "node4": ("10.77.0.4/24", 9000)}
+    assert seen == {node: (f"{devcluster.spec.address(node)}/24", 1500 if node == "node1" else 9000)
+                    for node in devcluster.spec.node_names}
 
 
 @pytest.mark.cluster
@@ -257,10 +289,39 @@ def test_node_bin_dir_shadows_a_command_on_that_node_only(devcluster):
     try:
         found = by_task(srun(devcluster, "-N4", "--ntasks-per-node=1", "-l", "sh", "-c",
                              'echo "$(hostname) $(command -v nvidia-smi || echo none)"'))
-        assert sorted(found.values()) == ["node1 none", f"node2 {fake}", "node3 none", "node4 none"]
+        seen_at = devcluster.layout.local_bin_dir / "nvidia-smi"
+        assert sorted(found.values()) == ["node1 none", f"node2 {seen_at}", "node3 none", "node4 none"]
         assert srun(devcluster, "-w", "node2", "nvidia-smi") == "replayed nvidia-smi on node2\n"
     finally:
         fake.unlink()
+
+
+LEAK_PROBE = """#!/bin/sh
+srun --ntasks-per-node=1 -l sh -c 'echo "$(hostname) $(command -v nvidia-smi || echo none) $PATH"'
+"""
+
+
+@pytest.mark.cluster
+def test_inside_a_batch_job_each_node_sees_only_its_own_bin_dir(devcluster, tmp_path):
+    """srun passes the batch host's PATH to every node: node1's commands must not come with it."""
+    fake = devcluster.node_bin_dir("node1") / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho replayed\n")
+    fake.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(LEAK_PROBE)
+    try:
+        run_checked(["sbatch", "--wait", "-N4", "-o", str(tmp_path / "out"), str(script)], timeout=60,
+                    env=devcluster.client_env(), cwd=str(tmp_path))
+    finally:
+        fake.unlink()
+    found = by_task((tmp_path / "out").read_text())
+    local_bin = str(devcluster.layout.local_bin_dir)
+    assert sorted(line.split()[:2] for line in found.values()) == [
+        ["node1", f"{local_bin}/nvidia-smi"], ["node2", "none"], ["node3", "none"], ["node4", "none"]]
+    for line in found.values():  # one node-local entry, first, and no node's own path
+        path = line.split()[2].split(":")
+        assert path[0] == local_bin and path.count(local_bin) == 1
+        assert not any("/nodes/" in entry for entry in path)
 
 
 RECEIVER = """
@@ -386,9 +447,16 @@ def test_sshd_runs_slurm_commands_and_pins_its_host_key(devcluster):
     stranger.close()
 
 
-# A second, small instance with its own names, subnet and port, beside the session's cluster.
-TEARDOWN_SPEC = ClusterSpec(nodes=2, base_dir="/tmp/trainctl-devcluster-teardown", subnet="10.77.9",
-                            prefix="tcx", slurmctld_port=6917, gpus_per_node=2)
+def teardown_spec() -> ClusterSpec:
+    """A second, small cluster beside this session's instance: names, subnet and port of its own
+    (derived from the instance, so other checkouts running this test do not collide)."""
+    beside = spec_for_instance()
+    return ClusterSpec(nodes=2, base_dir=f"{beside.base_dir}-teardown",
+                       subnet=f"10.78.{beside.subnet.split('.')[2]}", prefix=f"{beside.prefix}x",
+                       slurmctld_port=beside.slurmctld_port + 2, gpus_per_node=2)
+
+
+TEARDOWN_SPEC = teardown_spec()
 
 CRASHING_UP = """
 import json, os, sys
@@ -443,3 +511,12 @@ def test_a_second_owner_cannot_take_a_cluster_in_use(devcluster):
     with pytest.raises(UsageError, match=f"in use by pid {os.getpid()}"):
         DevCluster(devcluster.spec).down()
 
+
+
+def test_extra_slurm_conf_lines_are_appended_checked_and_kept_in_the_state_file():
+    spec = ClusterSpec(nodes=1, extra_slurm_conf=("HealthCheckProgram=/opt/hook.sh", "HealthCheckInterval=5"))
+    assert slurm_conf_text(spec, "vm").splitlines()[-2:] == list(spec.extra_slurm_conf)
+    assert ClusterSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    for bad in ("HealthCheckInterval=5\nProlog=/x", "# a comment", "=5"):
+        with pytest.raises(UsageError, match="extra slurm.conf line"):
+            ClusterSpec(extra_slurm_conf=(bad,)).validate()

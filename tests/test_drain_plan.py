@@ -100,3 +100,10 @@ def test_a_candidate_is_resumed_only_if_it_passes_now():
     assert [h for h, a in actions.items() if a.action == RESUME] == ["n1", "n2"]
     assert "still fail: ib.ports: mlx5_11/1 Down" in actions["n3"].text
     assert "no verdict" in actions["n4"].text and "not re-checked" in actions["n5"].text
+
+
+def test_a_trainctl_reason_this_history_did_not_record_is_named_as_such_and_left_alone():
+    hook = "trainctl: nvlink.links: GPU 3: NVLink 3, 5 inactive"
+    states = {"node2": state("node2", "drained", hook, "root", WHEN)}
+    (action,) = plan_drains([node("node2")], [DOWN_PORT], states, open_drains=[])
+    assert action.action == SKIP and action.text.startswith("drained by trainctl outside this history")

@@ -37,7 +37,11 @@ def finished_job(devcluster, tmp_path, result):
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.strip().splitlines()[-1]
     record = wait_for_job(devcluster, job_id, timeout_s=240)
-    return record, (tmp_path / f"slurm-{job_id}.out").read_text(), tmp_path / f"trainctl-gate-{job_id}"
+    gate_dir = tmp_path / f"trainctl-gate-{job_id}"
+    # The job's output, then each rank's own file (the site's launch.rank_output).
+    output = "".join(path.read_text() for path in [tmp_path / f"slurm-{job_id}.out",
+                                                   *sorted(gate_dir.glob("rank-*.out"))])
+    return record, output, gate_dir
 
 
 def assert_ran_on_node1_and_node4(record, output, gate_dir):

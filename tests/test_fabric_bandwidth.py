@@ -68,3 +68,14 @@ def test_even_iteration_count_takes_the_mean_of_the_middle_two():
 def test_impossible_inputs_are_refused(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_a_lower_quantile_takes_the_nearest_rank_from_the_fast_end():
+    times = [0.40, 0.10, 0.30, 0.20, 0.50, 0.60, 0.70, 0.80]  # 8 iterations
+    figures = figures_from_timings(Collective.ALL_REDUCE, 1_000_000_000, 2, times, quantile=0.25)
+    assert figures.seconds == 0.20  # 2nd fastest: ceil(0.25 x 8) = 2
+    assert figures.median_seconds == pytest.approx(0.45)
+    assert figures.busbw_gbps == pytest.approx(5.0)
+    assert figures_from_timings(Collective.ALL_REDUCE, 8, 2, [0.3, 0.1], quantile=0.1).seconds == 0.1
+    with pytest.raises(ValueError):
+        figures_from_timings(Collective.ALL_REDUCE, 8, 2, [0.1], quantile=0.0)

@@ -98,3 +98,45 @@ def test_sizes_parse_like_nccl_tests(text, size):
 def test_bad_sizes_are_rejected(text):
     with pytest.raises(click.BadParameter):
         parse_size(text)
+
+
+def test_two_nodes_without_a_floor_are_not_judged_never_ok():
+    from trainctl.health.cli import format_fabric_report
+    from trainctl.health.fabric.report import exit_status
+    from trainctl.health.status import Status
+
+    hosts = ["n1", "n2"]
+    out = report(results_for(hosts, {("n1", "n2"): 0.6}), roster(hosts), 2)
+    assert out["status"] == "not judged" and out["excluded"] == []
+    assert {h: (n["status"], n["reason"]) for h, n in out["nodes"].items()} == {
+        h: ("not judged", "not judged: 2 nodes and no busbw floor") for h in hosts}
+    assert out["nodes"]["n1"]["busbw_gbps"] == 0.6
+    assert exit_status(out) is Status.UNKNOWN  # `health fabric` exits 3: nothing was decided
+    assert "status not judged" in format_fabric_report(out)
+    # with a floor, the one pair is judged against it
+    floored = build_report(results=results_for(hosts, {("n1", "n2"): 0.6}), roster=roster(hosts), world=2,
+                           sizes=SIZES, rounds=1, retests=[], straggler_factor=0.7, floor_gbps=0.5,
+                           join_timeout_s=15, duration_s=1.0)
+    assert floored["status"] == "ok"
+
+
+def test_a_failure_outranks_not_judged():
+    hosts = ["n1", "n2", "n3"]
+    results = results_for(hosts[:2], {("n1", "n2"): 0.6})
+    out = report(results, roster(hosts, missing=(2,)), 3)
+    assert out["status"] == "fail"
+    assert out["nodes"]["n1"]["status"] == "not judged"
+
+
+def test_two_slow_nodes_of_four_are_both_excluded_and_each_node_shows_its_best():
+    bw = {pair: (0.3 if {"n2", "n3"} & set(pair) else 0.7) for pair in RING_AND_FAR}
+    out = report(results_for(HOSTS, bw), roster(HOSTS), 4)
+    assert sorted(e["host"] for e in out["excluded"]) == ["n2", "n3"]
+    assert out["reference_gbps"] == 0.7
+    best = {h: n["busbw_gbps"] for h, n in out["nodes"].items()}
+    assert best == {"n1": 0.7, "n2": 0.3, "n3": 0.3, "n4": 0.7}
+    # both are re-tested with the known-good nodes, and the one reference pair is measured
+    # again, before the verdict is final
+    positions = {h: i for i, h in enumerate(HOSTS)}
+    rounds = retest_rounds(results_for(HOSTS, bw), positions, SIZES[-1], 0.7, None)
+    assert sorted(pair for r in rounds for pair in r) == [(0, 1), (0, 2), (0, 3), (1, 3), (2, 3)]

@@ -97,3 +97,12 @@ def test_retest_rounds_are_disjoint_and_cover_every_suspect():
 def test_suspect_cannot_be_known_good():
     with pytest.raises(ValueError):
         plan_retests([1, 2], known_good=[2, 3])
+
+
+def test_disjoint_rounds_never_put_a_node_in_two_pairs_at_once():
+    from trainctl.health.fabric.schedule import disjoint_rounds
+
+    # two stragglers (1, 2) re-measured with both known-good nodes (0, 3)
+    rounds = disjoint_rounds([(1, 0), (1, 3), (2, 0), (2, 3), (3, 1)])
+    assert rounds == (((0, 1), (2, 3)), ((1, 3), (0, 2)))
+    assert disjoint_rounds([]) == ()

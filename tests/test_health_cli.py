@@ -28,8 +28,10 @@ def test_check_on_a_recorded_snapshot_prints_json_and_exits_with_the_node_status
     out = trainctl("health", "check", "--snapshot", str(RECORDED / "h100-vm-2026-11-22"), "--only", "gpu,nvlink",
                    "--json")
     report = json.loads(out.stdout)
-    assert out.returncode == 0, out.stderr
-    assert report["status"] == "ok"
+    # the recording predates the compute-apps probe: that one check cannot decide, all others pass
+    assert out.returncode == 3, out.stderr
+    assert {c["name"]: c["reason"] for c in report["checks"] if c["status"] != "ok"} == {
+        "gpu.processes": "not collected: nvidia-smi-compute-apps.csv"}
     names = {c["name"] for c in report["checks"]}
     assert {"gpu.ecc", "gpu.xid", "nvlink.links", "nvlink.topology"} <= names
     assert all(not n.startswith(("host.", "ib.")) for n in names)
@@ -42,6 +44,42 @@ def test_site_expectation_turns_a_recording_into_a_failure(tmp_path):
     assert out.returncode == 2
     (result,) = json.loads(out.stdout)["checks"]
     assert result["status"] == "fail" and "8" in result["reason"]
+
+
+def test_a_failing_check_beside_unknown_ones_makes_the_node_fail_exit_2(tmp_path):
+    # ibstat with Down/Disabled ports; nothing else collected, so the GPU checks cannot decide
+    ibstat = SHARED_FIXTURES / "infiniband/ibstat/gpud-h100-12hca-roce-eth-400-some-down-disabled.txt"
+    (tmp_path / "ibstat.txt").write_bytes(ibstat.read_bytes())
+    out = trainctl("health", "check", "--snapshot", str(tmp_path), "--only", "ib.ports,gpu", "--json")
+    report = json.loads(out.stdout)
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["ib.ports"] == "fail" and statuses["gpu.count"] == "unknown"
+    assert (report["status"], out.returncode) == ("fail", 2)
+
+
+def test_nvidia_smi_that_fails_is_a_failure_and_the_kernel_logs_xid_still_counts(tmp_path):
+    # nvidia-smi stand-in: the real message of a node whose driver stopped answering
+    # (github.com/cpnr/computing/issues/73), exit 9 as nvidia-smi(1) documents; dmesg: a real
+    # log with an Xid 94
+    message = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+               "Make sure that the latest NVIDIA driver is installed and running.")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho \"{message}\" >&2\nexit 9\n")
+    dmesg = tmp_path / "dmesg"
+    xid_log = SHARED_FIXTURES / "kernel/xid/lambda-syslog-a100-xid63-xid64-xid94-contained-sm.txt"
+    dmesg.write_text(f"#!/bin/sh\ncat {xid_log}\n")
+    smi.chmod(0o755)
+    dmesg.chmod(0o755)
+    out = trainctl("health", "check", "--only", "gpu", "--json",
+                   env={"TRAINCTL_BIN_NVIDIA_SMI": str(smi), "TRAINCTL_BIN_DMESG": str(dmesg)})
+    report = json.loads(out.stdout)
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert (report["status"], out.returncode) == ("fail", 2)
+    assert by_name["gpu.smi"]["status"] == "fail" and "status 9" in by_name["gpu.smi"]["reason"]
+    assert message in by_name["gpu.smi"]["reason"]
+    assert by_name["gpu.xid"]["status"] == "fail"
+    assert "Xid 94" in by_name["gpu.xid"]["reason"] and "PCI 0000:0b:00" in by_name["gpu.xid"]["reason"]
+    assert by_name["gpu.count"]["status"] == "unknown"
 
 
 def test_hung_nvidia_smi_is_a_timed_out_check_not_a_hang(tmp_path):
@@ -62,7 +100,11 @@ def test_missing_binary_names_it_and_the_path(tmp_path):
                    env={"TRAINCTL_BIN_NVIDIA_SMI": "nvidia-smi-not-here", "PATH": f"{tmp_path}:/usr/bin:/bin"})
     (result,) = json.loads(out.stdout)["checks"]
     assert result["status"] == "unknown"
-    assert f"nvidia-smi-not-here: not found on PATH={tmp_path}:/usr/bin:/bin" in result["reason"]
+    assert "(nvidia-smi-not-here not found)" in result["reason"]
+    # The PATH searched is said once, on stderr, not in every check that needed the probe.
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("trainctl: probes not found: ") and "nvidia-smi-not-here" in line
+    assert f"(looked on PATH={tmp_path}:/usr/bin:/bin)" in line
 
 
 def test_unknown_check_name_is_a_usage_error():
@@ -133,7 +175,9 @@ def test_snapshot_that_trainctl_took_on_a_real_h100_judges_as_it_did_there():
     report = json.loads(out.stdout)
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert report["host"] == "vm" and out.returncode == 3
-    assert {name for name, status in statuses.items() if status != "ok"} == {"ib.mtu", "ib.netdev", "ib.ports"}
+    # no InfiniBand there; and the snapshot predates the PCIe link copies and the compute-apps probe
+    assert {name for name, status in statuses.items() if status != "ok"} == {
+        "ib.mtu", "ib.netdev", "ib.ports", "ib.counters", "pcie.links", "gpu.processes"}
     reasons = {c["name"]: c["reason"] for c in report["checks"]}
     assert reasons["gpu.model"] == "GPU model: NVIDIA H100 80GB HBM3"
-    assert reasons["ib.ports"].startswith("not collected: ibstat.txt (ibstat: not found on PATH=")
+    assert reasons["ib.ports"].startswith("not collected: ibstat.txt (ibstat not found)")

@@ -12,7 +12,7 @@ def test_wheel_has_one_top_level_package_and_its_data(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path), str(REPO)], check=True, timeout=300,
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    (wheel,) = tmp_path.glob("trainctl-*.whl")
+    (wheel,) = tmp_path.glob("slurm_trainctl-*.whl")  # the distribution name; the package is trainctl
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {name.split("/")[0] for name in names}
     assert {t for t in top_level if not t.endswith(".dist-info")} == {"trainctl"}

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import UsageError
-from trainctl.launcher.rank_exec import (distributed_environment, hca_port_for, placement_from_slurm,
-                                        program_argv, tasks_on_node)
+from trainctl.launcher.rank_exec import (distributed_environment, placement_from_slurm, program_argv,
+                                        tasks_on_node)
 from trainctl.proc import run
 from trainctl.slurm import job_port
 
@@ -74,13 +74,6 @@ def test_master_port_is_the_jobs_port_and_not_the_fabric_tests():
         assert job_port(env, offset=0) != job_port(env, offset=1)
 
 
-def test_nic_port_matches_exactly_not_by_prefix():
-    ports = ("mlx5_1:1", "mlx5_10:1", "mlx5_11:1")
-    assert hca_port_for("mlx5_10", ports) == "=mlx5_10:1"
-    assert hca_port_for("mlx5_1", ports) == "=mlx5_1:1"
-    assert hca_port_for("mlx5_7", ports) == "=mlx5_7"
-
-
 def test_memory_binding_wraps_the_program_only_when_it_can():
     program = ("python", "train.py", "--x")
     assert program_argv(program, 1, "/usr/bin/numactl") == ["/usr/bin/numactl", "--membind=1", "--", *program]
@@ -97,14 +90,27 @@ def rank_exec(tmp_path: Path, task: dict, *extra: str, site: str = "dgx-h100",
                            *program], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
 
 
-def gate_dir_with_topo(tmp_path: Path, node: str, topo: Path) -> Path:
+DGX_HCAS = "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"   # dgx-h100's list
+
+
+def gate_dir_with_topo(tmp_path: Path, node: str, topo: Path, smt_offset: int | None = 112) -> Path:
+    """A gate directory holding `topo` and, unless `smt_offset` is None, a sysfs copy of CPU
+    siblings in which CPU n and n + smt_offset share a core. No real sibling dump of an H200
+    node exists among the fixtures; the H200 recording's affinity `0-55,112-167` is that of a
+    2 x 56-core machine with SMT, numbered the way Linux numbers Intel threads."""
     snapshot = tmp_path / "gate" / "snapshots" / node
     snapshot.mkdir(parents=True)
     (snapshot / "nvidia-smi-topo-m.txt").write_text(topo.read_text())
+    if smt_offset is not None:
+        for cpu in range(2 * smt_offset):
+            core = sorted({cpu % smt_offset, cpu % smt_offset + smt_offset})
+            topology = snapshot / f"sys/devices/system/cpu/cpu{cpu}/topology"
+            topology.mkdir(parents=True)
+            (topology / "thread_siblings_list").write_text(f"{core[0]},{core[1]}\n")
     return tmp_path / "gate"
 
 
-def test_rank_gets_its_gpus_nearest_hca_from_the_gates_snapshot(tmp_path):
+def test_rank_gets_the_nodes_hca_list_not_its_nearest_port(tmp_path):
     gate = gate_dir_with_topo(tmp_path, "gpu07", H200_TOPO)
     result = rank_exec(tmp_path, slurm_task(rank=13, local=5, node=1, world=16, layout="8(x2)"),
                        "--gate-dir", str(gate))
@@ -114,7 +120,7 @@ def test_rank_gets_its_gpus_nearest_hca_from_the_gates_snapshot(tmp_path):
                                         "MASTER_ADDR", "MASTER_PORT")} == {
         "RANK": "13", "LOCAL_RANK": "5", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "NODE_RANK": "1",
         "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": str(job_port({"SLURM_JOB_ID": "1234"}))}
-    assert seen["env"]["NCCL_IB_HCA"] == "=mlx5_9:1"  # GPU5's PXB port on the DGX layout
+    assert seen["env"]["NCCL_IB_HCA"] == DGX_HCAS  # not GPU5's nearest port alone (NVIDIA/nccl#1478)
     assert result.stderr == ""  # only local rank 0 speaks
 
 
@@ -125,9 +131,10 @@ def test_local_rank_0_describes_the_nodes_binding_once(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
     assert lines[0].startswith("trainctl rank-exec: gpu07: local ranks 0: GPU 0 CPUs 0-13,112-125 NUMA 0 "
-                               "NIC mlx5_0; 1: GPU 1 CPUs 14-27,126-139 NUMA 0 NIC mlx5_3;")
-    assert "the gate's snapshot" in lines[0]
-    assert json.loads(result.stdout)["env"]["NCCL_IB_HCA"] == "=mlx5_0:1"
+                               "nearest NIC mlx5_0; 1: GPU 1 CPUs 14-27,126-139 NUMA 0 nearest NIC mlx5_3;")
+    assert f"; every rank NCCL_IB_HCA={DGX_HCAS} (topology from the gate's snapshot" in lines[0]
+    assert "CPU cores from the gate's snapshot" in lines[0]
+    assert json.loads(result.stdout)["env"]["NCCL_IB_HCA"] == DGX_HCAS
 
 
 def test_cpu_affinity_is_the_bindings_cpus_that_slurm_allows(tmp_path):
@@ -252,3 +259,85 @@ def test_topology_from_the_gate_snapshot_unless_the_gate_probe_failed(tmp_path):
     assert text is None
     assert reason == ("`nvidia-smi topo -m` failed when the gate ran it: "
                       "nvidia-smi exited with status 9: NVIDIA-SMI has failed")
+
+
+# --- NCCL_IB_HCA: one list per node --------------------------------------------------------
+
+EIGHT_GPU_TOPOLOGIES = ["dgx-a100-8gpu-12nic-nv12.txt", "dgx1-v100-8gpu-4nic-topo-mp-pcie-only.txt",
+                        "h100-8gpu-nv18-no-nic-spaces-no-legend.txt", "h200-8gpu-nv18-12nic-mlx5-dgx-layout.txt"]
+ROCE_SOME_DOWN = REPO.parent / "shared/fixtures/infiniband/ibstat/gpud-h100-12hca-roce-eth-400-some-down-disabled.txt"
+
+
+def node_environments(topo: Path, site: str, up_ports=None, part_changes=None) -> list[dict]:
+    """The environment of each local rank 0..7 of one node, as rank-exec computes it."""
+    import dataclasses
+
+    from trainctl.launcher.rank_exec import plan_node, rank_environment
+    from trainctl.site import load_site, partition
+
+    part = partition(load_site(site).config, None)[1]
+    part = dataclasses.replace(part, **(part_changes or {}))
+    setup = plan_node(topo.read_text(), "test", 8, part, None, None, "-", up_ports)
+    assert setup.why_unbound is None
+    return [rank_environment({"SLURM_JOB_ID": "7"}, placement_from_slurm(slurm_task(local, local, 0, 8, "8")),
+                             "h", setup) for local in range(8)]
+
+
+@pytest.mark.parametrize("topo", EIGHT_GPU_TOPOLOGIES)
+@pytest.mark.parametrize("site", ["dgx-h100", "a100-roce"])
+def test_every_local_rank_of_a_node_gets_the_same_hca_list(topo, site):
+    from trainctl.site import load_site
+
+    environments = node_environments(TOPO_DIR / topo, site)
+    lists = {env["NCCL_IB_HCA"] for env in environments}
+    site_ports = load_site(site).config.partitions[load_site(site).config.default_partition].hca_ports
+    assert lists == {"=" + ",".join(site_ports)}
+    assert [env["LOCAL_RANK"] for env in environments] == [str(i) for i in range(8)]
+
+
+def test_drop_port_leaves_the_down_ports_out_for_every_rank_of_the_node():
+    from trainctl.launcher.rank_exec import read_up_ports
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:   # a gate snapshot holding the node's ibstat
+        (Path(tmp) / "ibstat.txt").write_text(ROCE_SOME_DOWN.read_text())
+        up = read_up_ports(Path(tmp))
+    assert ("mlx5_5", 1) not in up and ("mlx5_0", 1) in up
+    dropped = node_environments(H200_TOPO, "dgx-h100", up, {"hca_port_down": "drop-port"})
+    assert {env["NCCL_IB_HCA"] for env in dropped} == {"=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_6:1,mlx5_9:1,mlx5_10:1"}
+    # exclude-node (the default): the gate leaves such a node out; the list stays the site's
+    kept = node_environments(H200_TOPO, "dgx-h100", up)
+    assert {env["NCCL_IB_HCA"] for env in kept} == {DGX_HCAS}
+
+
+def test_rank_exec_names_the_dropped_ports_in_the_binding_line(tmp_path):
+    site = tmp_path / "drop.toml"
+    sample = (REPO / "site-configs" / "dgx-h100.toml").read_text()
+    assert 'hca_port_down = "exclude-node"' in sample
+    site.write_text(sample.replace('hca_port_down = "exclude-node"', 'hca_port_down = "drop-port"'))
+    gate = gate_dir_with_topo(tmp_path, "gpu07", H200_TOPO)
+    (gate / "snapshots" / "gpu07" / "ibstat.txt").write_text(ROCE_SOME_DOWN.read_text())
+    result = rank_exec(tmp_path, slurm_task(rank=0, local=0, node=0, world=8, layout="8"), "--gate-dir", str(gate),
+                       site=str(site))
+    assert result.returncode == 0, result.stderr
+    assert "(mlx5_5:1, mlx5_11:1 down, left out: hca_port_down = drop-port)" in result.stderr
+    assert json.loads(result.stdout)["env"]["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_6:1,mlx5_9:1,mlx5_10:1"
+
+
+def test_cores_come_from_the_gates_snapshot_then_its_lscpu_then_live_sysfs(tmp_path):
+    from trainctl.launcher.rank_exec import read_cores
+
+    snapshot = gate_dir_with_topo(tmp_path, "gpu07", H200_TOPO) / "snapshots" / "gpu07"
+    cores, source = read_cores(snapshot, sysfs_root=str(tmp_path / "no-sysfs"))
+    assert len(cores) == 112 and cores[0] == {0, 112} and source.startswith("the gate's snapshot")
+    # a snapshot without the sysfs copy: its lscpu, where that shows the cores (SMT off here)
+    della = REPO.parent / "shared/fixtures/cpu/princeton-della-h100-node-xeon8468-2socket-nosmt-numa-even-odd-interleaved-lscpu.txt"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "lscpu.txt").write_text(della.read_text())
+    cores, source = read_cores(bare, sysfs_root=str(tmp_path / "no-sysfs"))
+    assert len(cores) == 96 and source.startswith("lscpu in the gate's snapshot")
+    # nothing anywhere: not measured, and the binding line says so
+    cores, source = read_cores(None, sysfs_root=str(tmp_path / "no-sysfs"))
+    assert cores is None and source.startswith("not measured")

@@ -1,5 +1,6 @@
 """The sbatch script: goldens per sample site, bash -n and shellcheck, quoting and injection."""
 
+import dataclasses
 import difflib
 import os
 import subprocess
@@ -10,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.submit_standins import (nasty, read_dumps, write_dump_program, write_scontrol, write_srun,
-                                     write_trainctl)
+from support.submit_standins import (nasty, read_dumps, write_dump_program, write_scontrol, write_squeue,
+                                     write_srun, write_trainctl)
 from trainctl.launcher.plan import SbatchOption, SubmitRequest, plan_job
 from trainctl.launcher.render import (command_line, directive_safe, render_script, sbatch_argv,
                                       shell_word, template_environment)
-from trainctl.launcher.site import load_site
+from trainctl.site import load_site
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 REGEN_FLAG = "TRAINCTL_REGEN_GOLDEN"
@@ -120,7 +121,7 @@ def test_values_not_safe_in_sbatch_lines_go_on_sbatch_argv():
     assert [line for line in script.splitlines() if line.startswith("#SBATCH")] == [
         "#SBATCH --partition=h100", "#SBATCH --nodes=18", "#SBATCH --ntasks-per-node=8",
         "#SBATCH --gpus-per-node=8",
-        "#SBATCH --time=2-00:00:00", "#SBATCH --exclusive"]
+        "#SBATCH --time=2-00:00:00", "#SBATCH --exclusive", "#SBATCH --no-kill"]
 
 
 @pytest.mark.parametrize("value, safe", [("train", True), ("gpu:8", True), ("node[1-3]", True),
@@ -172,18 +173,22 @@ def test_shell_word_forms():
     assert shell_word("") == "''"
 
 
-def run_with_standins(tmp_path: Path, request: SubmitRequest, job_id: str, **gate_answers: str):
-    """Render `request` and run it with bash here: srun, scontrol and the gate are stand-ins."""
+def run_with_standins(tmp_path: Path, request: SubmitRequest, job_id: str, *, refuse_update: str = "",
+                      **gate_answers: str):
+    """Render `request` and run it with bash here: srun, scontrol and the gate are stand-ins.
+    The job holds node1..nodeN (N: nodes + spare) and its batch host is node1."""
     trainctl = write_trainctl(tmp_path / "bin" / "trainctl", log=tmp_path / "gate.log", **gate_answers)
     write_srun(tmp_path / "bin")
-    write_scontrol(tmp_path / "bin")
+    write_scontrol(tmp_path / "bin", refuse_update=refuse_update)
+    write_squeue(tmp_path / "bin")
     plan = plan_job(load_site(request.site_ref).config, request, node_trainctl=str(trainctl),
                     node_python=sys.executable, command=("trainctl", "submit", *request.program),
                     version="0.1.0")
     script = render_script(plan)
     check_shell(script, tmp_path)
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(tmp_path),
-               SLURM_JOB_ID=job_id, SLURM_JOB_NUM_NODES=str(plan.allocated_nodes))
+               SLURM_JOB_ID=job_id, SLURM_JOB_NUM_NODES=str(plan.allocated_nodes),
+               SLURM_JOB_NODELIST=f"node[1-{plan.allocated_nodes}]", SLURMD_NODENAME="node1")
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
                             timeout=60)
     return plan, result
@@ -204,11 +209,21 @@ def test_nasty_script_path_job_name_and_args_reach_the_program_unchanged(tmp_pat
     assert dumps[0]["env"]["MASTER_ADDR"] == "127.0.0.1"
     assert dumps[0]["env"]["MASTER_PORT"] == str(20000 + 77 * 2)
     gate_dir = tmp_path / "trainctl-gate-77"
-    assert (tmp_path / "gate.log").read_text().splitlines() == [
-        f"{os.uname().nodename} gate node --site local-demo --partition gpu --dir {gate_dir}",
-        f"decide gate decide --site local-demo --partition gpu --dir {gate_dir} --nodes 1 --min-nodes 1"]
-    job_step = (tmp_path / "bin" / "srun.log").read_text().split("\n")[1].split("\0")
+    # the gate step runs in the background beside `gate decide --wait`: either may log first
+    assert sorted((tmp_path / "gate.log").read_text().splitlines()) == [
+        f"decide gate decide --site local-demo --partition gpu --dir {gate_dir} --nodes 1 --min-nodes 1 --wait",
+        f"node1 gate node --site local-demo --partition gpu --dir {gate_dir}"]  # SLURMD_NODENAME of the job
+    _, job_step = srun_steps(tmp_path)
     assert job_step[:4] == ["--nodelist=node1", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1"]
+
+
+def srun_steps(tmp_path: Path) -> tuple[list[str], list[str]]:
+    """The gate step's and the job step's srun arguments (the gate's may be logged second)."""
+    # one entry per srun: each argument NUL-terminated, then a newline (arguments may hold newlines)
+    steps = [entry.split("\0") for entry in (tmp_path / "bin" / "srun.log").read_text().split("\0\n") if entry]
+    (gate_step,) = [step for step in steps if "--job-name=trainctl-gate" in step]
+    (job_step,) = [step for step in steps if not any(a.startswith("--job-name=trainctl-") for a in step)]
+    return gate_step, job_step
 
 
 def test_the_job_step_runs_on_as_many_nodes_as_the_gate_chose(tmp_path):
@@ -216,10 +231,76 @@ def test_the_job_step_runs_on_as_many_nodes_as_the_gate_chose(tmp_path):
     _, result = run_with_standins(tmp_path, request, "80", decision="node[1,4-5]\n10.0.0.1")
     assert result.returncode == 0, result.stderr
     assert "running on node[1,4-5], MASTER_ADDR 10.0.0.1" in result.stdout
-    steps = (tmp_path / "bin" / "srun.log").read_text().split("\n")[:2]
-    gate_step, job_step = [step.split("\0") for step in steps]
-    assert gate_step[:2] == ["--ntasks=5", "--ntasks-per-node=1"]
+    gate_step, job_step = srun_steps(tmp_path)
+    assert gate_step[:5] == ["--overlap", "--job-name=trainctl-gate", "--ntasks=5", "--ntasks-per-node=1",
+                             "--kill-on-bad-exit=0"]
     assert job_step[:4] == ["--nodelist=node[1,4-5]", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1"]
+
+
+def scontrol_updates(tmp_path: Path) -> list[str]:
+    log = tmp_path / "bin" / "scontrol-update.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def sentinel_starts(tmp_path: Path) -> int:
+    steps = (tmp_path / "bin" / "srun.log").read_text().split("\0\n")
+    return sum("--job-name=trainctl-sentinel" in step.split("\0") for step in steps)
+
+
+def test_the_job_is_shrunk_to_the_chosen_nodes_and_later_steps_see_the_new_size(tmp_path):
+    # node1 (batch host) and node[4-5] chosen: node[2-3] released; the sentinel ran on node2, so
+    # it is started again (on the new second node)
+    request = SubmitRequest(site_ref="local-demo", program=("/bin/sh", "-c", "echo NODES=$SLURM_JOB_NUM_NODES"),
+                            nodes=4, min_nodes=2, spare=1)
+    _, result = run_with_standins(tmp_path, request, "81", decision="node[1,4-5]\n10.0.0.1")
+    assert result.returncode == 0, result.stderr
+    assert scontrol_updates(tmp_path) == ["update JobId=81 NodeList=node[1,4-5]"]
+    assert (tmp_path / "trainctl-gate-81" / "slurm_job_81_resize.sh").exists()  # not in the submit directory
+    assert "released the nodes the job does not use; it now holds node[1,4-5]" in result.stdout
+    assert "NODES=3" in result.stdout  # the program's step sees the sourced size
+    assert sentinel_starts(tmp_path) == 2
+    _, job_step = srun_steps(tmp_path)
+    assert job_step[:2] == ["--nodelist=node[1,4-5]", "--nodes=3"]
+
+
+def test_the_batch_host_stays_in_the_job_when_the_gate_left_it_out(tmp_path):
+    request = SubmitRequest(site_ref="local-demo", program=("/bin/true",), nodes=2, spare=2)
+    _, result = run_with_standins(tmp_path, request, "82", decision="node[2-3]\n10.0.0.2")
+    assert result.returncode == 0, result.stderr
+    assert scontrol_updates(tmp_path) == ["update JobId=82 NodeList=node1,node[2-3]"]
+    assert sentinel_starts(tmp_path) == 1  # node2 stays: the sentinel keeps running there
+    _, job_step = srun_steps(tmp_path)
+    assert job_step[:2] == ["--nodelist=node[2-3]", "--nodes=2"]
+
+
+def test_nothing_to_release_no_update(tmp_path):
+    request = SubmitRequest(site_ref="local-demo", program=("/bin/true",), nodes=2, spare=1)
+    _, result = run_with_standins(tmp_path, request, "83", decision="node[1-3]\n10.0.0.1")
+    assert result.returncode == 0, result.stderr
+    assert scontrol_updates(tmp_path) == []
+
+
+def test_a_refused_resize_is_one_warning_and_the_job_runs_on(tmp_path):
+    request = SubmitRequest(site_ref="local-demo", program=("/bin/echo", "PROGRAM RAN"), nodes=2, spare=2)
+    refusal = "slurm_update error: Access/permission denied"
+    _, result = run_with_standins(tmp_path, request, "84", decision="node1,node4\n10.0.0.1",
+                                  refuse_update=refusal)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert warnings == [f"trainctl: warning: the job keeps all its nodes: scontrol update "
+                        f"NodeList=node1,node4: {refusal}"]
+    assert "PROGRAM RAN" in result.stdout
+    assert sentinel_starts(tmp_path) == 2  # cancelled before the attempt (node2 was to go), started again
+
+
+def test_release_unused_off_renders_no_resize():
+    site = load_site("local-demo").config
+    site = dataclasses.replace(site, launch=dataclasses.replace(site.launch, release_unused=False))
+    request = GOLDEN_REQUESTS["local-demo"]
+    script = render_script(plan_job(site, request, node_trainctl=NODE_TRAINCTL, node_python=NODE_PYTHON,
+                                    command=("trainctl",), version="0"))
+    assert "scontrol update" not in script and "release_unused_nodes" not in script
+    assert "scontrol update JobId=" in render_script(plan_for(request))
 
 
 def test_too_few_healthy_nodes_stop_the_script_with_the_gates_line(tmp_path):
@@ -237,3 +318,36 @@ def test_a_decision_without_master_address_stops_the_script(tmp_path):
     assert result.returncode == 2
     assert "did not print the nodes and MASTER_ADDR" in result.stderr
     assert "PROGRAM RAN" not in result.stdout
+
+
+def test_site_launch_env_is_exported_quoted_after_trainctls_own(tmp_path):
+    import dataclasses
+
+    from trainctl.site import LaunchConfig
+
+    site = load_site("a100-roce").config
+    nasty_value = "a b 'q' \"dq\" $(touch pwned) `touch pwned`\nline2"
+    site = dataclasses.replace(site, launch=LaunchConfig(env={"NCCL_IB_TC": "106", "UCX_TLS": nasty_value}))
+    plan = plan_job(site, GOLDEN_REQUESTS["a100-roce"], node_trainctl=NODE_TRAINCTL, node_python=NODE_PYTHON,
+                    command=("trainctl",), version="0.1.0")
+    assert [s.name for s in plan.environment][-2:] == ["NCCL_IB_TC", "UCX_TLS"]
+    script = render_script(plan)
+    check_shell(script, tmp_path)
+    exports = "\n".join(line for line in script.splitlines() if line.startswith("export "))
+    echoed = subprocess.run(["bash", "-c", exports + '\nprintf %s "$UCX_TLS"'], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert echoed.stdout == nasty_value and not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("name", ["NCCL_IB_HCA", "RANK", "MASTER_PORT", "SLURM_NTASKS", "NCCL_DEBUG"])
+def test_site_launch_env_may_not_set_what_trainctl_sets(name):
+    import dataclasses
+
+    from trainctl.errors import UsageError
+    from trainctl.site import LaunchConfig
+
+    site = load_site("a100-roce").config
+    site = dataclasses.replace(site, launch=LaunchConfig(env={name: "x"}))
+    with pytest.raises(UsageError, match=f"launch.env.{name}: trainctl sets {name} itself"):
+        plan_job(site, GOLDEN_REQUESTS["a100-roce"], node_trainctl=NODE_TRAINCTL, node_python=NODE_PYTHON,
+                 command=("trainctl",), version="0.1.0")

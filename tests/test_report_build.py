@@ -95,11 +95,18 @@ def test_incomplete_sweep_is_shown_as_incomplete(tmp_path):
     assert "Incomplete sweep" in render.to_html(report, UTC)
 
 
-def test_grid_has_one_column_per_night_and_the_worst_cell(tmp_path):
+def test_grid_has_one_column_per_night_and_each_nodes_last_verdict_of_it(tmp_path):
     report, _ = report_of(tmp_path, [{"gpu1": "ok", "gpu2": "ok"}, {"gpu1": "timeout", "gpu2": "ok"},
                                      {"gpu1": {"ib.ports": RATE}, "gpu2": "ok"}])
     assert len(report.grid.nights) == 3
     assert report.grid.rows == (("gpu1", ("ok", "timeout", "fail")),)   # gpu2 never had trouble
+    db = tmp_path / "sweeps.db"
+    with History.open(db, write=True) as history:   # the same night, later: gpu1 passes again
+        night(history, T0 + 2 * DAY + 3600, {"gpu1": "ok", "gpu2": "ok"})
+    with History.open(db) as history:
+        now = T0 + 3 * DAY
+        report = build_report(load_report_data(history, now - 7 * DAY), now, now - 7 * DAY, tz=UTC)
+    assert report.grid.rows == (("gpu1", ("ok", "timeout", "ok")),)
 
 
 def test_drained_nodes_show_with_their_reason(tmp_path):

@@ -59,8 +59,9 @@ def test_html_report_renders_failure_tables_and_grid_in_chromium(chromium, tmp_p
     assert '<table class="failures">' in dom.stdout
     assert "<code>gpu[03-07]</code>" in dom.stdout and "mlx5_2/1 rate 200 Gb/s &lt; 400" in dom.stdout
     assert "Xid 79: GPU 3 fell off the bus" in dom.stdout and "yes, 6 changes" in dom.stdout
-    # the grid: the 7 nodes that had trouble (gpu03-07, gpu09, gpu10) x 7 nights
-    assert '<svg class="grid"' in dom.stdout and dom.stdout.count("<rect") == 7 * 7
+    # the grid: the 7 nodes that had trouble x 7 nights, gpu03-07 (the same nights) folded into one row
+    assert '<svg class="grid"' in dom.stdout and dom.stdout.count("<rect") == 3 * 7
+    assert "<title>gpu[03-07]</title>" in dom.stdout and "7 nodes in 3 rows" in dom.stdout
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report-html.png"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import ConfigError, UsageError
-from trainctl.launcher.site import BUILTIN_SITE_DIR, available_sites, load_site, partition, site_dirs
+from trainctl.site import BUILTIN_SITE_DIR, available_sites, load_site, partition, site_dirs
 
 SAMPLES = sorted(p.stem for p in BUILTIN_SITE_DIR.glob("*.toml"))
 DEMO = (BUILTIN_SITE_DIR / "local-demo.toml").read_text()
@@ -134,3 +134,32 @@ def test_cli_list(tmp_path):
     out = run_cli("site", "list", "--json", cwd=tmp_path)
     assert out.returncode == 0
     assert set(json.loads(out.stdout)) >= set(SAMPLES)
+
+
+@pytest.mark.parametrize("name", ["1X", "A-B", "A B", "X=Y", ""])
+def test_launch_env_names_must_be_environment_variable_names(tmp_path, name):
+    path = write_site(tmp_path, DEMO.replace('[launch]\n', f'[launch.env]\n"{name}" = "1"\n\n[launch]\n'))
+    with pytest.raises(ConfigError, match=f"launch.env.{name}: not an environment variable name"):
+        load_site(str(path))
+
+
+def test_site_show_lists_each_launch_env_variable_with_its_source(tmp_path):
+    path = write_site(tmp_path, DEMO.replace('[launch]\n', '[launch.env]\nNCCL_IB_TC = "106"\nUCX_TLS = "rc,sm"\n\n'
+                                                          '[launch]\n'), name="env")
+    out = run_cli("site", "show", str(path), "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert shown["launch.env.NCCL_IB_TC"] == {"value": "106", "source": str(path)}
+    assert shown["launch.env.UCX_TLS"] == {"value": "rc,sm", "source": str(path)}
+    text = run_cli("site", "show", str(path), cwd=tmp_path).stdout
+    assert any(line.startswith("launch.env.NCCL_IB_TC") and line.endswith('= "106"    # file')
+               for line in text.splitlines())
+
+
+def test_gate_unknown_policy_defaults_to_exclude_and_takes_keep_only_by_name(tmp_path):
+    assert load_site("local-demo", dirs=[BUILTIN_SITE_DIR]).config.gate.unknown == "exclude"
+    keep = write_site(tmp_path, DEMO.replace("[gate]\n", '[gate]\nunknown = "keep"\n'), "keep")
+    assert load_site(str(keep)).config.gate.unknown == "keep"
+    maybe = write_site(tmp_path, DEMO.replace("[gate]\n", '[gate]\nunknown = "ignore"\n'), "maybe")
+    with pytest.raises(ConfigError, match="gate.unknown: expected one of 'exclude', 'keep'"):
+        load_site(str(maybe))

@@ -11,7 +11,7 @@ import pytest
 from support.submit_standins import JOB_ID, write_sbatch
 from trainctl.errors import UsageError
 from trainctl.launcher.plan import SubmitRequest, plan_job
-from trainctl.launcher.site import load_site
+from trainctl.site import load_site
 from trainctl.launcher.submit import parse_parsable, parse_remote
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,6 +151,23 @@ def test_chdir_submits_from_that_directory(tmp_path):
                     "--", "job.py")
     assert result.returncode == 0, result.stderr
     assert f"would run in {workdir}:" in result.stderr
+
+
+def test_a_bare_script_name_runs_the_file_the_check_found(tmp_path):
+    # `submit -- run.sh`: an executable in the submit directory, no slash. Exec'd by that bare
+    # name, the job's exec would search PATH; the plan names the file the check found instead.
+    run_sh = tmp_path / "run.sh"
+    run_sh.write_text("#!/bin/sh\necho ran\n")
+    run_sh.chmod(0o755)
+    result = submit(tmp_path, "--site", "local-demo", "--nodes", "1", "--dry-run", "--json", "--", "run.sh", "x")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["plan"]["program"] == [str(run_sh), "x"]
+    assert report["script"].rstrip().endswith(f"-- {run_sh} x")
+    # a command found on PATH runs as the file found there
+    on_path = json.loads(submit(tmp_path, "--site", "local-demo", "--nodes", "1", "--dry-run", "--json",
+                                "--", "sbatch").stdout)
+    assert on_path["plan"]["program"] == [str(tmp_path / "bin" / "sbatch")]
 
 
 def test_a_failing_sbatch_is_an_external_error(tmp_path):

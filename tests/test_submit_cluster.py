@@ -48,7 +48,9 @@ def test_train_ddp_runs_on_the_nodes_the_gate_chose(devcluster, tmp_path):
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.strip()
     record = wait_for_job(devcluster, job_id)
-    output = (tmp_path / f"slurm-{job_id}.out").read_text()
+    # The job's output, then each rank's own file (the site's launch.rank_output).
+    output = "".join(path.read_text() for path in [tmp_path / f"slurm-{job_id}.out",
+                                                   *sorted((tmp_path / f"trainctl-gate-{job_id}").glob("rank-*.out"))])
     assert record["JobState"] == "COMPLETED", output
     gate_calls = (tmp_path / "gate.log").read_text().splitlines()
     assert sorted(line.split()[0] for line in gate_calls if " gate node " in line) == [
@@ -80,6 +82,21 @@ def test_nasty_job_name_script_path_and_args_arrive_unchanged(devcluster, tmp_pa
         assert dump["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and dump["env"]["NCCL_IB_DISABLE"] == "1"
     assert [dumps[r]["env"]["SLURMD_NODENAME"] for r in (0, 1)] == ["node1", "node4"]
     assert not mark.exists() and not (tmp_path / "pwned").exists()
+
+
+def test_a_bare_executable_name_in_the_submit_dir_is_what_the_ranks_run(devcluster, tmp_path):
+    """`submit -- run.sh` (no slash, not on PATH): the pre-submit check finds it in the submit
+    directory, and so must the exec inside the job, which would otherwise search PATH."""
+    run_sh = tmp_path / "run.sh"
+    run_sh.write_text('#!/bin/sh\necho "$RANK $1" > "ran.$RANK"\n')
+    run_sh.chmod(0o755)
+    site = gate_site(tmp_path, devcluster, decision=first_and_last(devcluster))
+    result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", "2", "--spare", "2", "--", "run.sh", "hi")
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip()
+    record = wait_for_job(devcluster, job_id)
+    assert record["JobState"] == "COMPLETED", (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert [(tmp_path / f"ran.{rank}").read_text() for rank in (0, 1)] == ["0 hi\n", "1 hi\n"]
 
 
 def test_too_few_healthy_nodes_fail_the_job_with_the_gates_line(devcluster, tmp_path):
@@ -161,3 +178,23 @@ def test_remote_script_that_does_not_exist(devcluster, login_node, tmp_path):
         f"trainctl: error: script 'no_such.py' does not exist on the remote host "
         f"(looked for {tmp_path}/no_such.py)"]
     assert not slurm_knows_job_named(devcluster, name)
+
+
+def test_a_remote_command_is_bounded_in_time_and_output(devcluster, login_node):
+    """paramiko's timeout is per read: a command that keeps printing, or never exits, must
+    still end at the deadline, and what it printed is capped."""
+    from trainctl.errors import ExternalCommandError
+    from trainctl.launcher.submit import exec_remote
+    from trainctl.ssh import connect
+
+    client = connect(login_node.user, login_node.host, login_node.port, identity=login_node.key_path,
+                     known_hosts=str(login_node.known_hosts_path))
+    try:
+        started = time.monotonic()
+        with pytest.raises(ExternalCommandError, match="timed out after 2 s"):
+            exec_remote(client, "while :; do echo tick; sleep 0.1; done", "", 2.0)
+        assert time.monotonic() - started < 30  # the bound holds; not a timing measurement
+        status, out, _ = exec_remote(client, "head -c 5000000 /dev/zero; exit 3", "", 60.0, cap_bytes=1000)
+        assert status == 3 and len(out) == 1000
+    finally:
+        client.close()

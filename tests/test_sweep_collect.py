@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from trainctl.proc import ProcResult
 from trainctl.slurm import NodeState
-from trainctl.sweep.collect import (FabricVerdict, NodeCommand, Reassembler, gpu_request_args,
+from trainctl.sweep.collect import (NODE_PENDING_CAP, FabricVerdict, NodeCommand, Reassembler, gpu_request_args,
                                     outcome_from_envelope, srun_argv)
-from trainctl.sweep.model import CHECKED, ERROR, NOT_SWEPT, TIMEOUT
+from trainctl.sweep.model import CHECKED, ERROR, NOT_SWEPT, TIMEOUT, CheckRow
 from trainctl.sweep.node_task import PIECE_CHARS, emit, interpret
 from trainctl.sweep.runner import FABRIC_CHECK, SweepResult, fabric_rows, select_idle
 
@@ -96,6 +96,17 @@ def test_any_envelope_gives_an_outcome_never_a_crash(envelope):
     assert node.host == "n1" and node.outcome in (CHECKED, TIMEOUT, ERROR)
 
 
+def test_a_node_flooding_unfinished_pieces_loses_them_and_not_the_others(capsys):
+    emit("node2", 0, {"node": "node2", "outcome": "timeout", "detail": "90 s"})
+    honest = capsys.readouterr().out.splitlines()
+    pieces = Reassembler()
+    flood = ('{"node": "node1", "msg": %d, "part": 0, "parts": 2, "data": "%s"}' % (msg, "A" * 60000)
+             for msg in range(1000))  # 60 MB of envelopes that never complete
+    assert not any(pieces.feed(line) for line in flood)
+    assert sum(map(len, pieces._pieces.values())) * 60000 <= NODE_PENDING_CAP
+    assert [pieces.feed(line) for line in honest][-1]["node"] == "node2"
+
+
 def test_stray_and_damaged_lines_are_not_envelopes():
     pieces = Reassembler()
     assert pieces.feed("srun: job 12 queued") is None
@@ -138,3 +149,15 @@ def test_sweep_exit_code_is_the_worst_node():
     assert result.exit_code == 1
     result.nodes["c"] = NodeOutcome("c", TIMEOUT)
     assert result.exit_code == 3
+    # a failing node is the sweep's verdict even beside nodes that gave no verdict
+    result.nodes["d"] = NodeOutcome("d", CHECKED, status="fail")
+    assert result.exit_code == 2
+
+
+def test_a_failing_check_outranks_an_unknown_one_on_the_node():
+    from trainctl.sweep.model import NodeOutcome
+    from trainctl.sweep.runner import with_check
+
+    node = NodeOutcome("a", CHECKED, status="fail", checks=(CheckRow("ib.ports", "fail", "Down", {}),))
+    node = with_check(node, CheckRow(FABRIC_CHECK, "unknown", "the fabric test reported nothing", {}))
+    assert node.status == "fail" and node.exit_code == 2

@@ -7,15 +7,18 @@ help listing is read from the map below, not from the modules.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
 import os
+import signal
 import sys
 
 import click
 
 from trainctl import __version__
-from trainctl.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, CommandLoadError,
-                             TrainctlError)
+from trainctl.errors import (EXIT_CLOSED_PIPE, EXIT_INTERNAL, EXIT_SIGNAL_BASE, EXIT_USAGE, CommandLoadError,
+                             Stopped, TrainctlError)
 
 # name -> (module, attribute, one-line help). The only place a subcommand is registered.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -27,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "Inside a job: check every allocated node, then choose the healthy ones for srun."),
     "health": ("trainctl.health.cli", "health",
                "Node health: collect a snapshot, check it, list the checks."),
+    "job": ("trainctl.launcher.job_cli", "job",
+            "A submitted job: the gate's decision, its attempts, the last lines of each rank's log."),
     "rank-exec": ("trainctl.launcher.submit_cli", "rank_exec",
                   "Inside a job step: set one rank's torch.distributed env, bind it, exec the program."),
     "report": ("trainctl.sweep.cli", "report",
@@ -44,8 +49,31 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+class ClosedPipe(Exception):
+    """stdout's reader went away. Not an OSError, so that Click's own EPIPE handling (exit 1,
+    which reads as "warning") never sees it and `main` exits 141 instead."""
+
+
+@contextlib.contextmanager
+def _pipe_closes_quietly():
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            raise ClosedPipe() from exc
+        raise
+
+
 class LazyGroup(click.Group):
     """A group that imports a subcommand's module only when that subcommand is used."""
+
+    def make_context(self, *args, **kwargs) -> click.Context:  # --help and --version print here
+        with _pipe_closes_quietly():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context):
+        with _pipe_closes_quietly():
+            return super().invoke(ctx)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -77,13 +105,53 @@ def cli() -> None:
     """Start multi-node GPU training on Slurm fast, and only on healthy hardware.
 
     Exit codes: 0 ok, 1 warning, 2 failure or bad input, 3 unknown, 4 an external
-    command failed, 70 internal error, 130 interrupted.
+    command failed, 70 internal error, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
     """
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and funnel every error into one line and an exit code."""
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_stop_signal)
+    code = _run(argv)
+    if code < EXIT_SIGNAL_BASE:     # after a stop signal the process is leaving: stay deaf
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return code
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    # The first stop signal wins: later ones (a second Ctrl-C while we clean up) are ignored,
+    # so they cannot turn a clean stop into a traceback.
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Stopped(signum)
+
+
+def _stopped(signum: int) -> int:
+    """The one way out after Ctrl-C, SIGTERM or SIGHUP: end every command we started, say so once."""
+    from trainctl.proc import abort_all
+
+    abort_all()
+    name = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    click.echo(f"trainctl: {name}", err=True)
+    return EXIT_SIGNAL_BASE + signum
+
+
+def _run(argv: list[str] | None) -> int:
     debug = os.environ.get("TRAINCTL_DEBUG") == "1"
+    from trainctl.identity import foreign_distribution
+
+    clash = foreign_distribution()
+    if clash:  # a broken install (whichever was installed last owns some of the files): the user's to fix
+        click.echo(f"trainctl: error: {clash}", err=True)
+        return EXIT_USAGE
     try:
         result = cli.main(args=argv, prog_name="trainctl", standalone_mode=False)
         code = result if isinstance(result, int) else 0
@@ -91,28 +159,51 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.UsageError as exc:  # Click's usage block is four lines; the project promises one
+        where = exc.ctx.command_path if exc.ctx is not None else "trainctl"
+        _error_line(f"{exc.format_message()} (try '{where} --help')")
+        return EXIT_USAGE
     except click.ClickException as exc:
-        exc.show()
+        _error_line(exc.format_message())
         return exc.exit_code if exc.exit_code else EXIT_USAGE
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("trainctl: interrupted", err=True)
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # `trainctl ... | head`: the reader left; say nothing, and keep the interpreter
-        # from complaining when it flushes stdout on exit.
-        _silence_stdout()
-        return 141
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        if isinstance(exc.__cause__, EOFError):  # Click turns a stray EOFError into Abort: a bug, not Ctrl-C
+            return _internal_error(exc.__cause__, debug)
+        return _stopped(signal.SIGINT)
+    except Stopped as exc:
+        return _stopped(exc.signum)
+    except (BrokenPipeError, ClosedPipe):
+        return _closed_pipe()
     except TrainctlError as exc:
         if debug:
             raise
-        click.echo(f"trainctl: error: {exc}", err=True)
+        _error_line(str(exc))
         return exc.exit_code
     except Exception as exc:
-        if debug:
-            raise
-        click.echo(f"trainctl: internal error: {type(exc).__name__}: {exc} "
-                   "(TRAINCTL_DEBUG=1 shows the traceback)", err=True)
-        return EXIT_INTERNAL
+        return _internal_error(exc, debug)
+
+
+def _error_line(message: str) -> None:
+    from trainctl.text import printable
+
+    click.echo(f"trainctl: error: {printable(message)}", err=True)
+
+
+def _internal_error(exc: BaseException, debug: bool) -> int:
+    if debug:
+        raise exc
+    from trainctl.text import printable
+
+    click.echo(f"trainctl: internal error: {type(exc).__name__}: {printable(str(exc))} "
+               "(TRAINCTL_DEBUG=1 shows the traceback)", err=True)
+    return EXIT_INTERNAL
+
+
+def _closed_pipe() -> int:
+    # `trainctl ... | head`: the reader left; say nothing (128 + SIGPIPE, as a shell reports it), and
+    # keep the interpreter from complaining when it flushes stdout on exit.
+    _silence_stdout()
+    return EXIT_CLOSED_PIPE
 
 
 def _silence_stdout() -> None:

@@ -6,7 +6,8 @@ exit code. Exit codes, documented in the README:
 
     0  ok                     1  warning (health)         2  failure (health) or bad input
     3  unknown (health)       4  an external command or service failed
-    70 internal error         130 interrupted (Ctrl-C)
+    70 internal error         128+N ended by signal N: 129 SIGHUP, 130 Ctrl-C, 143 SIGTERM
+    141 stdout closed (`| head`)
 """
 
 EXIT_FAIL = 2
@@ -14,7 +15,17 @@ EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
 EXIT_EXTERNAL = 4
 EXIT_INTERNAL = 70
-EXIT_INTERRUPTED = 130
+EXIT_SIGNAL_BASE = 128   # shells report a death by signal N as 128 + N; so does trainctl
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived (Ctrl-C is KeyboardInterrupt). A BaseException, like
+    KeyboardInterrupt, so no `except Exception` on the way up swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+EXIT_CLOSED_PIPE = 141          # 128 + SIGPIPE: the reader of stdout went away
 
 
 class TrainctlError(Exception):

@@ -1,24 +1,48 @@
 """Run external commands as argv lists, always with a timeout, never through a shell.
 
-`run` never raises for a failing, hung or missing command: it returns a `ProcResult`
-that says what happened, because health probes record failures as data. `run_checked`
-is for callers where a failure is an error (it raises `ExternalCommandError`).
+`run` never raises for a failing, hung, missing or unexecutable command: it returns a
+`ProcResult` that says what happened, because health probes record failures as data.
+`run_checked` is for callers where a failure is an error (it raises `ExternalCommandError`).
+
+Every run is hard-bounded, whatever the command and its descendants do:
+- output: stdout keeps its first and last `output_cap // 2` bytes (cut at line ends), stderr
+  its last `STDERR_CAP_BYTES`; `truncated` and the full byte count say what was cut;
+- time: the pipes are read with a deadline; at the timeout the command's process group is
+  killed, and so is every process still carrying this run's mark in its environment (a
+  grandchild that called setsid and kept stdout open), and the pipes are closed. A command
+  that exits while a descendant holds its pipes open gets `LINGER_S` to finish writing;
+- `abort_all()` (the CLI calls it on Ctrl-C, SIGTERM, SIGHUP) ends every run in flight at once;
+  `RunGroup.abort()` ends one caller's runs (a snapshot's probes) and refuses its later ones.
 """
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
+import secrets
+import selectors
 import shutil
 import signal
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainctl.errors import ExternalCommandError
 
 STDERR_TAIL_CHARS = 2000
+OUTPUT_CAP_BYTES = 8 << 20      # per run: 4 MiB head + 4 MiB tail of stdout
+STDERR_CAP_BYTES = 64 << 10     # the end of stderr is where the reason is
+LINGER_S = 1.0                  # after the command exits, for descendants still writing
+REAP_S = 0.5                    # waiting for a killed process (one stuck in the kernel never dies)
+POLL_S = 0.1                    # how often a run notices abort_all()
+READ_CHUNK = 1 << 20
+STREAM_LINE_CAP = 64 << 10      # a streamed line (sweep pieces are ~1 KB) longer than this is cut
+# Set in each command's environment; descendants inherit it whatever session they move to.
+RUN_MARK_ENV = "TRAINCTL_RUN_MARK"
 
 
 @dataclass(frozen=True)
@@ -31,16 +55,26 @@ class ProcResult:
     timed_out: bool = False
     missing: bool = False  # the binary was not found on PATH
     timeout_s: float | None = None
+    exec_error: str | None = None  # the OS refused to run it (bad ELF or #! line, no x bit)
+    truncated: bool = False        # stdout was longer than the cap: its middle was cut
+    stdout_bytes: int = 0          # bytes the command wrote to stdout, cut or not
+    strays_killed: int = 0         # descendants still running at the end, killed
+    interrupted: bool = False      # abort_all() stopped it (trainctl got Ctrl-C or SIGTERM)
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out and not self.missing
+        return (self.returncode == 0 and not self.timed_out and not self.missing
+                and self.exec_error is None)
 
     def describe_failure(self) -> str:
         """One line saying why this command did not succeed."""
         name = self.argv[0]
         if self.missing:
             return self.stderr  # names the binary and the PATH searched
+        if self.exec_error is not None:
+            return f"{name}: cannot execute: {self.exec_error}"
+        if self.interrupted:
+            return f"{name}: stopped, trainctl was interrupted"
         if self.timed_out:
             return f"{name}: timed out after {self.timeout_s:g} s"
         tail = self.stderr.strip().splitlines()[-1:] or self.stdout.strip().splitlines()[-1:]
@@ -53,32 +87,239 @@ def resolve(binary: str, path: str | None = None) -> str | None:
     return shutil.which(binary, path=path)
 
 
+class RunGroup:
+    """Runs that end together: `abort()` kills those in flight and refuses any started later
+    (threads that had not yet reached `run` when Ctrl-C came)."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+        with _LIVE_LOCK:
+            _GROUPS.add(self)
+
+    def abort(self) -> None:
+        _abort(lambda live: live.group is self, [self])
+
+
 def run(argv: list[str] | tuple[str, ...], *, timeout: float, env: dict[str, str] | None = None,
-        input_text: str | None = None, cwd: str | None = None) -> ProcResult:
-    """Run `argv` with a hard timeout; on timeout the whole process group is killed."""
+        input_text: str | None = None, cwd: str | None = None,
+        output_cap: int = OUTPUT_CAP_BYTES, group: RunGroup | None = None) -> ProcResult:
+    """Run `argv` with a hard timeout and capped output (see the module's docstring)."""
     argv = tuple(str(a) for a in argv)
     search_path = (env or os.environ).get("PATH")
-    if resolve(argv[0], search_path) is None:
+    named_file = "/" in argv[0] and os.path.exists(argv[0])  # exists but maybe not executable
+    if not named_file and resolve(argv[0], search_path) is None:
         return ProcResult(argv, None, "", f"{argv[0]}: not found on PATH={search_path}", 0.0,
                           missing=True, timeout_s=timeout)
     start = time.monotonic()
-    # A new session makes the command its own process group, so a timeout kills the
-    # grandchildren too (a hung nvidia-smi behind a wrapper script, say).
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                            text=True, errors="replace", start_new_session=True)
+    live = _LiveRun(f"{os.getpid()}-{next(_RUN_IDS)}-{secrets.token_hex(8)}", output_cap, group)
+    with _LIVE_LOCK:
+        if group is not None and group.aborted:
+            return ProcResult(argv, None, "", "", 0.0, timeout_s=timeout, interrupted=True)
+        _LIVE.add(live)
     try:
-        out, err = proc.communicate(input_text, timeout=timeout)
-    except subprocess.TimeoutExpired:
+        return _run_registered(live, argv, start, timeout, env, input_text, cwd)
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(live)
+
+
+def _run_registered(live: _LiveRun, argv: tuple[str, ...], start: float, timeout: float,
+                    env: dict[str, str] | None, input_text: str | None, cwd: str | None) -> ProcResult:
+    try:
+        # A new session makes the command its own process group, so a timeout kills the
+        # grandchildren too (a hung nvidia-smi behind a wrapper script, say).
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**(env if env is not None else os.environ), RUN_MARK_ENV: live.mark},
+                                cwd=cwd, start_new_session=True)
+    except OSError as exc:  # ENOEXEC (bad ELF), EACCES (no x bit), ENOENT (bad #! interpreter)
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.ENOENT and (cwd is None or os.path.isdir(cwd)):  # the file is there: its #! is not
+            why += " (a missing #! interpreter?)"
+        return ProcResult(argv, None, "", f"{argv[0]}: cannot execute: {why}", time.monotonic() - start,
+                          timeout_s=timeout, exec_error=why)
+    with _LIVE_LOCK:
+        live.proc = proc
+    if live.aborted:    # aborted while it started: abort() could not kill it yet
         _kill_group(proc)
-        out, err = proc.communicate()
-        return ProcResult(argv, None, out, err[-STDERR_TAIL_CHARS:], time.monotonic() - start,
-                          timed_out=True, timeout_s=timeout)
-    except BaseException:
-        _kill_group(proc)
-        proc.wait()
-        raise
-    return ProcResult(argv, proc.returncode, out, err, time.monotonic() - start, timeout_s=timeout)
+    try:
+        timed_out = live.pump(input_text, start + timeout)
+    finally:
+        strays = live.finish()
+    out, err = live.stdout, live.stderr
+    cut_short = timed_out or live.aborted
+    return ProcResult(argv, None if cut_short else proc.returncode, out.text(), err.text(),
+                      time.monotonic() - start, timed_out=timed_out, timeout_s=timeout,
+                      truncated=out.cut > 0, stdout_bytes=out.total, strays_killed=strays,
+                      interrupted=live.aborted and not timed_out)
+
+
+def abort_all() -> None:
+    """End every run in flight now, and every group's later runs (Ctrl-C, SIGTERM, SIGHUP)."""
+    with _LIVE_LOCK:
+        groups = list(_GROUPS)
+    _abort(lambda live: True, groups)
+
+
+def _abort(selected, groups: list[RunGroup]) -> None:
+    with _LIVE_LOCK:
+        for group in groups:
+            group.aborted = True
+        runs = [live for live in _LIVE if selected(live)]
+        for live in runs:
+            live.aborted = True
+        started = [live for live in runs if live.proc is not None]
+        for live in started:
+            live.swept = True
+    for live in started:
+        _kill_group(live.proc)
+    if started:
+        _kill_marked({live.mark for live in started})   # one walk over the processes for all
+
+
+_RUN_IDS = itertools.count(1)
+_LIVE: set[_LiveRun] = set()
+_GROUPS: weakref.WeakSet[RunGroup] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+class _Capped:
+    """A stream's bytes within a cap: the head and the tail, cut at line ends."""
+
+    def __init__(self, cap: int, keep_head: bool):
+        self.head_cap = cap // 2 if keep_head else 0
+        self.tail_cap = cap - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        if len(self.tail) > 2 * self.tail_cap:     # trim in batches: amortised O(1) per byte
+            del self.tail[:len(self.tail) - self.tail_cap]
+
+    @property
+    def cut(self) -> int:
+        return max(0, self.total - len(self.head) - min(len(self.tail), self.tail_cap))
+
+    def text(self) -> str:
+        head, tail = bytes(self.head), bytes(self.tail[-self.tail_cap:] if self.tail_cap else b"")
+        if self.cut:   # whole lines only on both sides of the cut
+            head = head[:head.rfind(b"\n") + 1] if self.head_cap else head
+            tail = tail[tail.find(b"\n") + 1:]
+        return (head + tail).decode("utf-8", "replace")
+
+
+class _LiveRun:
+    def __init__(self, mark: str, output_cap: int, group: RunGroup | None):
+        self.proc: subprocess.Popen | None = None   # set once started
+        self.mark = mark
+        self.group = group
+        self.aborted = False
+        self.swept = False      # an abort already killed what carries the mark
+        self.reached_eof = False
+        self.stdout = _Capped(output_cap, keep_head=True)
+        self.stderr = _Capped(STDERR_CAP_BYTES, keep_head=False)
+        self._selector = selectors.DefaultSelector()
+
+    def pump(self, input_text: str | None, deadline: float) -> bool:
+        """Read (and feed stdin) until EOF, the deadline or an abort; True when the deadline hit."""
+        sinks = {self.proc.stdout.fileno(): self.stdout, self.proc.stderr.fileno(): self.stderr}
+        for fd in sinks:
+            self._selector.register(fd, selectors.EVENT_READ)
+        pending = memoryview(input_text.encode()) if input_text is not None else None
+        if pending is not None:
+            os.set_blocking(self.proc.stdin.fileno(), False)
+            self._selector.register(self.proc.stdin.fileno(), selectors.EVENT_WRITE)
+        exited_at = None
+        while self._selector.get_map() and not self.aborted:
+            now = time.monotonic()
+            if now >= deadline:
+                return True
+            if exited_at is None and self.proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at >= LINGER_S:
+                break   # a descendant holds the pipes open: it is killed in finish()
+            for key, _ in self._selector.select(min(POLL_S, deadline - now)):
+                fd = key.fd
+                if fd in sinks:
+                    data = os.read(fd, READ_CHUNK)
+                    if data:
+                        sinks[fd].add(data)
+                    else:
+                        self._selector.unregister(fd)
+                        self.reached_eof = not any(other in self._selector.get_map() for other in sinks)
+                    continue
+                try:
+                    written = os.write(fd, pending[:65536])
+                except BrokenPipeError:
+                    written = len(pending)
+                pending = pending[written:]
+                if not pending:
+                    self._selector.unregister(fd)
+                    self.proc.stdin.close()
+        while self.proc.poll() is None and not self.aborted:   # output done: wait for the exit
+            now = time.monotonic()
+            if now >= deadline:
+                return True
+            try:
+                self.proc.wait(min(POLL_S, deadline - now))
+            except subprocess.TimeoutExpired:
+                pass
+        return False
+
+    def finish(self) -> int:
+        """Kill what is left of the command, close its pipes, reap it; how many strays were killed."""
+        self._selector.close()
+        # Something may be left (a descendant holding the pipes, or the run was cut short):
+        # kill the group, then whatever carries the mark elsewhere. Walking every process
+        # for the mark is done only then.
+        strays = 0
+        if self.proc.poll() is None or not self.reached_eof or self.aborted:
+            _kill_group(self.proc)
+            if not self.swept:
+                strays = _kill_marked({self.mark})
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        try:
+            self.proc.wait(REAP_S)
+        except subprocess.TimeoutExpired:
+            pass    # stuck in the kernel (D state): nothing more to do; Popen reaps it later
+        return strays
+
+def _kill_marked(marks: set[str]) -> int:
+    """SIGKILL every process (of ours) whose environment carries one of these runs' marks.
+
+    Reads /proc/PID/environ as bytes: five times faster than psutil's parsed environ, and
+    this runs while the user waits for Ctrl-C to take effect.
+    """
+    wanted = [f"\0{RUN_MARK_ENV}={mark}\0".encode() for mark in marks]
+    killed = 0
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = b"\0" + handle.read()
+            if any(entry in environ for entry in wanted):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        except OSError:
+            continue    # gone, or not ours to read
+    return killed
 
 
 def run_checked(argv: list[str] | tuple[str, ...], *, timeout: float, **kwargs) -> ProcResult:
@@ -104,6 +345,9 @@ class StreamedRun:
 
     Like `run` (own process group, killed whole at the deadline, never a shell), but the
     caller reads stdout as it comes: a sweep commits each node's result the moment it arrives.
+    Bounded like `run` where it can be without cutting a stream of many nodes short: a line
+    longer than `STREAM_LINE_CAP` chars is cut there (the rest of it is read and dropped), and
+    stderr keeps its last `STDERR_CAP_BYTES`.
     """
 
     def __init__(self, argv: list[str], deadline_s: float, env: dict[str, str] | None):
@@ -111,7 +355,8 @@ class StreamedRun:
         self.deadline_s = deadline_s
         self.env = env
         self.timed_out = False
-        self._stderr: list[str] = []
+        self._stderr = ""
+        self.cut_lines = 0
 
     def __enter__(self) -> StreamedRun:
         try:
@@ -125,14 +370,23 @@ class StreamedRun:
         self._timer = threading.Timer(self.deadline_s, self._expire)
         self._timer.daemon = True
         self._timer.start()
-        self._stderr_reader = threading.Thread(target=lambda: self._stderr.extend(self._proc.stderr),
-                                               daemon=True)
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._stderr_reader.start()
         return self
 
+    def _read_stderr(self) -> None:
+        while chunk := self._proc.stderr.read(READ_CHUNK):
+            self._stderr = (self._stderr + chunk)[-STDERR_CAP_BYTES:]
+
     def lines(self) -> Iterator[str]:
-        if self._proc is not None:
-            yield from self._proc.stdout
+        if self._proc is None:
+            return
+        while line := self._proc.stdout.readline(STREAM_LINE_CAP):
+            if not line.endswith("\n"):
+                self.cut_lines += 1
+                while (rest := self._proc.stdout.readline(STREAM_LINE_CAP)) and not rest.endswith("\n"):
+                    pass
+            yield line
 
     def _expire(self) -> None:
         self.timed_out = True
@@ -151,7 +405,7 @@ class StreamedRun:
     def failure(self) -> str:
         if self._proc is None:
             return self._start_error
-        tail = "".join(self._stderr).strip()[-STDERR_TAIL_CHARS:]
+        tail = self._stderr.strip()[-STDERR_TAIL_CHARS:]
         return f"{self.argv[0]} exited with status {self._proc.returncode}" + (f": {tail}" if tail else "")
 
     def __exit__(self, *exc_info: object) -> None:

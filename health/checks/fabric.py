@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainctl.health.expectations import NodeExpectations
-from trainctl.health.parse.fabric import IbInventory, IbPort, NetDev
+from trainctl.health.parse.fabric import IbInventory, IbPort, NetDev, hca_port_key
 from trainctl.health.parse.ibv_devinfo import IbvDevice
 from trainctl.health.registry import check
 from trainctl.health.status import Finding, Status, summarize
@@ -14,17 +14,22 @@ from trainctl.health.status import Finding, Status, summarize
 def ib_ports(inventory: IbInventory, expected: NodeExpectations) -> Finding:
     issues = [(Status.FAIL, f"ibstat failed: {error}") for error in inventory.errors]
     ports = inventory.ports
+    # A site that runs nodes short of a port (hca_port_down = "drop-port") is warned, not failed.
+    down, dropped = ((Status.WARN, " (left out of this node's NCCL_IB_HCA: hca_port_down = drop-port)")
+                     if expected.ib_ports is not None and expected.ib_ports_may_drop else (Status.FAIL, ""))
     if expected.ib_ports is not None:
-        wanted = {_port_key(name) for name in expected.ib_ports}
+        wanted = {hca_port_key(name) for name in expected.ib_ports}
         present = {(p.device, p.port) for p in ports}
-        issues += [(Status.FAIL, f"{hca} port {port} not found") for hca, port in sorted(wanted - present)]
+        issues += [(down, f"{hca} port {port} not found{dropped}") for hca, port in sorted(wanted - present)]
         ports = tuple(p for p in ports if (p.device, p.port) in wanted)
     for port in ports:
-        if port.state != "Active" or port.phys_state != "LinkUp":
-            issues.append((Status.FAIL, f"{port.name} is {port.state}/{port.phys_state}"))
+        if not port_is_up(port):
+            issues.append((down, f"{port.name} is {port.state}/{port.phys_state}{dropped}"))
         if expected.ib_link_layer and port.link_layer != expected.ib_link_layer:
             issues.append((Status.FAIL, f"{port.name} link layer {port.link_layer}, the site "
                                         f"expects {expected.ib_link_layer}"))
+    if down is Status.WARN and expected.ib_ports and not any(port_is_up(p) for p in ports):
+        issues.append((Status.FAIL, "none of the site's HCA ports is up: no port left for NCCL"))
     issues += _rate_issues([p for p in ports if p.state == "Active"], expected.ib_rate_gbps)
     details = {"ports": [{"port": p.name, "state": p.state, "phys_state": p.phys_state,
                           "rate_gbps": p.rate_gbps, "link_layer": p.link_layer, "kind": p.kind}
@@ -32,6 +37,11 @@ def ib_ports(inventory: IbInventory, expected: NodeExpectations) -> Finding:
     rates = sorted({f"{p.rate_gbps:g} Gb/s {p.link_layer}" for p in ports if p.rate_gbps})
     return summarize(issues, f"{len(ports)} port(s) Active/LinkUp: {', '.join(rates) or 'none'}",
                      details)
+
+
+def port_is_up(port: IbPort) -> bool:
+    """Active and LinkUp: the state in which NCCL opens a port (it skips any other at init)."""
+    return port.state == "Active" and port.phys_state == "LinkUp"
 
 
 def _rate_issues(active: list[IbPort], expected_gbps: float | None) -> list[tuple[Status, str]]:
@@ -67,25 +77,40 @@ def ib_netdev(inventory: IbInventory, expected: NodeExpectations) -> Finding:
     return summarize(issues, ok, details)
 
 
-@check("ib.mtu", "The active MTU of each Active InfiniBand port is the site's (or the port's max)",
-       needs=("ibv_devinfo",), hardware="ib")
-def ib_mtu(devices: tuple[IbvDevice, ...], expected: NodeExpectations) -> Finding:
+@check("ib.mtu", "Active MTU of each Active IB or RoCE port is the site's (or the port's max); "
+       "a RoCE port's interface has the site's MTU", needs=("ibv_devinfo",),
+       uses=("ib_sysfs",), hardware="ib")
+def ib_mtu(devices: tuple[IbvDevice, ...], inventory: IbInventory | None,
+           expected: NodeExpectations) -> Finding:
+    # RoCE carries IB packets in Ethernet frames: its active MTU is the largest IB MTU that fits
+    # the interface's MTU (1024 behind a 1500-byte interface, 4096 behind jumbo frames).
+    netdevs = {(p.device, p.port): p for p in inventory.ports} if inventory is not None else {}
     issues = []
     for device in devices:
         for port in device.ports:
-            if port.state != "ACTIVE" or port.link_layer not in (None, "InfiniBand"):
+            if port.state != "ACTIVE" or port.link_layer not in (None, "InfiniBand", "Ethernet"):
                 continue
-            name = f"{device.hca_id} port {port.port}"
+            roce = port.link_layer == "Ethernet"
+            name = f"{device.hca_id} port {port.port}" + (" (RoCE)" if roce else "")
+            attached = netdevs.get((device.hca_id, port.port))
+            behind = (f" (its interface {attached.netdev} has MTU {attached.netdev_mtu})"
+                      if roce and attached is not None and attached.netdev_mtu is not None else "")
             if expected.ib_mtu is not None and port.active_mtu < expected.ib_mtu:
                 issues.append((Status.FAIL, f"{name}: active MTU {port.active_mtu}, the site "
-                                            f"expects {expected.ib_mtu}"))
+                                            f"expects {expected.ib_mtu}{behind}"))
             elif port.active_mtu < port.max_mtu:
                 issues.append((Status.WARN, f"{name}: active MTU {port.active_mtu} below the "
-                                            f"port's {port.max_mtu}"))
-    details = {"ports": [{"port": f"{d.hca_id} port {p.port}", "state": p.state,
-                          "active_mtu": p.active_mtu, "max_mtu": p.max_mtu}
+                                            f"port's {port.max_mtu}{behind}"))
+            if (roce and expected.netdev_mtu is not None and attached is not None
+                    and attached.netdev_mtu is not None and attached.netdev_mtu < expected.netdev_mtu):
+                issues.append((Status.FAIL, f"{name}: its interface {attached.netdev} has MTU "
+                                            f"{attached.netdev_mtu}, the site expects {expected.netdev_mtu}"))
+    details = {"ports": [{"port": f"{d.hca_id} port {p.port}", "state": p.state, "link_layer": p.link_layer,
+                          "active_mtu": p.active_mtu, "max_mtu": p.max_mtu,
+                          "netdev": getattr(netdevs.get((d.hca_id, p.port)), "netdev", None),
+                          "netdev_mtu": getattr(netdevs.get((d.hca_id, p.port)), "netdev_mtu", None)}
                          for d in devices for p in d.ports]}
-    return summarize(issues, "IB MTUs as expected", details)
+    return summarize(issues, "HCA port MTUs as expected", details)
 
 
 @check("net.mtu", "Data interfaces have the site's MTU (jumbo frames); bond members match "
@@ -131,9 +156,3 @@ def _data_interfaces(netdevs: tuple[NetDev, ...], expected: NodeExpectations) ->
     if expected.data_interfaces is not None:
         return [d for d in netdevs if d.name in expected.data_interfaces]
     return [d for d in netdevs if d.operstate == "up" and d.link_type == "ether"]
-
-
-def _port_key(name: str) -> tuple[str, int]:
-    """"mlx5_0" (port 1) or "mlx5_0:2" -> (hca, port)."""
-    hca, _, port = name.partition(":")
-    return hca, int(port) if port else 1

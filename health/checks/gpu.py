@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainctl.health.expectations import NodeExpectations
 from trainctl.health.parse.smi_query import GpuQuery, SmiQuery
+from trainctl.health.parse.snapshot_files import SnapshotMeta
 from trainctl.health.registry import check
 from trainctl.health.status import Finding, Status, summarize
 
@@ -16,8 +17,48 @@ HARDWARE_SLOWDOWNS = {
 SOFTWARE_SLOWDOWNS = {"sw_thermal_slowdown": "software thermal slowdown"}
 
 
+SMI_QUERY_FILE = "nvidia-smi-q.xml"
+# nvidia-smi(1), RETURN VALUE: the codes that mean the hardware or driver, not the caller.
+SMI_EXIT_MEANINGS = {
+    9: "the NVIDIA driver is not loaded",
+    14: "an infoROM is corrupted",
+    15: "a GPU has fallen off the bus or otherwise become inaccessible",
+}
+
+
 def gpu_name(gpu: GpuQuery) -> str:
     return f"GPU {gpu.index} ({gpu.pci_bus_id})"
+
+
+@check("gpu.smi", "nvidia-smi -q -x answers: a non-zero exit or no output fails (a GPU off the "
+       "bus, a driver that does not answer)", uses=("meta",), hardware="gpu")
+def gpu_smi(meta: SnapshotMeta | None, expected: NodeExpectations) -> Finding:
+    probe = meta.probes.get(SMI_QUERY_FILE) if meta else None
+    if probe is None:
+        return Finding(Status.OK, f"no record of how {SMI_QUERY_FILE} was collected (no meta.json "
+                       "entry): the other GPU checks judge the file", {"recorded": False})
+    details = {"command": list(probe.command), "exit_code": probe.exit_code,
+               "stdout_bytes": probe.stdout_bytes, "stderr_tail": probe.stderr_tail}
+    if probe.missing:               # `health check` names the PATH it searched, once
+        return Finding(Status.UNKNOWN, f"nvidia-smi -q -x did not run: {probe.command[0]} not found", details)
+    if probe.exit_code is None:     # timed out, could not be executed
+        return Finding(Status.UNKNOWN, f"nvidia-smi -q -x did not run to the end: {probe.error}", details)
+    if probe.exit_code != 0:
+        meaning = SMI_EXIT_MEANINGS.get(probe.exit_code)
+        why = probe.error or f"exited with status {probe.exit_code}"
+        return Finding(Status.FAIL, f"nvidia-smi -q -x failed: {why}"
+                       + (f" (status {probe.exit_code}: {meaning})" if meaning else ""), details)
+    if probe.stdout_bytes == 0:
+        stderr = probe.stderr_tail.strip().splitlines()[-1:]
+        return Finding(Status.FAIL, "nvidia-smi -q -x exited 0 but printed nothing"
+                       + (f": {stderr[0]}" if stderr else ""), details)
+    return Finding(Status.OK, "nvidia-smi -q -x answered", details)
+
+
+def unread(smi: SmiQuery, *sections: str) -> list[tuple[Status, str]]:
+    """The fields of `sections` (-q -x tags or -q headings) a check needed but could not read."""
+    return [(Status.UNKNOWN, f"{gpu_name(g)}: {f.path} not reported ({f.value!r}): not judged")
+            for g in smi.gpus for f in g.unreadable if f.section in sections]
 
 
 @check("gpu.count", "The node shows the number of GPUs the site expects", needs=("smi",),
@@ -61,6 +102,7 @@ def gpu_ecc(smi: SmiQuery, expected: NodeExpectations) -> Finding:
         elif gpu.ecc_uncorrectable_aggregate:
             issues.append((Status.WARN, f"{gpu_name(gpu)}: {gpu.ecc_uncorrectable_aggregate} "
                                         "uncorrectable ECC errors over its lifetime"))
+    issues += unread(smi, "ecc_errors", "ECC Errors")
     details = {"gpus": [{"index": g.index, "ecc_mode": g.ecc_mode,
                          "uncorrectable_volatile": g.ecc_uncorrectable_volatile,
                          "uncorrectable_aggregate": g.ecc_uncorrectable_aggregate}
@@ -84,6 +126,7 @@ def gpu_row_remap(smi: SmiQuery, expected: NodeExpectations) -> Finding:
         if expected.max_retired_pages is not None and retired > expected.max_retired_pages:
             issues.append((Status.FAIL, f"{name}: {retired} retired pages, the site allows "
                                         f"{expected.max_retired_pages}"))
+    issues += unread(smi, "retired_pages", "remapped_rows", "Retired Pages", "Remapped Rows")
     details = {"gpus": [{"index": g.index, "remapped_rows_pending": g.remapped_rows_pending,
                          "remapped_rows_failure": g.remapped_rows_failure,
                          "remapped_rows_uncorrectable": g.remapped_rows_uncorrectable,
@@ -104,6 +147,7 @@ def gpu_reset(smi: SmiQuery, expected: NodeExpectations) -> Finding:
             issues.append((Status.FAIL, f"{gpu_name(gpu)}: drain and reset recommended"))
         if gpu.recovery_action not in (None, "None"):
             issues.append((Status.FAIL, f"{gpu_name(gpu)}: recovery action {gpu.recovery_action}"))
+    issues += unread(smi, "gpu_reset_status", "GPU Reset Status")
     details = {"gpus": [{"index": g.index, "reset_required": g.reset_required,
                          "drain_and_reset_recommended": g.drain_and_reset_recommended,
                          "recovery_action": g.recovery_action} for g in smi.gpus]}
@@ -138,6 +182,8 @@ def gpu_clock_events(smi: SmiQuery, expected: NodeExpectations) -> Finding:
                 issues.append((Status.FAIL, f"{gpu_name(gpu)}: {HARDWARE_SLOWDOWNS[reason]} active"))
             elif reason in SOFTWARE_SLOWDOWNS:
                 issues.append((Status.WARN, f"{gpu_name(gpu)}: {SOFTWARE_SLOWDOWNS[reason]} active"))
+    issues += unread(smi, "clocks_event_reasons", "clocks_throttle_reasons", "Clocks Event Reasons",
+                     "Clocks Throttle Reasons")
     return summarize(issues, "no hardware or thermal clock slowdown",
                      {"gpus": [{"index": g.index, "active": list(g.clock_events_active)}
                                for g in smi.gpus]})

@@ -1,13 +1,19 @@
 """Which nodes are slow, from the bus bandwidth each pair of nodes measured together.
 
 A pair runs no faster than its slower node, so one slow node drags down every pair it is in,
-while a good node is fast against every good partner. Two steps:
+while a good node is fast against every good partner: a node's speed shows in its *best*
+figure, against whichever partner. Steps:
 
-1. A node whose best figure, against every partner, is below `straggler_factor` x the median
-   of its peers' figures (the pairs it is not in) is *weak*: slow whoever it meets. Leaving
-   its own pairs out of its reference keeps a slow node from lowering its own bar (on 3 or 4
-   nodes its pairs are half of all pairs).
-2. Every other node's pairs are judged against the median of the pairs between non-weak nodes.
+1. The reference: the upper median of the nodes' best figures (the slowest of the faster half)
+   names the nodes that are fast for sure, and the reference is the median of the pairs among
+   them. Slow nodes sink to the lower half, so they cannot drag the reference down as long as
+   they are at most half of the nodes: on 4 nodes with 2 slow ones, the reference is the pair
+   of the 2 fast ones.
+   (The old reference, the median of a node's peers' pairs, fell to the slow nodes' speed as
+   soon as two of four were slow: 5 of the 6 pairs then touch a slow node.)
+2. A node whose best figure is below `straggler_factor` x the reference, or below the site's
+   absolute floor, is *weak*: slow whoever it meets.
+3. Every other node's pairs are judged against the median of the pairs between non-weak nodes.
    A slow pair with a weak partner is explained by that partner.
 
 Verdicts:
@@ -17,12 +23,13 @@ Verdicts:
   against one partner with nothing fast to show for itself, and both nodes of an N=2 pair
   under the floor. These need a re-test against a known-good node (`schedule.plan_retests`);
   run `assign_blame` again on all figures, old and new.
+- not judged: two nodes and no floor. Their one pair has nothing to be compared with, so
+  neither node is judged, and neither is called ok.
 - ok: otherwise. A pair slow while both its nodes are fast elsewhere is listed in `slow_pairs`
   and blames neither node.
 
-The relative rule needs healthy pairs to be the majority of the pairs a node is not in: on
-3 or 4 nodes it finds one slow node, not two. The absolute floor (GB/s of busbw, from the
-site config) holds whatever the others measure.
+More slow nodes than fast ones pull the reference down with them (on 4 nodes, 3 slow ones hide);
+the absolute floor (GB/s of busbw, from the site config) holds whatever the others measure.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from trainctl.health.fabric.schedule import Pair
 
@@ -43,6 +50,10 @@ class Verdict(StrEnum):
     OK = "ok"
     STRAGGLER = "straggler"
     SUSPECT = "suspect"
+    NOT_JUDGED = "not judged"
+
+
+NOT_JUDGED_TWO_NODES = "not judged: 2 nodes and no busbw floor"
 
 
 @dataclass(frozen=True)
@@ -57,8 +68,10 @@ class NodeBlame:
 @dataclass(frozen=True)
 class BlameReport:
     nodes: tuple[NodeBlame, ...]         # sorted by node
+    reference_gbps: float | None         # median busbw of the pairs among surely fast nodes
     pair_reference_gbps: float | None    # median busbw of pairs between non-weak nodes
     slow_pairs: tuple[Pair, ...]
+    reference_pairs: tuple[Pair, ...] = ()  # the pairs among surely fast nodes
 
     def nodes_with(self, verdict: Verdict) -> tuple[int, ...]:
         return tuple(blame.node for blame in self.nodes if blame.verdict is verdict)
@@ -75,6 +88,11 @@ class BlameReport:
     def known_good(self) -> tuple[int, ...]:
         return self.nodes_with(Verdict.OK)
 
+    def fastest_first(self, nodes: Iterable[int]) -> list[int]:
+        """`nodes` ordered by their best figure, fastest first (ties in node order)."""
+        best = {blame.node: blame.best_busbw_gbps for blame in self.nodes}
+        return sorted(nodes, key=lambda node: -best[node])
+
 
 def assign_blame(figures: Mapping[Pair, float], *, straggler_factor: float = DEFAULT_STRAGGLER_FACTOR,
                  floor_gbps: float | None = None) -> BlameReport:
@@ -84,6 +102,8 @@ def assign_blame(figures: Mapping[Pair, float], *, straggler_factor: float = DEF
     if floor_gbps is not None and not (floor_gbps >= 0 and math.isfinite(floor_gbps)):
         raise ValueError(f"floor_gbps must be a non-negative number, got {floor_gbps}")
     pairs = _normalized(figures)
+    if not pairs:
+        return BlameReport(nodes=(), reference_gbps=None, pair_reference_gbps=None, slow_pairs=())
     by_node: dict[int, dict[int, float]] = defaultdict(dict)
     for (a, b), busbw in pairs.items():
         by_node[a][b] = busbw
@@ -93,22 +113,44 @@ def assign_blame(figures: Mapping[Pair, float], *, straggler_factor: float = DEF
         return floor_gbps is not None and busbw < floor_gbps
 
     best = {node: max(partners.values()) for node, partners in by_node.items()}
-    weak: set[int] = set()
-    for node in by_node:
-        peers = [busbw for pair, busbw in pairs.items() if node not in pair]
-        if below_floor(best[node]) or (peers and best[node] < straggler_factor * statistics.median(peers)):
-            weak.add(node)
+    if len(by_node) == 2 and floor_gbps is None:
+        unjudged = (NodeBlame(node, Verdict.NOT_JUDGED, best[node], (), NOT_JUDGED_TWO_NODES)
+                    for node in sorted(by_node))
+        return BlameReport(nodes=tuple(unjudged),
+                           reference_gbps=None, pair_reference_gbps=None, slow_pairs=())
+    # Seed: the upper median of the bests, which up to half of the nodes cannot drag down. The
+    # reference is then the median of the pairs between the nodes the seed finds fast: compared
+    # with a median of pairs, a healthy node's best (the max of 2-3 noisy pairs) has margin.
+    seed = reference_speed(best.values())
+    fast = {node for node in by_node if not below_floor(best[node]) and best[node] >= straggler_factor * seed}
+    fast_pairs = {pair: busbw for pair, busbw in pairs.items() if fast.issuperset(pair)}
+    reference = statistics.median(fast_pairs.values()) if fast_pairs else seed
+    weak = {node for node in by_node
+            if below_floor(best[node]) or best[node] < straggler_factor * reference}
 
     reference_pairs = [busbw for (a, b), busbw in pairs.items() if a not in weak and b not in weak]
-    reference = statistics.median(reference_pairs) if reference_pairs else None
+    pair_reference = statistics.median(reference_pairs) if reference_pairs else None
 
     def slow(busbw: float) -> bool:
-        return below_floor(busbw) or (reference is not None and busbw < straggler_factor * reference)
+        return below_floor(busbw) or (pair_reference is not None
+                                      and busbw < straggler_factor * pair_reference)
 
     # A weak node is slow against every partner, whatever the pair reference says.
     slow_pairs = tuple(pair for pair, busbw in pairs.items() if slow(busbw) or not weak.isdisjoint(pair))
     blames = tuple(_judge(node, by_node[node], best[node], weak, slow) for node in sorted(by_node))
-    return BlameReport(nodes=blames, pair_reference_gbps=reference, slow_pairs=tuple(sorted(slow_pairs)))
+    return BlameReport(nodes=blames, reference_gbps=reference, pair_reference_gbps=pair_reference,
+                       reference_pairs=tuple(sorted(fast_pairs)),
+                       slow_pairs=tuple(sorted(slow_pairs)))
+
+
+def reference_speed(best_figures: Iterable[float]) -> float:
+    """The upper median of the nodes' best figures: the slowest of the faster half.
+
+    Up to half of the nodes can be slow without moving it, and being a median, one node's
+    lucky figure does not raise it either.
+    """
+    ordered = sorted(best_figures)
+    return ordered[len(ordered) // 2]
 
 
 def _judge(node: int, partners: dict[int, float], best: float, weak: set[int],

@@ -4,6 +4,11 @@ Inputs are what the ranks sent back through the store (plain dicts, as JSON carr
 and the roster rank 0 closed at the join deadline. Blame on the pairwise figures is the
 pure `assign_blame`; this module adds what only the whole picture shows: nodes that never
 joined, nodes that died before reporting, and intra-node figures far below their peers'.
+Every node named a straggler by the first rounds has its slow pairs with known-good partners
+measured again (`retest_rounds`), and so has a reference that rests on one or two pairs; a
+pair measured twice keeps its latest figure. A healthy node's dip under a neighbour's load
+does not repeat, nor does one lucky pair that made two healthy nodes of four look slow, while
+a slow link is slow every time.
 Intra-node figures are judged only for NCCL on GPUs: the CPU stand-in (gloo over loopback)
 measures the host's shared cores, which says nothing about a node's GPUs and, on the test
 cluster, where all nodes share one machine, only measures the neighbours' load.
@@ -12,43 +17,73 @@ cluster, where all nodes share one machine, only measures the neighbours' load.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from trainctl.health.fabric.blame import BlameReport, Verdict, assign_blame
-from trainctl.health.fabric.schedule import plan_retests
+from trainctl.health.fabric.schedule import disjoint_rounds, plan_retests
 from trainctl.health.status import Status
 
 Pair = tuple[int, int]
+NOT_JUDGED = Verdict.NOT_JUDGED.value  # a node and report status of its own, never "ok"
+
+
+def exit_status(report: Mapping[str, Any]) -> Status:
+    """The exit code's status: "not judged" exits like unknown (3), nothing was decided."""
+    status = report["status"]
+    return Status.UNKNOWN if status == NOT_JUDGED else Status(status)
 
 
 def pair_figures(results: Mapping[int, dict], positions: Mapping[str, int], size: int) -> dict[Pair, float]:
-    """busbw of every measured pair at `size`, keyed by roster positions; failed pairs left out."""
-    figures: dict[Pair, float] = {}
+    """busbw of every measured pair at `size`, keyed by roster positions; failed pairs left out.
+
+    Both sides time the same collective: the slower view is that measurement's figure. A pair
+    measured again (a re-test) keeps its latest measurement.
+    """
+    views: dict[tuple[Pair, int], list[float]] = {}
     for result in results.values():
+        sessions: Counter[Pair] = Counter()  # each side lists a pair's measurements in the same order
         for m in result["inter"]:
-            if m["size"] == size and m["error"] is None:
-                a, b = (positions[h] for h in m["peers"])
-                key = (min(a, b), max(a, b))
-                # both sides time the same collective; the slower view is the pair's figure
-                figures[key] = min(figures.get(key, m["busbw_gbps"]), m["busbw_gbps"])
-    return figures
+            if m["size"] != size or not all(h in positions for h in m["peers"]):
+                continue
+            a, b = (positions[h] for h in m["peers"])
+            key = (min(a, b), max(a, b))
+            session = sessions[key]
+            sessions[key] += 1
+            if m["error"] is None:
+                views.setdefault((key, session), []).append(m["busbw_gbps"])
+    latest: dict[Pair, int] = {}
+    for key, session in views:
+        latest[key] = max(latest.get(key, session), session)
+    return {key: min(views[(key, session)]) for key, session in latest.items()}
 
 
 def retest_rounds(results: Mapping[int, dict], positions: Mapping[str, int], size: int,
                   straggler_factor: float, floor_gbps: float | None) -> list[list[Pair]]:
-    """Pairs that tell which side of an unexplained slow pair is slow (known-good partners)."""
+    """Re-test rounds: suspects against known-good partners they have not met (which side of a
+    slow pair is slow), then every straggler's slow pairs with known-good partners once more,
+    with the reference's own pairs where it rests on one or two (are they fast every time?)."""
     figures = pair_figures(results, positions, size)
     if not figures:
         return []
     blame = assign_blame(figures, straggler_factor=straggler_factor, floor_gbps=floor_gbps)
-    plan = plan_retests(blame.needs_retest, blame.known_good, measured=figures)
-    return [list(r) for r in plan.rounds]
+    good = set(blame.known_good)
+    split = plan_retests(blame.needs_retest, blame.fastest_first(good), measured=figures)
+    again = [(node.node, partner) for node in blame.nodes if node.verdict is Verdict.STRAGGLER
+             for partner in node.slow_partners if partner in good]
+    if again and len(blame.reference_pairs) <= 2:
+        again += blame.reference_pairs
+    confirm = disjoint_rounds(again)
+    return [list(r) for r in split.rounds + confirm]
 
 
 def build_report(*, results: Mapping[int, dict], roster: dict, world: int, sizes: tuple[int, ...],
                  rounds: int, retests: list[list[Pair]], straggler_factor: float,
-                 floor_gbps: float | None, join_timeout_s: float, duration_s: float) -> dict[str, Any]:
+                 floor_gbps: float | None, join_timeout_s: float, duration_s: float,
+                 lost: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """`lost`: ranks whose heartbeat fell silent mid-test, and why; they are failures, marked lost."""
+    lost = lost or {}
     members = [int(r) for r in roster["joined"]]
     hosts = {int(rank): host for rank, host in roster["hosts"].items()}
     positions = {hosts[rank]: i for i, rank in enumerate(members)}
@@ -59,23 +94,31 @@ def build_report(*, results: Mapping[int, dict], roster: dict, world: int, sizes
     expected = roster.get("expected") or []
     for rank in roster["missing"]:
         label = expected[rank] if rank < len(expected) else f"rank {rank}"
-        nodes[label] = _node(rank, Status.FAIL, f"did not join within {join_timeout_s:g} s")
+        nodes[label] = _node(rank, Status.FAIL, f"did not join within {join_timeout_s:g} s", lost=True)
     for rank in members:
-        if rank not in results:
-            nodes[hosts[rank]] = _node(rank, Status.FAIL, "joined but sent no results (died or hung mid-test)")
+        if rank in lost:
+            nodes[hosts[rank]] = _node(rank, Status.FAIL, lost[rank], lost=True)
+        elif rank not in results:
+            nodes[hosts[rank]] = _node(rank, Status.FAIL, "joined but sent no results (died or hung mid-test)",
+                                       lost=True)
 
     figures = pair_figures(results, positions, judged_size)
     blame = assign_blame(figures, straggler_factor=straggler_factor, floor_gbps=floor_gbps) if figures else None
     intra = _intra_figures(results, judged_size)
     intra_reference = statistics.median(intra.values()) if len(intra) >= 2 else None
 
+    blame_by_node = {node.node: node for node in blame.nodes} if blame else {}
+    partners = _partners_by_position(figures, members, hosts)
     for rank in members:
         host = hosts[rank]
         if host in nodes:
             continue
         status, reasons = Status.OK, []
-        node_blame = _blame_for(blame, positions[host])
-        if node_blame is not None and node_blame.verdict is Verdict.STRAGGLER:
+        node_blame = blame_by_node.get(positions[host])
+        not_judged = node_blame is not None and node_blame.verdict is Verdict.NOT_JUDGED
+        if not_judged:
+            reasons = [node_blame.reason]
+        elif node_blame is not None and node_blame.verdict is Verdict.STRAGGLER:
             status, reasons = Status.FAIL, [f"straggler: {node_blame.reason}"]
         elif node_blame is not None and node_blame.verdict is Verdict.SUSPECT:
             status, reasons = Status.WARN, [f"suspect: {node_blame.reason}"]
@@ -92,15 +135,19 @@ def build_report(*, results: Mapping[int, dict], roster: dict, world: int, sizes
             status = max(status, Status.UNKNOWN)
             reasons.append("no inter-node figures")
         nodes[host] = _node(rank, status, "; ".join(reasons) or "ok")
+        if not_judged and status is Status.OK:
+            nodes[host]["status"] = NOT_JUDGED  # nothing to compare with: never "ok"
+        nodes[host]["busbw_gbps"] = None if node_blame is None else round(node_blame.best_busbw_gbps, 4)
         nodes[host]["intra_busbw_gbps"] = intra.get(host)
-        nodes[host]["inter_busbw_gbps"] = _partners(figures, positions[host], members, hosts)
+        nodes[host]["inter_busbw_gbps"] = partners.get(positions[host], {})
 
     for host, node in nodes.items():
         if node["status"] == Status.FAIL.label:
             excluded.append({"host": host, "reason": node["reason"]})
-    worst = max((Status[n["status"].upper()] for n in nodes.values()), default=Status.UNKNOWN)
+    judged = [Status(n["status"]) for n in nodes.values() if n["status"] != NOT_JUDGED]
+    worst = Status.worst(judged, default=Status.OK if nodes else Status.UNKNOWN)
     return {
-        "status": worst.label,
+        "status": NOT_JUDGED if worst is Status.OK and len(judged) < len(nodes) else worst.label,
         "world": world,
         "joined": len(members),
         "sizes": list(sizes),
@@ -109,6 +156,7 @@ def build_report(*, results: Mapping[int, dict], roster: dict, world: int, sizes
         "retest_rounds": len(retests),
         "straggler_factor": straggler_factor,
         "floor_gbps": floor_gbps,
+        "reference_gbps": blame.reference_gbps if blame else None,
         "pair_reference_gbps": blame.pair_reference_gbps if blame else None,
         "duration_s": round(duration_s, 3),
         "nodes": nodes,
@@ -117,14 +165,9 @@ def build_report(*, results: Mapping[int, dict], roster: dict, world: int, sizes
     }
 
 
-def _node(rank: int, status: Status, reason: str) -> dict[str, Any]:
-    return {"rank": rank, "status": status.label, "reason": reason}
-
-
-def _blame_for(blame: BlameReport | None, position: int):
-    if blame is None:
-        return None
-    return next((n for n in blame.nodes if n.node == position), None)
+def _node(rank: int, status: Status, reason: str, lost: bool = False) -> dict[str, Any]:
+    # "lost": the node left the test (never joined, died or hung), as opposed to measured bad
+    return {"rank": rank, "status": status.label, "reason": reason, **({"lost": True} if lost else {})}
 
 
 def _failed_pairs(result: dict) -> list[str]:
@@ -144,13 +187,13 @@ def _intra_figures(results: Mapping[int, dict], size: int) -> dict[str, float]:
     return figures
 
 
-def _partners(figures: Mapping[Pair, float], position: int, members: list[int],
-              hosts: Mapping[int, str]) -> dict[str, float]:
-    out = {}
+def _partners_by_position(figures: Mapping[Pair, float], members: list[int],
+                          hosts: Mapping[int, str]) -> dict[int, dict[str, float]]:
+    """Each roster position's partners and their pair's busbw (one pass over the pairs)."""
+    out: dict[int, dict[str, float]] = {}
     for (a, b), busbw in figures.items():
-        if position in (a, b):
-            other = b if a == position else a
-            out[hosts[members[other]]] = round(busbw, 4)
+        out.setdefault(a, {})[hosts[members[b]]] = round(busbw, 4)
+        out.setdefault(b, {})[hosts[members[a]]] = round(busbw, 4)
     return out
 
 
@@ -163,6 +206,10 @@ def _pair_rows(results: Mapping[int, dict]) -> list[dict[str, Any]]:
                 continue
             seen.add(key)
             rows.append({"a": m["peers"][0], "b": m["peers"][1], "size": m["size"],
-                         "median_us": None if m["median_s"] is None else round(m["median_s"] * 1e6, 1),
+                         "median_us": _us(m["median_s"]), "fast_us": _us(m.get("fast_s")),
                          "algbw_gbps": m["algbw_gbps"], "busbw_gbps": m["busbw_gbps"], "error": m["error"]})
     return rows
+
+
+def _us(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e6, 1)

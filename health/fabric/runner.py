@@ -7,6 +7,12 @@ groups of their own (built directly on a prefix of the store, so no collective n
 node), in rounds from the pure schedule; results go back through the store and rank 0 judges
 them with the pure blame logic. Every blocking call has a deadline derived from one overall
 deadline, and a watchdog ends a process that is stuck in native code past it.
+
+A peer that is gone is not waited for: every rank sends a heartbeat through the store from a
+thread with its own store connection, and a rank whose heartbeat has been silent for
+`silence_s` is lost (killed, or hung: a SIGSTOPped process is alive but silent). Rank 0 then
+stops waiting for it at barriers and for its results, and its pair partners abandon the pair
+(gloo itself reports a killed peer at once: its connections reset). The report names it.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import datetime
 import json
 import multiprocessing
 import os
-import socket
+import sys
 import threading
 import time
 import warnings
@@ -26,7 +32,7 @@ from trainctl.health.fabric.bandwidth import Collective, figures_from_timings
 from trainctl.health.fabric.report import build_report, retest_rounds
 from trainctl.health.fabric.schedule import pairing_schedule
 from trainctl.errors import UsageError
-from trainctl.slurm import job_port, node_address, step_hosts
+from trainctl.slurm import job_port, node_address, step_hosts, this_node_name
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
 # c10d warns on every connection when peers' hostnames do not resolve (namespace nodes); noise.
@@ -39,12 +45,23 @@ WATCHDOG_GRACE_S = 5.0
 MIN_STEP_TIMEOUT_S = 1.0
 ROSTER_POLL_S = 0.05
 FINISH_WAIT_S = 10.0
+HEARTBEAT_S = 0.5
+JOIN_LOG = "join"  # one line per rank that announced itself, "rank<TAB>host"
+# Figures come from the fast quartile of the iteration times (the lower quartile of the times),
+# not the median. Interference from neighbours (a shared host, other jobs' traffic) only ever
+# makes an iteration slower, so the fast end shows what the path can do, while a rate-limited
+# link cannot beat its limit however quiet the moment. On the 2-core dev cluster under load,
+# 9 runs with one node shaped to 0.8x and 18 healthy runs (recorded iteration times, blame at
+# factor 0.8): the fast decile found the node in 3 runs and blamed healthy nodes in 4, the
+# fast quartile 2 and 0, the median 0 and 1. The decile, one or two iterations, is too noisy.
+FAST_QUANTILE = 0.25
 
 
 @dataclass(frozen=True)
 class FabricOptions:
     sizes: tuple[int, ...] = (1 << 20, 64 << 20)
     iters: int = 5
+    passes: int = 1                 # times the pairing rounds are run over, interleaved; iters per visit
     warmup: int = 2
     timeout_s: float = 120.0        # the whole test, rendezvous to report
     join_timeout_s: float = 30.0    # how long rank 0 waits for every rank to announce itself
@@ -52,6 +69,7 @@ class FabricOptions:
     local_procs: int = 0            # intra-node ranks; 0: one per GPU, or 2 CPU processes without GPUs
     socket_ifname: str | None = None
     intra: bool = True
+    silence_s: float = 5.0          # a peer whose heartbeat is silent this long is lost
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,7 @@ class Measurement:
     algbw_gbps: float | None = None
     busbw_gbps: float | None = None
     error: str | None = None
+    fast_s: float | None = None   # the fast-quartile iteration time busbw is computed from
 
 
 @dataclass
@@ -95,6 +114,88 @@ class Deadline:
 
     def expired(self) -> bool:
         return time.monotonic() >= self.end
+
+
+class PeerLost(Exception):
+    """A peer stopped sending heartbeats: it died or hangs."""
+
+
+class Heartbeat:
+    """Bumps `alive/<rank>` in the store every HEARTBEAT_S, from a daemon thread.
+
+    The thread has its own store connection: a TCPStore client serialises its operations, so
+    a long `wait` on the main connection would otherwise hold the heartbeat back.
+    """
+
+    def __init__(self, identity: "Identity", timeout_s: float):
+        self.store = dist.TCPStore(identity.master_addr, identity.port, None, False,
+                                   datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        self.key = f"alive/{identity.rank}"
+        self.store.add(self.key, 1)
+        threading.Thread(target=self._beat, daemon=True, name="fabric-heartbeat").start()
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            try:
+                self.store.add(self.key, 1)
+            except Exception:  # the store (rank 0) is gone: the main thread finds out itself
+                return
+
+
+LOST_LOG = "lost"  # one line per declaration, "rank<TAB>why": the first one for a rank is the reason
+
+
+class PeerWatch:
+    """Which peers are lost: heartbeat silent for `silence_s`, or declared lost by any rank.
+
+    Reads go through a store connection of its own (see Heartbeat). `lost` maps rank to why.
+    One check of any number of ranks is one store round trip: a `multi_get` of the shared lost
+    log and their heartbeat counters (rank 0 waiting for 4,096 ranks used to make two round
+    trips per rank per check; see README "At scale").
+    """
+
+    def __init__(self, identity: "Identity", silence_s: float, timeout_s: float):
+        self.store = dist.TCPStore(identity.master_addr, identity.port, None, False,
+                                   datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        self.store.append(LOST_LOG, "")  # exists before this rank joins, so multi_get never waits on it
+        self.silence_s = silence_s
+        self.last: dict[int, tuple[int, float]] = {}
+        self.lost: dict[int, str] = {}
+
+    def check(self, rank: int, during: str) -> str | None:
+        """Why `rank` is lost, or None while its heartbeat moves."""
+        return self.check_many([rank], during).get(rank)
+
+    def check_many(self, ranks: list[int], during: str) -> dict[int, str]:
+        """Why each of `ranks` that is lost is lost; those whose heartbeat moves are left out.
+
+        Every rank in the roster has its `alive/<rank>` counter (its Heartbeat starts before it
+        joins), so the `multi_get` does not wait.
+        """
+        asked = [rank for rank in ranks if rank not in self.lost]
+        if asked:
+            now = time.monotonic()
+            log, *counts = self.store.multi_get([LOST_LOG] + [f"alive/{rank}" for rank in asked])
+            self._read_declarations(log.decode())
+            declared = []
+            for rank, count in zip(asked, (int(c) for c in counts)):
+                if rank in self.lost:
+                    continue
+                seen, since = self.last.get(rank, (-1, now))
+                if count != seen:
+                    self.last[rank] = (count, now)
+                elif now - since >= self.silence_s:
+                    self.lost[rank] = f"no heartbeat for {self.silence_s:g} s during {during} (died or hung)"
+                    declared.append(f"{rank}\t{self.lost[rank]}\n")
+            if declared:  # so every rank agrees on why
+                self.store.append(LOST_LOG, "".join(declared))
+        return {rank: self.lost[rank] for rank in ranks if rank in self.lost}
+
+    def _read_declarations(self, log: str) -> None:
+        for line in log.splitlines():
+            rank, _, why = line.partition("\t")
+            self.lost.setdefault(int(rank), why)
 
 
 def time_allreduce(group, tensor: torch.Tensor, iters: int, warmup: int) -> list[float]:
@@ -119,11 +220,15 @@ def measure_sizes(group, peers: tuple[str, ...], ranks: int, device: torch.devic
     results = []
     for size in options.sizes:
         tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-        figures = figures_from_timings(Collective.ALL_REDUCE, size, ranks,
-                                       time_allreduce(group, tensor, options.iters, options.warmup))
-        results.append(Measurement(peers, size, ranks, figures.median_seconds, figures.algbw_gbps,
-                                   figures.busbw_gbps))
+        results.append(_measurement(peers, size, ranks, time_allreduce(group, tensor, options.iters,
+                                                                       options.warmup)))
     return results
+
+
+def _measurement(peers: tuple[str, ...], size: int, ranks: int, times: list[float]) -> Measurement:
+    figures = figures_from_timings(Collective.ALL_REDUCE, size, ranks, times, quantile=FAST_QUANTILE)
+    return Measurement(peers, size, ranks, figures.median_seconds, figures.algbw_gbps, figures.busbw_gbps,
+                       fast_s=figures.seconds)
 
 
 def new_group(store, prefix: str, rank: int, size: int, timeout_s: float, device: torch.device,
@@ -202,10 +307,14 @@ def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float
     _start_watchdog(deadline)
     started = time.monotonic()
     is_master = identity.rank == 0
+    if is_master:
+        raise_open_files_limit()
+    connect_s = deadline.left(options.join_timeout_s)
     store = dist.TCPStore(identity.master_addr, identity.port, None, is_master,
-                          datetime.timedelta(seconds=deadline.left(options.join_timeout_s)),
-                          wait_for_workers=False)
-    store.set(f"join/{identity.rank}", identity.host)
+                          datetime.timedelta(seconds=connect_s), wait_for_workers=False)
+    Heartbeat(identity, connect_s)
+    watch = PeerWatch(identity, options.silence_s, connect_s)
+    store.append(JOIN_LOG, f"{identity.rank}\t{identity.host}\n")
     if is_master:
         roster = _close_roster(store, identity.world, Deadline(options.join_timeout_s))
         roster["expected"] = list(identity.expected_hosts)
@@ -223,11 +332,12 @@ def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float
     hosts = roster["hosts"]
     position = members.index(identity.rank)
     rounds = [list(r) for r in pairing_schedule(len(members))] if len(members) > 1 else []
-    _run_rounds(store, "round", rounds, position, members, hosts, device, options, deadline, result)
-    store.set(f"result/{identity.rank}", json.dumps(asdict(result)))
+    test = _Test(identity, store, watch, members, hosts, device, options, deadline)
+    test.run_rounds("round", rounds, position, result)
+    test.send("result", result)
 
     if is_master:
-        results = _collect(store, "result", members, deadline)
+        results = test.collect("result", members)
         positions = {hosts[str(rank)]: i for i, rank in enumerate(members)}
         retests = retest_rounds(results, positions, max(options.sizes), straggler_factor, floor_gbps)
         store.set("retests", json.dumps(retests))
@@ -235,77 +345,233 @@ def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float
         store.wait(["retests"], datetime.timedelta(seconds=deadline.left()))
         retests = json.loads(store.get("retests"))
     if retests:
-        _run_rounds(store, "retest", retests, position, members, hosts, device, options, deadline, result)
-        store.set(f"final/{identity.rank}", json.dumps(asdict(result)))
+        test.run_rounds("retest", retests, position, result)
+        test.send("final", result)
     if not is_master:
         store.add("finished", 1)  # after this, this rank needs nothing more from the store
         return None
     if retests:
-        results.update(_collect(store, "final", [r for r in members if r in results], deadline))
+        results.update(test.collect("final", [r for r in members if r in results]))
     report = build_report(results=results, roster=roster, world=identity.world, sizes=options.sizes,
                           rounds=len(rounds), retests=retests, straggler_factor=straggler_factor,
                           floor_gbps=floor_gbps, join_timeout_s=options.join_timeout_s,
-                          duration_s=time.monotonic() - started)
-    _wait_finished(store, len(members) - 1, Deadline(min(FINISH_WAIT_S, deadline.left())))
+                          duration_s=time.monotonic() - started, lost=dict(watch.lost))
+    others = len([r for r in members if r not in watch.lost]) - 1
+    _wait_finished(store, others, Deadline(min(FINISH_WAIT_S, deadline.left())))
     return report
 
 
-def _run_rounds(store, name: str, rounds: list[list[list[int]]], position: int, members: list[int],
-                hosts: dict, device: torch.device, options: FabricOptions, deadline: Deadline,
-                result: RankResult) -> None:
-    for number, pairs in enumerate(rounds):
-        _barrier(store, f"{name}{number}", len(members), deadline, options.op_timeout_s)
-        for i, j in pairs:
-            if position in (i, j):
-                result.inter += _pair(store, f"{name}{number}/{i}-{j}", position, i, j, members, hosts,
-                                      device, options, deadline)
+@dataclass
+class _Test:
+    """One rank's view of the running test: the store, its peers, and who is lost."""
+    identity: Identity
+    store: object
+    watch: PeerWatch
+    members: list[int]
+    hosts: dict
+    device: torch.device
+    options: FabricOptions
+    deadline: Deadline
+
+    def run_rounds(self, name: str, rounds: list[list[list[int]]], position: int, result: RankResult) -> None:
+        """All rounds, `options.passes` times over, interleaved: load that comes and goes hits every pair."""
+        sessions: dict[tuple[int, int], _PairSession] = {}
+        for visit in range(self.options.passes):
+            for number, pairs in enumerate(rounds):
+                self.barrier(f"{name}{number}.{visit}")
+                for i, j in pairs:
+                    if position in (i, j):
+                        session = sessions.setdefault((i, j), _PairSession(i, j, position, self.members, self.hosts))
+                        session.visit(self, f"{name}{number}/{i}-{j}")
+        result.inter += [m for session in sessions.values() for m in session.measurements(self.options.sizes)]
+
+    def barrier(self, name: str) -> None:
+        """Rank 0 opens it once every rank not lost has arrived, or at the step's cap."""
+        self.store.append(f"barrier/{name}", f"{self.identity.rank},")
+        step = Deadline(min(self.deadline.left(), self.options.op_timeout_s))
+        if self.identity.rank != self.members[0]:
+            try:
+                self.store.wait([f"barrier/{name}/open"], datetime.timedelta(seconds=step.left()))
+            except RuntimeError:
+                pass  # late or lost ranks are judged by their results
+            return
+        # a rank that arrived and then died still counts as arrived: only timing suffers
+        self.wait_for(f"barrier/{name}", self.members, f"barrier {name}", step)
+        self.store.set(f"barrier/{name}/open", "1")
+
+    def send(self, prefix: str, result: RankResult) -> None:
+        """This rank's `prefix` result to rank 0: the result's own key, then its arrival."""
+        self.store.set(f"{prefix}/{self.identity.rank}", json.dumps(asdict(result)))
+        self.store.append(f"{prefix}/arrived", f"{self.identity.rank},")
+
+    def collect(self, prefix: str, ranks: list[int]) -> dict[int, dict]:
+        """Every rank's `prefix` result, not waiting for lost ranks; the deadline bounds it."""
+        arrived = self.wait_for(f"{prefix}/arrived", ranks, f"waiting for {prefix}s", self.deadline)
+        # a rank that stored its result but died before noting its arrival still counts
+        late = [rank for rank in ranks if rank not in arrived and self.store.check([f"{prefix}/{rank}"])]
+        present = [rank for rank in ranks if rank in arrived] + late
+        values = self.store.multi_get([f"{prefix}/{rank}" for rank in present]) if present else []
+        return {rank: json.loads(value) for rank, value in zip(present, values)}
+
+    def wait_for(self, arrivals: str, ranks: list[int], during: str, step: Deadline) -> set[int]:
+        """Which of `ranks` have noted themselves in the `arrivals` log, once every one not lost
+        has or `step` expires. While it waits, the heartbeats of the ranks still missing are
+        checked every HEARTBEAT_S; each poll is a constant number of store round trips, whatever
+        the number of ranks (the barriers and result collection share this loop)."""
+        checked = time.monotonic()
+        while True:
+            arrived = self._arrived(arrivals)
+            waiting = [r for r in ranks if r not in arrived and r not in self.watch.lost]
+            if not waiting or step.expired():
+                return arrived
+            if time.monotonic() - checked >= HEARTBEAT_S:
+                checked = time.monotonic()
+                self.watch.check_many(waiting, during)
+            time.sleep(ROSTER_POLL_S)
+
+    def _arrived(self, arrivals: str) -> set[int]:
+        if not self.store.check([arrivals]):
+            return set()
+        return {int(rank) for rank in self.store.get(arrivals).decode().split(",") if rank}
 
 
-def _pair(store, prefix: str, position: int, i: int, j: int, members: list[int], hosts: dict,
-          device: torch.device, options: FabricOptions, deadline: Deadline) -> list[Measurement]:
-    partner = members[j if position == i else i]
-    peers = (hosts[str(members[i])], hosts[str(members[j])])
-    try:
-        group = new_group(store, prefix, 0 if position == i else 1, 2,
-                          deadline.left(options.op_timeout_s), device, options.socket_ifname)
-        return measure_sizes(group, peers, 2, device, options)
-    except Exception as exc:  # the partner died, hung or never came: a result, not a crash
-        reason = f"with {hosts[str(partner)]} (rank {partner}): {_one_line(exc)}"
-        return [Measurement(peers, size, 2, error=reason) for size in options.sizes]
+class _PairSession:
+    """One pair's process group, kept over the passes, and its timed iterations per size.
+
+    Each visit runs in a thread that is abandoned as soon as the partner is lost (gloo may wait
+    on a hung peer in native code); the group has a store connection of its own, so an
+    abandoned visit cannot hold the main one.
+    """
+
+    def __init__(self, i: int, j: int, position: int, members: list[int], hosts: dict):
+        self.rank_in_pair = 0 if position == i else 1
+        self.partner = members[j if position == i else i]
+        self.partner_host = hosts[str(self.partner)]
+        self.peers = (hosts[str(members[i])], hosts[str(members[j])])
+        self.store = None
+        self.group = None
+        self.error: str | None = None
+        self.times: dict[int, list[float]] = {}
+
+    def visit(self, test: _Test, prefix: str) -> None:
+        if self.error is not None:
+            return
+        options, deadline, during = test.options, test.deadline, f"pair {prefix}"
+
+        def measure() -> None:
+            first = self.group is None
+            if first:
+                self.store = dist.TCPStore(test.identity.master_addr, test.identity.port, None, False,
+                                           datetime.timedelta(seconds=deadline.left(options.op_timeout_s)),
+                                           wait_for_workers=False)
+                self.group = new_group(self.store, prefix, self.rank_in_pair, 2,
+                                       deadline.left(options.op_timeout_s), test.device, options.socket_ifname)
+            # later visits warm up once: it lines the two sides up after the round's barrier
+            warmup = options.warmup if first else min(options.warmup, 1)
+            for size in options.sizes:
+                tensor = torch.ones(size // 4, dtype=torch.float32, device=test.device)
+                self.times.setdefault(size, []).extend(time_allreduce(self.group, tensor, options.iters, warmup))
+
+        try:
+            lost = test.watch.check(self.partner, during)
+            if lost:
+                raise PeerLost(lost)
+            _unless_lost(measure, lambda: test.watch.check(self.partner, during), deadline)
+        except Exception as exc:  # the partner died, hung or never came: a result, not a crash
+            self.error = f"with {self.partner_host} (rank {self.partner}): {_one_line(exc)}"
+
+    def measurements(self, sizes: tuple[int, ...]) -> list[Measurement]:
+        if self.error is not None:
+            return [Measurement(self.peers, size, 2, error=self.error) for size in sizes]
+        return [_measurement(self.peers, size, 2, self.times[size]) for size in sizes]
+
+
+def _unless_lost(work, lost, deadline: Deadline):
+    """`work()` in a thread; raise PeerLost as soon as `lost()` names a reason.
+
+    The thread may be stuck in native code (gloo waiting on a hung peer) and cannot be
+    interrupted: it is abandoned, and the watchdog bounds the process anyway.
+    """
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the caller
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True, name="fabric-pair")
+    thread.start()
+    while True:
+        thread.join(HEARTBEAT_S)
+        if not thread.is_alive():
+            if "error" in outcome:
+                raise outcome["error"]
+            return outcome["value"]
+        why = lost()
+        if why:
+            raise PeerLost(why)
+        if deadline.expired():
+            raise TimeoutError("the fabric test's deadline passed")
+
+
+def end_process(code: int) -> None:
+    """End this process now that the test's output is written.
+
+    A normal exit runs the process groups' and stores' destructors, which took 4-6 s per rank
+    on the busy dev cluster, and wait for any pair thread abandoned inside gloo when its peer
+    was lost (up to the op timeout). Nothing is left to clean up: every file is written.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Rank 0's store holds a socket per connection: each rank keeps three (main, heartbeat,
+    peer watch) and one per pair session, about 6 x N at once. Slurm starts tasks with the
+    submitting shell's limits (slurm.conf PropagateResourceLimits, default ALL), often a soft
+    limit of 1,024, which 4,096 nodes pass at once; the soft limit may be raised to the hard
+    limit without privilege (setrlimit(2)). Returns the (soft, hard) limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # a hard limit of "unlimited" above the kernel's nr_open
+            return soft, hard
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 def _close_roster(store, world: int, join_deadline: Deadline) -> dict:
-    """Wait for every rank to announce itself, or the join deadline; the roster is who came."""
-    keys = [f"join/{rank}" for rank in range(world)]
-    while not join_deadline.expired() and not store.check(keys):
+    """Wait for every rank to announce itself, or the join deadline; the roster is who came.
+
+    Ranks announce themselves as lines of one log key, so a poll is one round trip whatever
+    the world size."""
+    while True:
+        hosts = _joined(store)
+        if len(hosts) >= world or join_deadline.expired():
+            break
         time.sleep(ROSTER_POLL_S)
-    joined = [rank for rank in range(world) if store.check([f"join/{rank}"])]
-    hosts = {str(rank): store.get(f"join/{rank}").decode() for rank in joined}
-    return {"joined": joined, "missing": [r for r in range(world) if r not in joined], "hosts": hosts}
+    joined = [rank for rank in range(world) if rank in hosts]
+    return {"joined": joined, "missing": [r for r in range(world) if r not in hosts],
+            "hosts": {str(rank): hosts[rank] for rank in joined}}
+
+
+def _joined(store) -> dict[int, str]:
+    """Rank -> host of every rank in the join log (rank 0 wrote its own line first)."""
+    hosts = {}
+    for line in store.get(JOIN_LOG).decode().splitlines():
+        rank, _, host = line.partition("\t")
+        hosts[int(rank)] = host
+    return hosts
 
 
 def _wait_finished(store, others: int, deadline: Deadline) -> None:
     """Rank 0 hosts the store: keep it up until every other rank has read what it needs."""
     while store.add("finished", 0) < others and not deadline.expired():
         time.sleep(ROSTER_POLL_S)
-
-
-def _barrier(store, name: str, count: int, deadline: Deadline, cap: float) -> bool:
-    """Wait until `count` ranks arrive or the step times out; late ranks are judged by results."""
-    if store.add(f"barrier/{name}", 1) == count:
-        store.set(f"barrier/{name}/open", "1")
-    try:
-        store.wait([f"barrier/{name}/open"], datetime.timedelta(seconds=deadline.left(cap)))
-        return True
-    except RuntimeError:
-        return False
-
-
-def _collect(store, prefix: str, members: list[int], deadline: Deadline) -> dict[int, dict]:
-    keys = {rank: f"{prefix}/{rank}" for rank in members}
-    while not deadline.expired() and not store.check(list(keys.values())):
-        time.sleep(ROSTER_POLL_S)
-    return {rank: json.loads(store.get(key)) for rank, key in keys.items() if store.check([key])}
 
 
 def _inter_device() -> torch.device:
@@ -342,4 +608,4 @@ def identity_from_env(environ=os.environ, master_addr: str | None = None, port: 
     chosen_port = port or int(environ.get("TRAINCTL_FABRIC_PORT", "0")) or job_port(environ, offset=1)
     # with one task per node (block distribution), rank i runs on the step's i-th host
     expected = tuple(hosts) if len(hosts) == world else ()
-    return Identity(rank, world, socket.gethostname(), addr, chosen_port, expected)
+    return Identity(rank, world, this_node_name(environ), addr, chosen_port, expected)

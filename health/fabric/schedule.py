@@ -74,9 +74,10 @@ def plan_retests(suspects: Iterable[int], known_good: Collection[int],
     The figure against a node known to be good tells which side of a slow pair is slow. A
     known-good node takes one suspect per round, so with G good nodes the plan needs about
     (suspects / G) rounds; with no good node left to try, the suspect is listed instead.
+    Known-good nodes are tried in the order given (callers put the fastest first).
     """
     suspect_set = set(suspects)
-    good = sorted(set(known_good))
+    good = list(dict.fromkeys(known_good))
     if overlap := suspect_set.intersection(good):
         raise ValueError(f"nodes {sorted(overlap)} are both suspect and known good")
     already: dict[int, set[int]] = defaultdict(set)
@@ -101,3 +102,19 @@ def plan_retests(suspects: Iterable[int], known_good: Collection[int],
         rounds.append(tuple(pairs))
         pending = deferred
     return RetestPlan(rounds=tuple(rounds), without_partner=without_partner)
+
+
+def disjoint_rounds(pairs: Iterable[Pair]) -> tuple[Round, ...]:
+    """`pairs` in rounds where no node is in two pairs at once (greedy, in the order given)."""
+    pending = list(dict.fromkeys((min(a, b), max(a, b)) for a, b in pairs))
+    rounds: list[Round] = []
+    while pending:
+        busy: set[int] = set()
+        chosen: list[Pair] = []
+        for pair in pending:
+            if busy.isdisjoint(pair):
+                busy.update(pair)
+                chosen.append(pair)
+        rounds.append(tuple(chosen))
+        pending = [pair for pair in pending if pair not in chosen]
+    return tuple(rounds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from trainctl.errors import ParseError
@@ -27,13 +28,26 @@ def to_float(value: str, *, what: str, source: str, line: int | None = None) -> 
 
 
 def load_json(text: str, *, source: str) -> object:
+    """JSON as the standard says it: no NaN or Infinity, and no number too large for a float
+    (Python would read 1e400 as inf and later print invalid JSON with it)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json, parse_float=_finite_float)
     except ValueError as exc:
         raise ParseError(f"not JSON: {getattr(exc, 'msg', exc)}", source=source,
                          line=getattr(exc, "lineno", None)) from None
     except RecursionError:
         raise ParseError("JSON nested too deeply", source=source) from None
+
+
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
 
 
 def json_field(obj: object, key: str, kind: type | tuple[type, ...], *, where: str, source: str,

@@ -16,6 +16,7 @@ class IbPort:
     kind: str | None = None     # adapter model (ibstat "CA type", sysfs hca_type), "MT4129"
     netdev: str | None = None   # the port's network interface, where sysfs shows it
     netdev_operstate: str | None = None
+    netdev_mtu: int | None = None   # that interface's MTU: a RoCE port's active MTU follows it
 
     @property
     def name(self) -> str:
@@ -38,3 +39,9 @@ class NetDev:
     link_type: str | None = None    # "ether", "infiniband", "loopback", ...
     master: str | None = None       # the bond or bridge it is enslaved to
     speed_mbps: int | None = None
+
+
+def hca_port_key(name: str) -> tuple[str, int]:
+    """A site's port name, "mlx5_0" (port 1) or "mlx5_0:2", -> (hca, port)."""
+    hca, _, port = name.partition(":")
+    return hca, int(port) if port.isascii() and port.isdigit() else 1

@@ -5,8 +5,7 @@ form in Azure/azhpc-diagnostics#73). A GPU whose links are all down, that is in 
 mode, or that has no NVLink prints one sentence instead of links. Some systems without
 NVLink print nothing at all (a single H100 in a VM, driver 580): no GPUs listed.
 
-`nvidia-smi nvlink -e` (error counters) is not parsed: no complete real sample of it
-exists to test against.
+`nvidia-smi nvlink -e` (error counters) is read by parse/counters.py.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ SOURCE = "nvidia-smi nvlink -s"
 _GPU = re.compile(r"GPU (\d+): (.+) \(UUID: (.+)\)")
 _LINK = re.compile(r"Link (\d+): (?:([0-9.]+) GB/s|(<inactive>))")
 # The sentence nvidia-smi prints in place of links -> the state it means.
-_NO_LINKS = {
+NO_LINKS = {
     "NVML: Unable to retrieve NVLink information as all links are inactive": "all_inactive",
     "Nvlink queries are not supported for Devices in MIG mode": "mig",
     "Device does not have or support Nvlink": "absent",
@@ -65,8 +64,8 @@ def parse_nvlink_status(text: str, *, source: str = SOURCE) -> tuple[NvlinkGpu, 
                                                   line=lineno)
             current["state"] = "links"
             current["links"].append(NvlinkLink(int(link[1]), speed))
-        elif stripped in _NO_LINKS and current["state"] is None:
-            current["state"] = _NO_LINKS[stripped]
+        elif stripped in NO_LINKS and current["state"] is None:
+            current["state"] = NO_LINKS[stripped]
         else:
             raise ParseError(f"unexpected line for GPU {current['index']}: {stripped!r}",
                              source=source, line=lineno)

@@ -1,7 +1,10 @@
 """`nvidia-smi -q -x` (XML) and `nvidia-smi -q` (text): the per-GPU health fields.
 
 Both forms become the same `SmiQuery`. Only the fields the checks judge are kept;
-a field the driver does not report (older DTD, `-q -d SECTION`, "N/A") is None.
+a field the driver does not report (older DTD, `-q -d SECTION`, "N/A", "[Not Supported]")
+is None. A per-GPU field whose value is unexpected ("ERR!", a new enum, a deprecation
+notice) is None too and is listed in `GpuQuery.unreadable`: the rest of the document is
+still judged, and the checks that needed the field say which one they could not read.
 XML tag names differ between DTD versions (v11 `clocks_throttle_reasons`, v12
 `clocks_event_reasons`); both are read.
 """
@@ -9,12 +12,15 @@ XML tag names differ between DTD versions (v11 `clocks_throttle_reasons`, v12
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 from xml.parsers import expat
 
 from trainctl.errors import ParseError
 from trainctl.health.parse.common import to_int
 
+T = TypeVar("T")
 XML_SOURCE = "nvidia-smi -q -x"
 TEXT_SOURCE = "nvidia-smi -q"
 
@@ -37,10 +43,23 @@ _TEXT_CLOCK_SECTIONS = ("Clocks Event Reasons", "Clocks Throttle Reasons")
 _XML_GPU_SECTIONS = frozenset({
     "product_name", "uuid", "persistence_mode", "mig_mode", "ecc_mode", "ecc_errors",
     "retired_pages", "remapped_rows", "gpu_reset_status", "gpu_recovery_action", "fabric", "pci",
-    *_XML_CLOCK_SECTIONS})
+    "vbios_version", *_XML_CLOCK_SECTIONS})
 _PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]")
 _TEXT_BANNER = "==============NVSMI LOG=============="
 _TEXT_LINE = re.compile(r"(?P<key>\S.*?)\s+: ?(?P<value>.*)")
+# Values that mean "this driver or GPU does not report the field".
+_ABSENT = frozenset({"", "N/A", "[N/A]", "[Not Supported]", "Not Supported"})
+
+
+@dataclass(frozen=True)
+class UnreadField:
+    """A per-GPU field whose value was not what the parser knows: not reported."""
+    path: str       # XML path ("remapped_rows/remapped_row_pending") or -q keys ("Remapped Rows/Pending")
+    value: str
+
+    @property
+    def section(self) -> str:
+        return self.path.split("/")[0]
 
 
 @dataclass(frozen=True)
@@ -66,6 +85,8 @@ class GpuQuery:
     clock_events_active: tuple[str, ...] = ()
     fabric_state: str | None = None         # NVSwitch systems: "Completed" when ready
     fabric_status: str | None = None
+    vbios_version: str | None = None
+    unreadable: tuple[UnreadField, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +94,7 @@ class SmiQuery:
     driver_version: str | None
     attached_gpus: int | None
     gpus: tuple[GpuQuery, ...]
+    cuda_version: str | None = None
 
 
 # --- XML ---------------------------------------------------------------------------------
@@ -110,7 +132,7 @@ def parse_smi_xml(text: str, *, source: str = XML_SOURCE) -> SmiQuery:
     return SmiQuery(driver_version=reader.text(root, "driver_version"),
                     attached_gpus=None if attached is None else
                     to_int(attached.text, what="attached_gpus", source=source, line=attached.line),
-                    gpus=gpus)
+                    gpus=gpus, cuda_version=reader.text(root, "cuda_version"))
 
 
 def _xml_tree(text: str, source: str) -> _Node:
@@ -157,31 +179,49 @@ def _xml_tree(text: str, source: str) -> _Node:
     return roots[0]
 
 
-class _XmlReader:
-    """Typed field reads off `<gpu>` elements; a bad value is a ParseError at its line."""
+class _Tolerant:
+    """A bad per-GPU value is recorded in `unread` and read as None (see the module doc)."""
 
     def __init__(self, source: str):
         self.source = source
+        self.unread: list[UnreadField] = []
+
+    def tolerate(self, path: str, value: str, convert: Callable[[], T]) -> T | None:
+        try:
+            return convert()
+        except ParseError:
+            self.unread.append(UnreadField(path, value))
+            return None
+
+    def take_unread(self) -> tuple[UnreadField, ...]:
+        unread, self.unread = tuple(self.unread), []
+        return unread
+
+
+class _XmlReader(_Tolerant):
+    """Typed field reads off `<gpu>` elements."""
 
     def text(self, node: _Node, path: str) -> str | None:
         found = node.find(path)
-        return None if found is None or found.text in ("", "N/A") else found.text
+        return None if found is None or found.text in _ABSENT else found.text
 
     def count(self, node: _Node, path: str) -> int | None:
         found = node.find(path)
-        if found is None or found.text in ("", "N/A"):
+        if found is None or found.text in _ABSENT:
             return None
-        return to_int(found.text, what=path, source=self.source, line=found.line)
+        return self.tolerate(path, found.text, lambda: to_int(found.text, what=path, source=self.source,
+                                                              line=found.line))
 
     def yes_no(self, node: _Node, path: str) -> bool | None:
         found = node.find(path)
-        return None if found is None else _yes_no(found.text, path, self.source, found.line)
+        return None if found is None else self.tolerate(
+            path, found.text, lambda: _yes_no(found.text, path, self.source, found.line))
 
     def uncorrectable(self, node: _Node, path: str) -> int | None:
         section = node.find(path)
         if section is None:
             return None
-        counts = [self.count(section, c.tag) for c in section.children if "uncorrectable" in c.tag]
+        counts = [self.count(node, f"{path}/{c.tag}") for c in section.children if "uncorrectable" in c.tag]
         return _sum_known(counts)
 
     def clock_events(self, gpu: _Node) -> tuple[str, ...]:
@@ -189,7 +229,8 @@ class _XmlReader:
         for section_tag, prefix in _XML_CLOCK_SECTIONS.items():
             section = gpu.find(section_tag)
             for reason in section.children if section is not None else ():
-                if _active(reason.text, reason.tag, self.source, reason.line):
+                if self.tolerate(f"{section_tag}/{reason.tag}", reason.text,
+                                 lambda: _active(reason.text, reason.tag, self.source, reason.line)):
                     active.append(reason.tag.removeprefix(prefix))
         return tuple(active)
 
@@ -217,7 +258,8 @@ class _XmlReader:
             drain_and_reset_recommended=self.yes_no(gpu, "gpu_reset_status/drain_and_reset_recommended"),
             recovery_action=self.text(gpu, "gpu_recovery_action"),
             clock_events_active=self.clock_events(gpu),
-            fabric_state=self.text(gpu, "fabric/state"), fabric_status=self.text(gpu, "fabric/status"))
+            fabric_state=self.text(gpu, "fabric/state"), fabric_status=self.text(gpu, "fabric/status"),
+            vbios_version=self.text(gpu, "vbios_version"), unreadable=self.take_unread())
 
 
 # --- text --------------------------------------------------------------------------------
@@ -253,7 +295,7 @@ def parse_smi_text(text: str, *, source: str = TEXT_SOURCE) -> SmiQuery:
                     attached_gpus=None if attached is None else
                     to_int(attached.value or "", what="Attached GPUs", source=source,
                            line=attached.line),
-                    gpus=tuple(gpus))
+                    gpus=tuple(gpus), cuda_version=reader.text(top, "CUDA Version"))
 
 
 def _text_tree(text: str, source: str) -> _Entry:
@@ -298,45 +340,45 @@ def _reject_empty_sections(top: _Entry, source: str) -> None:
         pending.extend(entry.children)
 
 
-class _TextReader:
-    def __init__(self, source: str):
-        self.source = source
-
+class _TextReader(_Tolerant):
     def text(self, entry: _Entry, path: str) -> str | None:
         found = entry.find(path)
-        return None if found is None or found.value in (None, "", "N/A") else found.value
+        return None if found is None or found.value is None or found.value in _ABSENT else found.value
 
     def count(self, entry: _Entry, path: str) -> int | None:
         found = entry.find(path)
-        if found is None or found.value in (None, "", "N/A"):
+        if found is None or found.value is None or found.value in _ABSENT:
             return None
-        return to_int(found.value, what=path, source=self.source, line=found.line)
+        return self.tolerate(path, found.value, lambda: to_int(found.value, what=path, source=self.source,
+                                                               line=found.line))
 
     def yes_no(self, entry: _Entry, path: str) -> bool | None:
         found = entry.find(path)
-        return None if found is None else _yes_no(found.value or "", path, self.source, found.line)
+        return None if found is None else self.tolerate(
+            path, found.value or "", lambda: _yes_no(found.value or "", path, self.source, found.line))
 
     def uncorrectable(self, entry: _Entry, path: str) -> int | None:
         section = entry.find(path)
         if section is None:
             return None
-        return _sum_known([self.count(section, c.key) for c in section.children
+        return _sum_known([self.count(entry, f"{path}/{c.key}") for c in section.children
                            if "Uncorrectable" in c.key])
 
     def clock_events(self, gpu: _Entry) -> tuple[str, ...]:
         active = []
 
-        def visit(entries: list[_Entry]) -> None:
+        def visit(section: str, entries: list[_Entry]) -> None:
             for reason in entries:
                 name = _TEXT_CLOCK_REASONS.get(reason.key, reason.key.lower().replace(" ", "_"))
-                if _active(reason.value or "", reason.key, self.source, reason.line):
+                if self.tolerate(f"{section}/{reason.key}", reason.value or "",
+                                 lambda: _active(reason.value or "", reason.key, self.source, reason.line)):
                     active.append(name)
-                visit(reason.children)   # HW Slowdown holds its thermal and power-brake parts
+                visit(section, reason.children)   # HW Slowdown holds its thermal and power-brake parts
 
         for section in _TEXT_CLOCK_SECTIONS:
             found = gpu.find(section)
             if found is not None:
-                visit(found.children)
+                visit(section, found.children)
         return tuple(active)
 
     def gpu(self, index: int, bus_id: str, gpu: _Entry) -> GpuQuery:
@@ -358,13 +400,14 @@ class _TextReader:
             drain_and_reset_recommended=self.yes_no(gpu, "GPU Reset Status/Drain and Reset Recommended"),
             recovery_action=self.text(gpu, "GPU Recovery Action"),
             clock_events_active=self.clock_events(gpu),
-            fabric_state=self.text(gpu, "Fabric/State"), fabric_status=self.text(gpu, "Fabric/Status"))
+            fabric_state=self.text(gpu, "Fabric/State"), fabric_status=self.text(gpu, "Fabric/Status"),
+            vbios_version=self.text(gpu, "VBIOS Version"), unreadable=self.take_unread())
 
 
 # --- shared ------------------------------------------------------------------------------
 
 def _yes_no(value: str, what: str, source: str, line: int) -> bool | None:
-    if value in ("", "N/A"):
+    if value in _ABSENT:
         return None
     if value not in ("Yes", "No"):
         raise ParseError(f"{what}: expected Yes or No, got {value!r}", source=source, line=line)
@@ -372,7 +415,7 @@ def _yes_no(value: str, what: str, source: str, line: int) -> bool | None:
 
 
 def _active(value: str, what: str, source: str, line: int) -> bool:
-    if value not in ("Active", "Not Active", "N/A"):
+    if value not in ("Active", "Not Active") and value not in _ABSENT:
         raise ParseError(f"{what}: expected Active or Not Active, got {value!r}", source=source,
                          line=line)
     return value == "Active"

@@ -11,7 +11,9 @@ meta.json:
          "duration_s": 0.21, "timed_out": false,
          "missing": false,                          # the binary was not found (optional)
          "error": null,                             # one line when it failed: why (optional)
-         "stderr_tail": ""}}}
+         "stderr_tail": "",
+         "stdout_bytes": 1234,                      # what it wrote, before any cut (optional)
+         "truncated": false}}}                      # stdout kept only its head and tail (optional)
 
 host.json (psutil and /proc):
     {"memory": {"total_bytes": 2164..., "available_bytes": 1980...},
@@ -19,12 +21,14 @@ host.json (psutil and /proc):
      "defunct_processes": [{"pid": 4242, "ppid": 1, "name": "python"}],
      "load_avg": [1.5, 1.2, 0.9],                   # 1, 5 and 15 minutes
      "cpu_count": 224,
-     "boot_time": "2025-02-20T08:00:00+00:00"}      # optional: dates dmesg's seconds-since-boot
+     "boot_time": "2025-02-20T08:00:00+00:00",      # optional: dates dmesg's seconds-since-boot
+     "software": {"kernel": "5.15.0-112-generic",   # optional: versions compared between nodes
+                  "torch": "2.13.0", "nccl": "2.28.9"}}
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from trainctl.errors import ParseError
@@ -40,6 +44,8 @@ class Probe:
     missing: bool
     error: str | None
     stderr_tail: str
+    stdout_bytes: int | None = None     # None: not recorded (a hand-written or older snapshot)
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class HostInfo:
     load_average: tuple[float, float, float]
     cpu_count: int
     boot_time: datetime | None
+    software: dict[str, str] = field(default_factory=dict)    # name -> version as printed
 
 
 def parse_meta(text: str, *, source: str = "meta.json") -> SnapshotMeta:
@@ -94,7 +101,11 @@ def parse_meta(text: str, *, source: str = "meta.json") -> SnapshotMeta:
                                     required=False)),
             error=json_field(probe, "error", str, where=where, source=source, required=False),
             stderr_tail=json_field(probe, "stderr_tail", str, where=where, source=source,
-                                   required=False) or "")
+                                   required=False) or "",
+            stdout_bytes=json_field(probe, "stdout_bytes", int, where=where, source=source,
+                                    required=False),
+            truncated=bool(json_field(probe, "truncated", bool, where=where, source=source,
+                                      required=False)))
     return SnapshotMeta(host=json_field(doc, "host", str, where="meta", source=source,
                                         required=False),
                         collected_at=_time(doc, "collected_at", source), probes=probes)
@@ -109,14 +120,15 @@ def parse_host(text: str, *, source: str = "host.json") -> HostInfo:
     if len(load) != 3 or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                  for x in load):
         raise ParseError("host: 'load_avg' is not three numbers", source=source)
+    if any(x < 0 for x in load):
+        raise ParseError("host: 'load_avg' has a negative number", source=source)
     return HostInfo(
-        memory_total_bytes=json_field(memory, "total_bytes", int, where="memory", source=source),
-        memory_available_bytes=json_field(memory, "available_bytes", int, where="memory",
-                                          source=source),
+        memory_total_bytes=_count(memory, "total_bytes", "memory", source),
+        memory_available_bytes=_count(memory, "available_bytes", "memory", source),
         disks=tuple(Filesystem(
             path=json_field(fs, "path", str, where=f"disk #{i}", source=source),
-            total_bytes=json_field(fs, "total_bytes", int, where=f"disk #{i}", source=source),
-            free_bytes=json_field(fs, "free_bytes", int, where=f"disk #{i}", source=source))
+            total_bytes=_count(fs, "total_bytes", f"disk #{i}", source),
+            free_bytes=_count(fs, "free_bytes", f"disk #{i}", source))
             for i, fs in enumerate(disks)),
         defunct_processes=tuple(DefunctProcess(
             pid=json_field(p, "pid", int, where=f"defunct process #{i}", source=source),
@@ -125,8 +137,29 @@ def parse_host(text: str, *, source: str = "host.json") -> HostInfo:
             for i, p in enumerate(defunct)),
         load_average=(_float(load[0], "load", source), _float(load[1], "load", source),
                       _float(load[2], "load", source)),
-        cpu_count=json_field(doc, "cpu_count", int, where="host", source=source),
-        boot_time=_time(doc, "boot_time", source))
+        cpu_count=_count(doc, "cpu_count", "host", source, least=1),
+        boot_time=_time(doc, "boot_time", source),
+        software=_strings(json_field(doc, "software", dict, where="host", source=source, required=False) or {},
+                          "software", source))
+
+
+def _strings(table: dict, where: str, source: str) -> dict[str, str]:
+    if not all(isinstance(value, str) for value in table.values()):
+        raise ParseError(f"{where}: every value must be a string", source=source)
+    return dict(table)
+
+
+MAX_COUNT = 2**63 - 1   # the largest byte or CPU count the kernel itself can report (a signed 64-bit)
+
+
+def _count(obj: object, key: str, where: str, source: str, least: int = 0) -> int:
+    """A byte or CPU count: a negative one (or no CPUs) is a broken snapshot, never "ok"."""
+    value = json_field(obj, key, int, where=where, source=source)
+    if value < least:
+        raise ParseError(f"{where}: {key!r} is {value}, less than {least}", source=source)
+    if value > MAX_COUNT:  # no machine has more bytes; arithmetic on such a number overflows a float
+        raise ParseError(f"{where}: {key!r} is larger than {MAX_COUNT}", source=source)
+    return value
 
 
 def _float(value: int | float, where: str, source: str) -> float:

@@ -65,7 +65,8 @@ def parse_ib_sysfs(files: Mapping[str, str]) -> IbInventory:
             rate_gbps=_rate(*attrs["rate"]) if "rate" in attrs else None,
             link_layer=attrs["link_layer"][0] if "link_layer" in attrs else None,
             kind=kinds.get(hca), netdev=netdev.name if netdev else None,
-            netdev_operstate=netdev.operstate if netdev else None))
+            netdev_operstate=netdev.operstate if netdev else None,
+            netdev_mtu=netdev.mtu if netdev else None))
     return IbInventory(ports=tuple(result))
 
 

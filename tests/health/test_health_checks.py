@@ -384,12 +384,12 @@ def test_ib_interface_down_fails_naming_port_and_interface():
 
 def test_ib_mtu():
     devices = parsed("infiniband/ibv_devinfo/fdr-mlx4-2hca-port2-down.txt")
-    assert ib_mtu(devices, NodeExpectations(ib_mtu=4096)).status == Status.OK
+    assert ib_mtu(devices, None, NodeExpectations(ib_mtu=4096)).status == Status.OK
     small = tuple(dataclasses.replace(d, ports=tuple(dataclasses.replace(p, active_mtu=2048)
                                                      for p in d.ports)) for d in devices)
-    assert ib_mtu(small, NONE).reason == ("mlx4_1 port 1: active MTU 2048 below the port's 4096; "
+    assert ib_mtu(small, None, NONE).reason == ("mlx4_1 port 1: active MTU 2048 below the port's 4096; "
                                           "mlx4_0 port 1: active MTU 2048 below the port's 4096")
-    assert ib_mtu(small, NodeExpectations(ib_mtu=4096)).status == Status.FAIL
+    assert ib_mtu(small, None, NodeExpectations(ib_mtu=4096)).status == Status.FAIL
 
 
 def test_netdev_mtu_against_the_site():
@@ -449,8 +449,9 @@ def test_host_checks_against_the_site():
     assert host_memory(host, strict).reason == "480.0 GiB memory available, the site wants 500 GiB"
     assert host_shm(host, strict).reason == "/dev/shm is 256.0 GiB, the site wants 300 GiB"
     disk = host_disk(host, strict)
-    assert (disk.status, disk.reason) == (Status.UNKNOWN, "/scratch: not measured in host.json; "
-                                                          "/: 40.0 GiB free, the site wants 50 GiB")
+    # a failure outranks what could not be measured, and is named first
+    assert (disk.status, disk.reason) == (Status.FAIL, "/: 40.0 GiB free, the site wants 50 GiB; "
+                                                       "/scratch: not measured in host.json")
     assert host_load(host, strict).status == Status.WARN
     zombies = _host(defunct_processes=(DefunctProcess(9, 1, "python"),) * 3)
     assert host_defunct(zombies, NodeExpectations(max_defunct_processes=2)).reason == \

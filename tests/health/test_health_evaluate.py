@@ -16,10 +16,13 @@ from trainctl.health.registry import all_checks, select_checks
 from trainctl.health.snapshot import INPUTS, load_snapshot
 from trainctl.health.status import CheckResult, NodeReport, Status
 
-CHECKS = ["gpu.clock_events", "gpu.count", "gpu.ecc", "gpu.fabric", "gpu.model", "gpu.persistence",
-          "gpu.reset", "gpu.row_remap", "gpu.xid", "host.cpus", "host.defunct", "host.disk",
-          "host.load", "host.memory", "host.shm", "ib.mtu", "ib.netdev", "ib.ports", "net.links",
-          "net.mtu", "nvlink.links", "nvlink.topology", "nvswitch.sxid", "topo.affinity"]
+CHECKS = ["dcgm.diag", "gpu.clock_events", "gpu.count", "gpu.ecc", "gpu.fabric", "gpu.model",
+          "gpu.persistence", "gpu.processes", "gpu.reset", "gpu.row_remap", "gpu.smi", "gpu.visible", "gpu.xid",
+          "host.cpus", "host.defunct", "host.disk", "host.load", "host.memory", "host.shm", "ib.counters",
+          "ib.mtu", "ib.netdev", "ib.ports", "net.links", "net.mtu", "node.versions", "nvlink.counters",
+          "nvlink.links", "nvlink.topology", "nvswitch.sxid", "pcie.links", "topo.affinity"]
+# `--query-compute-apps` with no process prints its header alone (recorded on the lent H100)
+NO_COMPUTE_APPS = read("recorded/h100-vm-2026-11-23-gray/nvidia-smi-compute-apps-idle.csv")
 META = {"host": "node2", "collected_at": "2025-02-23T16:31:00+00:00", "probes": {}}
 HOST = {"memory": {"total_bytes": 2 << 40, "available_bytes": 1 << 40}, "load_avg": [4.0, 3.0, 2.0],
         "cpu_count": 224, "boot_time": "2025-02-20T08:00:00+00:00", "defunct_processes": [],
@@ -63,9 +66,26 @@ def healthy_node() -> dict[str, str]:
         "ip-link.json": json.dumps(
             json.loads(read("net/gcm-ip-j-link-bond-mtu9192-healthy.json"))["intf_status"]),
         "lscpu.txt": read("cpu/utillinux-lscpu-epyc7451-2socket-8numa-with-parsable.txt"),
-        "dmesg.txt": read("kernel/syslog/imbue-dmesg-mlx5-pcie-link-degraded-x8.txt"),
+        "dmesg.txt": read("recorded/h100-vm-2026-11-22/dmesg.txt"),
+        "nvidia-smi-nvlink-e.txt": read("recorded/h100-vm-2026-11-22/nvidia-smi-nvlink-e.txt"),
+        "nvidia-smi-compute-apps.csv": NO_COMPUTE_APPS,
+        "perfquery.txt": read("infiniband/perfquery/treydock-perfquery-x-switch-2ports-healthy.txt"),
         **gcm_sysfs_as_class_view("gcm-a100-8hca-hdr200-healthy.json"),
+        **gpu_pci_links(read("nvidia-smi/query/h100-sxm5-80gb-8gpu-q.txt")),
     }
+
+
+def gpu_pci_links(smi_text: str, speed: str = "32.0 GT/s PCIe", width: str = "16") -> dict[str, str]:
+    """sysfs PCI files for each GPU of an -q output: the H100's Gen5 x16 of the gpud lspci capture,
+    written as sysfs writes them (node_exporter's fixture shows the format)."""
+    files = {}
+    for bus_id in re.findall(r"^GPU ([0-9A-F:.]+)$", smi_text, re.MULTILINE):
+        address = bus_id.lower()[4:]
+        for attr, value in (("vendor", "0x10de"), ("class", "0x030200"), ("current_link_speed", speed),
+                            ("max_link_speed", "32.0 GT/s PCIe"), ("current_link_width", width),
+                            ("max_link_width", "16")):
+            files[f"sys/bus/pci/devices/{address}/{attr}"] = value + "\n"
+    return files
 
 
 def test_registry_lists_every_check_with_a_description_and_its_files():
@@ -121,7 +141,7 @@ def test_missing_files_are_unknown_and_say_why(tmp_path):
         (Status.UNKNOWN,
          "not collected: nvidia-smi-q.xml (nvidia-smi: timed out after 20 s); nvidia-smi-q.txt"),
         (Status.UNKNOWN, "not collected: nvidia-smi-nvlink-s.txt")]
-    assert report.status == Status.UNKNOWN and int(report.status) == 3
+    assert report.status == Status.UNKNOWN and report.status.exit_code == 3
 
 
 def test_unreadable_input_is_unknown_naming_file_and_line(tmp_path):
@@ -135,11 +155,60 @@ def test_unreadable_input_is_unknown_naming_file_and_line(tmp_path):
     assert by_name["nvlink.links"].status == Status.OK
 
 
-def test_unreadable_optional_input_makes_the_check_unknown(tmp_path):
+def test_unreadable_optional_input_is_named_and_the_check_judges_its_own_input(tmp_path):
     files = healthy_node() | {"meta.json": "{not json"}
     (xid,) = evaluate(load_snapshot(write_snapshot(tmp_path, files)), only=["gpu.xid"]).checks
-    assert (xid.status, xid.reason) == (Status.UNKNOWN, "unreadable: meta.json:1: not JSON: "
-                                                        "Expecting property name enclosed in double quotes")
+    assert xid.status == Status.OK and xid.reason == "no Xid events since boot"
+    assert xid.details["unreadable_inputs"] == {
+        "meta": "unreadable: meta.json:1: not JSON: Expecting property name enclosed in double quotes"}
+
+
+# Real text, from https://github.com/cpnr/computing/issues/73 (a node whose driver stopped
+# answering). Its exit status (9: driver not loaded) is from nvidia-smi(1), RETURN VALUE; no
+# recording of which stream nvidia-smi writes it to was found, so it is on stderr here.
+SMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                 "Make sure that the latest NVIDIA driver is installed and running.")
+XID94_LOG = "kernel/xid/lambda-syslog-a100-xid63-xid64-xid94-contained-sm.txt"
+
+
+def failed_smi_meta(exit_code: int, stderr: str, stdout_bytes: int = 0) -> str:
+    error = f"nvidia-smi exited with status {exit_code}: {stderr}" if exit_code else None
+    return json.dumps(META | {"probes": {"nvidia-smi-q.xml": {
+        "command": ["nvidia-smi", "-q", "-x"], "exit_code": exit_code, "duration_s": 0.1, "timed_out": False,
+        "error": error, "stderr_tail": stderr + "\n", "stdout_bytes": stdout_bytes, "truncated": False}}})
+
+
+def test_failed_nvidia_smi_hides_neither_itself_nor_the_kernel_logs_xid(tmp_path):
+    files = {k: v for k, v in healthy_node().items() if k != "nvidia-smi-q.txt"}
+    files |= {"meta.json": failed_smi_meta(9, SMI_NO_DRIVER), "nvidia-smi-q.xml": "", "dmesg.txt": read(XID94_LOG)}
+    report = evaluate(load_snapshot(write_snapshot(tmp_path, files)), only=["gpu"])
+    by_name = {c.name: c for c in report.checks}
+    assert report.status == Status.FAIL and report.status.exit_code == 2
+    xid = by_name["gpu.xid"]
+    assert xid.status == Status.FAIL
+    # judged from the kernel log alone: the GPU is named by its PCI address
+    assert "Xid 94 (Contained ECC error" in xid.reason and "on the GPU at PCI 0000:0b:00" in xid.reason
+    assert xid.details["unreadable_inputs"]["smi"].startswith("unreadable: nvidia-smi-q.xml:1: malformed XML")
+    smi = by_name["gpu.smi"]
+    assert smi.status == Status.FAIL
+    assert smi.reason == (f"nvidia-smi -q -x failed: nvidia-smi exited with status 9: {SMI_NO_DRIVER} "
+                          "(status 9: the NVIDIA driver is not loaded)")
+    assert smi.details["exit_code"] == 9 and SMI_NO_DRIVER in smi.details["stderr_tail"]
+    # the checks that need the GPUs' answers cannot decide, and say why
+    count = by_name["gpu.count"]
+    assert count.status == Status.UNKNOWN
+    assert count.reason.endswith(f"(nvidia-smi exited with status 9: {SMI_NO_DRIVER})")
+
+
+def test_nvidia_smi_that_exits_0_with_no_output_fails(tmp_path):
+    files = healthy_node() | {"meta.json": failed_smi_meta(0, ""), "nvidia-smi-q.xml": ""}
+    (smi,) = evaluate(load_snapshot(write_snapshot(tmp_path, files)), only=["gpu.smi"]).checks
+    assert (smi.status, smi.reason) == (Status.FAIL, "nvidia-smi -q -x exited 0 but printed nothing")
+
+
+def test_nvidia_smi_judged_only_from_what_meta_recorded(tmp_path):
+    (smi,) = evaluate(load_snapshot(write_snapshot(tmp_path, healthy_node())), only=["gpu.smi"]).checks
+    assert smi.status == Status.OK and smi.details == {"recorded": False}
 
 
 def test_site_without_gpus_or_ib_skips_those_checks(tmp_path):
@@ -161,7 +230,7 @@ def test_host_name_falls_back_to_the_directory(tmp_path):
 
 def test_only_takes_names_and_families():
     assert [s.name for s in select_checks(["ib", "gpu.xid"])] == [
-        "gpu.xid", "ib.mtu", "ib.netdev", "ib.ports"]
+        "gpu.xid", "ib.counters", "ib.mtu", "ib.netdev", "ib.ports"]
     with pytest.raises(UsageError, match="unknown check\\(s\\): gpu.bogus"):
         select_checks(["gpu.bogus"])
 
@@ -178,6 +247,10 @@ def test_node_status_is_the_worst_check_and_the_exit_code():
         return NodeReport("n", tuple(CheckResult(f"c{i}", s, "") for i, s in enumerate(statuses)))
     assert report(Status.OK, Status.WARN).status == Status.WARN
     assert report(Status.FAIL, Status.WARN, Status.OK).status == Status.FAIL
-    assert report(Status.FAIL, Status.UNKNOWN).status == Status.UNKNOWN
+    # a failure is a fact about the node; a check that could not decide must not hide it
+    assert report(Status.FAIL, Status.UNKNOWN).status == Status.FAIL
+    assert report(Status.UNKNOWN, Status.WARN, Status.OK).status == Status.UNKNOWN
     assert report().status == Status.UNKNOWN
-    assert [int(s) for s in Status] == [0, 1, 2, 3] and Status.WARN.label == "warn"
+    assert sorted(Status) == [Status.OK, Status.WARN, Status.UNKNOWN, Status.FAIL]
+    assert {s.label: s.exit_code for s in Status} == {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
+    assert Status("warn") is Status.WARN

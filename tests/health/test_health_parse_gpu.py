@@ -237,8 +237,7 @@ def test_smi_text_new_layout_fields():
     ("<nvidia_smi_log><gpu id='00000000:01:00.0'>", "malformed XML"),
     ("<other/>", "not <nvidia_smi_log>"),
     ("<nvidia_smi_log><gpu id='x'/></nvidia_smi_log>", "PCI bus id"),
-    ("<nvidia_smi_log><gpu id='00000000:01:00.0'><gpu_reset_status>\n<reset_required>Maybe"
-     "</reset_required></gpu_reset_status></gpu></nvidia_smi_log>", "Yes or No"),
+    ("<nvidia_smi_log><attached_gpus>ERR!</attached_gpus></nvidia_smi_log>", "attached_gpus"),
 ])
 def test_smi_xml_rejects_damaged_input(text, message):
     with pytest.raises(ParseError, match=message) as error:
@@ -251,9 +250,36 @@ def test_smi_xml_rejects_damaged_input(text, message):
     ("==============NVSMI LOG==============\nGPU 00000000:01:00.0\n    Retired Pages\n", "empty"),
     ("==============NVSMI LOG==============\nGPU 00000000:01:00.0\n   Product Name : X\n",
      "indentation"),
-    ("==============NVSMI LOG==============\nGPU 00000000:01:00.0\n    Retired Pages\n"
-     "        Single Bit ECC : many\n", "not an integer"),
 ])
 def test_smi_text_rejects_damaged_input(text, message):
     with pytest.raises(ParseError, match=message):
         parse_smi_text(text)
+
+
+def test_one_unexpected_value_is_that_field_not_reported_the_rest_is_read():
+    """"ERR!" is what nvidia-smi prints for a value it could not read (the Fan column of
+    nvidia-smi/default/gpud-525-geforce-fan-err-bang.txt); a new enum reads the same way."""
+    xml = read(QUERY + "a100-sxm4-80gb-1gpu-q-x-v12.xml")
+    xml = xml.replace("<dram_uncorrectable>0</dram_uncorrectable>",
+                      "<dram_uncorrectable>ERR!</dram_uncorrectable>", 1)
+    xml = xml.replace("<clocks_event_reason_gpu_idle>Not Active</clocks_event_reason_gpu_idle>",
+                      "<clocks_event_reason_gpu_idle>Asleep</clocks_event_reason_gpu_idle>", 1)
+    gpu = parse_smi_xml(xml).gpus[0]
+    assert [(f.path, f.value) for f in gpu.unreadable] == [
+        ("ecc_errors/volatile/dram_uncorrectable", "ERR!"),
+        ("clocks_event_reasons/clocks_event_reason_gpu_idle", "Asleep")]
+    assert gpu.ecc_uncorrectable_volatile == 0 and gpu.ecc_uncorrectable_aggregate == 0   # the other counters
+    assert gpu.product_name == "NVIDIA A100-SXM4-80GB" and gpu.vbios_version == "92.00.36.00.02"
+    text = read(QUERY + "a100-sxm4-4gpu-q.txt").replace("Pending                           : No",
+                                                        "Pending                           : [Unknown Error]", 1)
+    gpus = parse_smi_text(text).gpus
+    assert [(f.path, f.value) for f in gpus[0].unreadable] == [("Remapped Rows/Pending", "[Unknown Error]")]
+    assert all(not g.unreadable for g in gpus[1:])
+
+
+def test_smi_versions():
+    smi = parse_smi_xml(read(QUERY + "a100-sxm4-80gb-1gpu-q-x-v12.xml"))
+    assert (smi.driver_version, smi.cuda_version) == ("535.54.03", "12.2")
+    smi = parse_smi_text(read(QUERY + "h100-sxm5-80gb-8gpu-q.txt"))
+    assert (smi.driver_version, smi.cuda_version) == ("565.57.01", "12.7")
+    assert {g.vbios_version for g in smi.gpus} == {"96.00.74.00.01"}

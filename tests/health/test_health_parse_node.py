@@ -203,6 +203,11 @@ LSCPU_VALUES = {
     "utillinux-lscpu-xeon-x7550-4socket-stride-ranges-with-parsable.txt": (64, 64, 4, {0: 32, 2: 16, 3: 16}),
     "xeon-e5-2695v4-2socket-lscpu-old-format.txt": (36, 36, 2, {0: 18, 1: 18}),
     "recorded/h100-vm-2026-11-22-b/lscpu.txt": (16, 16, 1, {0: 16}),
+    "utillinux-lscpu-opteron6328-2socket-4numa-smt-adjacent-siblings-with-parsable.txt":
+        (16, 16, 2, {n: 4 for n in range(4)}),
+    "princeton-della-h100-node-xeon8468-2socket-nosmt-numa-even-odd-interleaved-lscpu.txt": (96, 96, 2, {0: 48, 1: 48}),
+    "princeton-tigergpu-p100-node-e5-2680v4-2socket-numa-even-odd-lscpu.txt": (28, 28, 2, {0: 14, 1: 14}),
+    "princeton-stellar-a100-node-epyc7h12-2socket-nosmt-lscpu.txt": (128, 128, 2, {0: 64, 1: 64}),
 }
 
 
@@ -221,6 +226,50 @@ def test_lscpu_stride_ranges_and_node_lists():
     epyc = parsed("cpu/utillinux-lscpu-epyc7451-2socket-8numa-with-parsable.txt")
     assert epyc.numa_nodes[7] == frozenset(range(42, 48)) | frozenset(range(90, 96))
     assert epyc.model_name == "AMD EPYC 7451 24-Core Processor"
+
+
+def test_della_h100_numa_nodes_interleave_even_and_odd_cpus():
+    della = parsed("cpu/princeton-della-h100-node-xeon8468-2socket-nosmt-numa-even-odd-interleaved-lscpu.txt")
+    assert della.numa_nodes == {0: frozenset(range(0, 96, 2)), 1: frozenset(range(1, 96, 2))}
+    # Thread(s) per core: 1 is measured: every CPU is a core of its own
+    assert della.threads_per_core == 1 and della.measured_cores() == tuple(frozenset({c}) for c in range(96))
+
+
+# (lscpu output, the /proc+/sys dump util-linux produced it from, CPU 0's siblings, cores)
+SIBLING_LAYOUTS = [
+    ("utillinux-lscpu-opteron6328-2socket-4numa-smt-adjacent-siblings-with-parsable.txt",
+     "utillinux-dump-opteron6328-2socket-thread-siblings-adjacent-0-1.tar.gz", {0, 1}, 8),
+    ("utillinux-lscpu-xeon-x7550-4socket-stride-ranges-with-parsable.txt",
+     "utillinux-dump-xeon-x7550-4socket-thread-siblings-split-0-32.tar.gz", {0, 32}, 32),
+]
+
+
+@pytest.mark.parametrize("lscpu, dump, cpu0, cores", SIBLING_LAYOUTS, ids=["adjacent", "split"])
+def test_sysfs_siblings_and_lscpu_p_agree_on_the_same_machine(lscpu, dump, cpu0, cores):
+    from_sysfs = parsed(f"cpu/sysfs-dumps/{dump}")
+    from_lscpu = parsed(f"cpu/{lscpu}").measured_cores()
+    assert from_sysfs == from_lscpu
+    assert from_sysfs[0] == cpu0 and len(from_sysfs) == cores
+    assert all(len(core) == 2 for core in from_sysfs)
+
+
+def test_lscpu_reads_cores_from_the_first_p_table_only():
+    # the Opteron output carries `lscpu -p` then `lscpu -p -y`, whose physical core IDs repeat
+    # per die: CPU 0 and 4 would share "core 0" there
+    opteron = parsed("cpu/utillinux-lscpu-opteron6328-2socket-4numa-smt-adjacent-siblings-with-parsable.txt")
+    assert frozenset({0, 4}) not in opteron.cores and frozenset({0, 1}) in opteron.cores
+    assert parsed("cpu/xeon-e5-2695v4-2socket-lscpu-old-format.txt").cores is None
+
+
+def test_sibling_lists_that_disagree_are_refused():
+    from trainctl.health.parse.cpu_siblings import parse_thread_siblings
+
+    files = {"sys/devices/system/cpu/cpu0/topology/thread_siblings_list": "0-1\n",
+             "sys/devices/system/cpu/cpu1/topology/thread_siblings_list": "1-2\n"}
+    with pytest.raises(ParseError, match="cpu0 lists siblings 0,1 but cpu1 lists 1,2"):
+        parse_thread_siblings(files)
+    with pytest.raises(ParseError, match="not among its own siblings"):
+        parse_thread_siblings({"sys/devices/system/cpu/cpu3/topology/thread_siblings_list": "0-1"})
 
 
 def test_lscpu_rejects_missing_cpu_count_and_junk():

@@ -55,7 +55,8 @@ def damaged(draw, text: str) -> str:
 @st.composite
 def damaged_tree(draw, files: dict) -> dict:
     """A sysfs mapping with some of the files the parser reads damaged or missing."""
-    read_by_parser = sorted(p for p in files if "/infiniband/" in p or "/net/" in p)
+    read_by_parser = sorted(p for p in files if "/infiniband/" in p or "/net/" in p or "/devices/" in p
+                            or "/topology/" in p)
     files = dict(files)
     for path in draw(st.lists(st.sampled_from(read_by_parser), min_size=1, max_size=4, unique=True)):
         if draw(st.booleans()):

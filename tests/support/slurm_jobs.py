@@ -30,3 +30,9 @@ def wait_for_job(devcluster, job_id: str, timeout_s: float = 150.0) -> dict:
             return record
         assert time.monotonic() < deadline, f"job {job_id} still {record['JobState']} after {timeout_s} s"
         time.sleep(0.5)
+
+
+def job_output(cwd: Path, job_id: str) -> str:
+    """The job script's output, then each rank's own file (the site's launch.rank_output)."""
+    gate_dir = cwd / f"trainctl-gate-{job_id}"
+    return "".join(path.read_text() for path in [cwd / f"slurm-{job_id}.out", *sorted(gate_dir.glob("rank-*.out"))])

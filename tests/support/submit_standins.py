@@ -50,22 +50,49 @@ print("{JOB_ID}")
 def write_srun(bin_dir: Path) -> Path:
     """`srun` that runs its command as the one task of a one-node step, here; logs its argv."""
     return _write(bin_dir / "srun", f"""#!/bin/bash
-printf '%s\\0' "$@" >> {shlex.quote(str(bin_dir / 'srun.log'))}
-printf '\\n' >> {shlex.quote(str(bin_dir / 'srun.log'))}
+# steps run in the background (the gate, the sentinel) log concurrently: one entry at a time
+{{ flock 9; printf '%s\\0' "$@" >&9; printf '\\n' >&9; }} 9>> {shlex.quote(str(bin_dir / 'srun.log'))}
 while [[ $# -gt 0 && "$1" == -* ]]; do shift; done
 export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 SLURM_NTASKS=1 SLURM_TASKS_PER_NODE=1
 exec "$@"
 """)
 
 
-def write_scontrol(bin_dir: Path) -> Path:
-    """`scontrol show hostnames LIST`, the one scontrol call the job script makes."""
+def write_scontrol(bin_dir: Path, *, refuse_update: str = "") -> Path:
+    """`scontrol show hostnames LIST`, and `update JobId=ID NodeList=LIST`, logged to
+    scontrol-update.log beside itself. An update writes slurm_job_<id>_resize.sh in the current
+    directory with the lines Slurm 22.05.8's scontrol wrote on the dev cluster
+    (tests/test_release_cluster.py; src/scontrol/update_job.c, _update_job_size), less
+    SLURM_JOB_CPUS_PER_NODE, and prints scontrol's hint; or, with `refuse_update`, prints that
+    on stderr and exits 1."""
     return _write(bin_dir / "scontrol", f"""#!{sys.executable}
 import sys
+from pathlib import Path
 from trainctl.slurm import expand_hostlist
-assert sys.argv[1:3] == ["show", "hostnames"], sys.argv
-print("\\n".join(expand_hostlist(sys.argv[3])))
+args = sys.argv[1:]
+if args[:2] == ["show", "hostnames"]:
+    print("\\n".join(expand_hostlist(args[2])))
+    sys.exit(0)
+assert args[0] == "update" and args[1].startswith("JobId=") and args[2].startswith("NodeList="), args
+with open(Path(__file__).with_name("scontrol-update.log"), "a") as log:
+    log.write(" ".join(args) + "\\n")
+if {refuse_update!r}:
+    print({refuse_update!r}, file=sys.stderr)
+    sys.exit(1)
+job_id, nodes = args[1].split("=", 1)[1], args[2].split("=", 1)[1]
+name = f"slurm_job_{{job_id}}_resize.sh"
+Path(name).write_text(f'export SLURM_NODELIST="{{nodes}}"\\nexport SLURM_JOB_NODELIST="{{nodes}}"\\n'
+                      f'export SLURM_NNODES={{len(expand_hostlist(nodes))}}\\n'
+                      f'export SLURM_JOB_NUM_NODES={{len(expand_hostlist(nodes))}}\\n'
+                      'unset SLURM_NPROCS\\nunset SLURM_NTASKS\\nunset SLURM_TASKS_PER_NODE\\n')
+print(f"To reset SLURM environment variables, execute\\n  For bash or sh shells:  . ./{{name}}")
 """)
+
+
+def write_squeue(bin_dir: Path) -> Path:
+    """`squeue` that lists no steps (the script looks up its sentinel and gate steps by name):
+    the test does not depend on whether a real squeue, with no cluster to ask, is installed."""
+    return _write(bin_dir / "squeue", "#!/bin/sh\nexit 0\n")
 
 
 def write_trainctl(path: Path, *, log: Path, decision: str = "", failure: str = "") -> Path:
@@ -82,6 +109,8 @@ log={shlex.quote(str(log))}
 case "${{1:-}} ${{2:-}}" in
   "gate node")
     echo "${{SLURMD_NODENAME:-$(hostname)}} $*" >> "$log";;
+  "gate sentinel")
+    echo "sentinel $*" >> "$log";;
   "gate decide")
     echo "decide $*" >> "$log"
     failure={shlex.quote(failure)}

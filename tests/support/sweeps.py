@@ -17,7 +17,7 @@ from pathlib import Path
 from tests.support.replay import SHARED_FIXTURES, write_replay
 from trainctl.sweep.db import History
 from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, STATUS_CODE, TIMEOUT, CheckRow,
-                                  NodeOutcome)
+                                  NodeOutcome, worst_label)
 
 DAY = 86400.0
 BASE_CHECKS = ("gpu.xid", "host.memory", "ib.ports")
@@ -27,7 +27,7 @@ def outcome(host: str, spec) -> NodeOutcome:
     if isinstance(spec, dict):
         checks = {name: ("ok", "fine") for name in BASE_CHECKS} | spec
         rows = tuple(CheckRow(name, status, reason, {}) for name, (status, reason) in sorted(checks.items()))
-        worst = max((r.status for r in rows), key=STATUS_CODE.__getitem__)
+        worst = worst_label(r.status for r in rows)
         return NodeOutcome(host, CHECKED, status=worst, slurm_state="idle", duration_s=1.0, checks=rows)
     if spec in STATUS_CODE:
         rows = tuple(CheckRow(name, spec, f"{name} {spec}", {}) for name in BASE_CHECKS)

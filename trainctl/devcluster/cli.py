@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -10,12 +11,15 @@ import time
 
 import click
 
-from trainctl.devcluster.cluster import (DEFAULT_BASE_DIR, STATE_FILE, ClusterSpec, ClusterStatus,
-                                        DevCluster)
+from trainctl.validate import DAY_S, Bounds, Number
+
+from trainctl.devcluster.cluster import (STATE_FILE, ClusterSpec, ClusterStatus, DevCluster,
+                                        spec_for_instance)
 from trainctl.errors import ExternalCommandError, UsageError
 from trainctl.proc import run
 
-BASE_DIR_HELP = "Directory holding the cluster's configs, keys, logs and state (deleted by `down`)."
+BASE_DIR_HELP = ("Directory holding the cluster's configs, keys, logs and state (deleted by `down`); "
+                 "default: the instance's ($TRAINCTL_DEVCLUSTER_INSTANCE K: /tmp/trainctl-devcluster-K).")
 
 
 def parse_node_assignments(values: tuple[str, ...], option: str) -> dict[str, str]:
@@ -31,16 +35,21 @@ def parse_node_assignments(values: tuple[str, ...], option: str) -> dict[str, st
     return assignments
 
 
-def spec_from_options(nodes: int, base_dir: str, mtus: tuple[str, ...],
-                      rates: tuple[str, ...]) -> ClusterSpec:
-    """The `up` options as a validated ClusterSpec (raises UsageError naming the bad option)."""
+def spec_from_options(nodes: int, base_dir: str | None, mtus: tuple[str, ...],
+                      rates: tuple[str, ...], domain: str = "") -> ClusterSpec:
+    """The `up` options as a validated ClusterSpec (raises UsageError naming the bad option).
+
+    Names, subnet and port are those of dev cluster instance $TRAINCTL_DEVCLUSTER_INSTANCE.
+    """
     mtu_by_node = {}
     for node, text in parse_node_assignments(mtus, "--mtu").items():
         if not text.isdigit():
             raise UsageError(f"--mtu {node}={text}: the MTU must be a whole number of bytes")
         mtu_by_node[node] = int(text)
-    spec = ClusterSpec(nodes=nodes, base_dir=base_dir, mtus=mtu_by_node,
-                       rates=parse_node_assignments(rates, "--rate"))
+    instance = spec_for_instance()
+    spec = dataclasses.replace(instance, nodes=nodes, base_dir=base_dir or instance.base_dir,
+                               mtus=mtu_by_node, rates=parse_node_assignments(rates, "--rate"),
+                               domain=domain)
     spec.validate()
     return spec
 
@@ -70,8 +79,12 @@ def _print_status(status: ClusterStatus, as_json: bool) -> None:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
-base_dir_option = click.option("--base-dir", default=DEFAULT_BASE_DIR, show_default=True,
-                               envvar="TRAINCTL_DEVCLUSTER_DIR", metavar="DIR", help=BASE_DIR_HELP)
+base_dir_option = click.option("--base-dir", default=None, envvar="TRAINCTL_DEVCLUSTER_DIR",
+                               metavar="DIR", help=BASE_DIR_HELP)
+
+
+def _base_dir(base_dir: str | None) -> str:
+    return base_dir or spec_for_instance().base_dir
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 
 
@@ -96,12 +109,16 @@ def dev_cluster() -> None:
 @click.option("--rate", "rates", multiple=True, metavar="NODE=RATE",
               help="Limit a node's bandwidth both ways with tc tbf, e.g. --rate node2=1gbit "
                    "(repeatable).")
+@click.option("--domain", default="", metavar="DOMAIN",
+              help="Give node N the hostname nodeN.DOMAIN (NodeHostname) while Slurm still calls "
+                   "it nodeN, e.g. --domain cluster.test.")
 @click.option("--sshd", is_flag=True, help="Also start sshd on every node (key auth as root).")
 @json_option
-def up(nodes: int, base_dir: str, mtus: tuple[str, ...], rates: tuple[str, ...], sshd: bool,
-       as_json: bool) -> None:
+def up(nodes: int, base_dir: str | None, mtus: tuple[str, ...], rates: tuple[str, ...], domain: str,
+       sshd: bool, as_json: bool) -> None:
     """Start the cluster (replacing any earlier one in DIR) and wait until all nodes are idle."""
-    spec = spec_from_options(nodes, base_dir, mtus, rates)
+    spec = spec_from_options(nodes, base_dir, mtus, rates, domain)
+    base_dir = spec.base_dir
     cluster = DevCluster(spec)
     start = time.monotonic()
     cluster.up(progress=_progress)
@@ -119,16 +136,18 @@ def up(nodes: int, base_dir: str, mtus: tuple[str, ...], rates: tuple[str, ...],
 @json_option
 def status(base_dir: str, as_json: bool) -> None:
     """Show nodes, addresses, MTUs, rate limits, Slurm states and daemons, read live."""
-    _print_status(DevCluster.attach(base_dir).status(), as_json)
+    _print_status(DevCluster.attach(_base_dir(base_dir)).status(), as_json)
 
 
 @dev_cluster.command()
 @base_dir_option
 def down(base_dir: str) -> None:
     """Stop the daemons and remove namespaces, bridge, mounts, fake GPUs and DIR (idempotent)."""
+    base_dir = _base_dir(base_dir)
     has_state = os.path.exists(os.path.join(base_dir, STATE_FILE))
     # Without a state file, still sweep the default-named namespaces a crashed run may have left.
-    cluster = DevCluster.attach(base_dir) if has_state else DevCluster(ClusterSpec(base_dir=base_dir))
+    cluster = (DevCluster.attach(base_dir) if has_state
+               else DevCluster(dataclasses.replace(spec_for_instance(), base_dir=base_dir)))
     start = time.monotonic()
     removed = cluster.down()
     _progress(f"removed {len(removed)} items in {time.monotonic() - start:.2f} s"
@@ -139,14 +158,14 @@ def down(base_dir: str) -> None:
 @base_dir_option
 def env(base_dir: str) -> None:
     """Print `export` lines for Slurm clients: eval "$(trainctl dev-cluster env)"."""
-    for name, value in DevCluster.attach(base_dir).env().items():
+    for name, value in DevCluster.attach(_base_dir(base_dir)).env().items():
         click.echo(f"export {name}={shlex.quote(value)}")
 
 
 @dev_cluster.command("run", context_settings={"ignore_unknown_options": True,
                                                 "allow_interspersed_args": False})
 @base_dir_option
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600, show_default=True,
+@click.option("--timeout", "timeout_s", type=Number(float, Bounds(1, DAY_S)), default=600, show_default=True,
               help="Kill the command after this many seconds.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -155,7 +174,7 @@ def run_command(ctx: click.Context, base_dir: str, timeout_s: float, command: tu
 
     Its output is printed when it ends; the exit status is COMMAND's.
     """
-    cluster = DevCluster.attach(base_dir)
+    cluster = DevCluster.attach(_base_dir(base_dir))
     result = run(list(command), timeout=timeout_s, env=cluster.client_env())
     if result.missing or result.timed_out:
         raise ExternalCommandError(result.describe_failure())

@@ -15,7 +15,10 @@ Loading is strict: an unknown key, a wrong type or a missing required key is a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import re
+import stat
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -23,13 +26,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainctl.errors import ConfigError, UsageError
+from trainctl.validate import InvalidValue, check_number, check_text, site_bounds
 
-BUILTIN_SITE_DIR = Path(__file__).resolve().parent.parent / "site_configs"
-# Editable installs and the source tree keep the samples beside the package folders.
+BUILTIN_SITE_DIR = Path(__file__).resolve().parent / "site_configs"
+# Editable installs and the source tree keep the samples in the top-level site-configs/.
 if not BUILTIN_SITE_DIR.is_dir():
     BUILTIN_SITE_DIR = Path(__file__).resolve().parent.parent / "site-configs"
 
 REQUIRED = dataclasses.MISSING
+# POSIX: portable environment variable names are letters, digits and underscores, not starting
+# with a digit (the only names every shell can `export`).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def doc(text: str, default: Any = REQUIRED, **kwargs) -> Any:
@@ -53,17 +60,46 @@ class SlurmConfig:
 @dataclass(frozen=True, kw_only=True)
 class GateConfig:
     checks: tuple[str, ...] = doc("health checks the gate runs ('all' or check names)", ("all",))
-    straggler_factor: float = doc("a node slower than factor x its peers' median busbw is a straggler", 0.7)
+    straggler_factor: float = doc("best busbw below factor x the healthy pairs' makes a straggler", 0.7)
     busbw_floor_gbps: float = doc("absolute floor for inter-node busbw in GB/s (0: none)", 0.0)
     fabric_sizes: tuple[str, ...] = doc("all_reduce message sizes of the fabric test", ("1M", "64M"))
-    fabric_iters: int = doc("timed all_reduce iterations per size and pair", 5)
+    fabric_iters: int = doc("timed all_reduce iterations per size and pair, per pass", 5)
+    fabric_passes: int = doc("times the pairing rounds run over, interleaved (load hits all pairs)", 1)
     fabric_timeout_s: float = doc("deadline for the whole fabric test", 120.0)
     probe_timeout_s: float = doc("deadline for each health probe (nvidia-smi, ibstat ...)", 20.0)
+    compute: bool = doc("run the per-GPU compute test (matmul TFLOPS, device-copy GB/s) in the gate", True)
+    compute_budget_s: float = doc("time per GPU for the compute test, warm-up included (GPUs run at once)", 1.5)
+    compute_factor: float = doc("a GPU below factor x the median of the job's GPUs of its model is slow", 0.8)
+    compute_floor_tflops: float = doc("matmul TFLOPS below this fail whatever the peers do (0: none)", 0.0)
+    compute_floor_copy_gbps: float = doc("device-copy GB/s below this fail whatever the peers do (0: none)", 0.0)
+    compute_in_turns: bool = doc("nodes measure one after another: only where nodes share processors "
+                                 "(the dev cluster, oversubscribed VMs)", False)
+    unknown: Literal["exclude", "keep"] = doc(
+        "a node whose checks could not decide (unknown): exclude it (reported apart from failures) "
+        "or keep it (its unknown checks listed in the report)", "exclude")
     xid_window_hours: float = doc("Xid events older than this are ignored (0: since boot)", 0.0)
     min_available_memory_gib: float = doc("a node with less memory available fails (0: no minimum)", 0.0)
     min_shm_gib: float = doc("/dev/shm smaller than this fails: NCCL and dataloaders use it (0: no minimum)", 0.0)
     max_defunct_processes: int = doc("more zombie processes than this warn (-1: no limit)", -1)
     max_load_per_cpu: float = doc("1-minute load per CPU above this warns: someone else is busy (0: no limit)", 0.0)
+    max_retired_pages: int = doc("a GPU with more retired pages (single + double bit) fails (-1: no limit)", -1)
+    min_free_disk_gib: dict[str, float] = doc(
+        "path -> GiB that must be free there, e.g. {\"/\" = 50, \"/scratch\" = 500}; each path is measured "
+        "in the node's snapshot (empty: only a full filesystem fails)", default_factory=dict)
+    pcie_below_max: Literal["fail", "warn"] = doc(
+        "a GPU or HCA whose PCIe link runs below its maximum speed or width: fail or warn", "fail")
+    odd_node_out: Literal["warn", "fail"] = doc(
+        "a node whose driver, CUDA, VBIOS, HCA firmware, OFED, kernel, torch or NCCL version differs from "
+        "the job's (or partition's) majority: warn or fail", "warn")
+    pinned_versions: dict[str, str] = doc(
+        "versions every node must have, e.g. driver = '565.57.01', nccl = '2.21.5' (keys as node.versions "
+        "names them)", default_factory=dict)
+    dcgm_diag_level: int = doc("run `dcgmi diag -r LEVEL -j` where dcgmi exists (0: never; 1 takes seconds, "
+                               "2 minutes)", 0)
+    drain_on: tuple[Literal["fail", "unknown", "fabric"], ...] = doc(
+        "drain the nodes the gate excluded for these: fail (a node check failed), unknown (a check could "
+        "not decide), fabric (the fabric test excluded it); needs Slurm operator rights in the job "
+        "(empty: off)", ())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +114,8 @@ class SweepConfig:
     ssh_key: str = doc("private key for SSH (empty: ssh-agent and ~/.ssh/id_*)", "")
     known_hosts: str = doc("host keys are verified against this file (empty: ~/.ssh/known_hosts)", "")
     node_python: str = doc("Python with trainctl on the nodes (empty: the one running the sweep)", "")
+    keep_days: float = doc("history kept: at the end of each sweep, sweeps older than this are removed with "
+                           "their rows (0: keep everything; a drain trainctl still holds keeps its sweep)", 0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +124,26 @@ class LaunchConfig:
                         "(empty: the path of the trainctl running submit, for a shared filesystem)", "")
     python: str = doc("interpreter that runs a SCRIPT ending in .py "
                       "(empty: the path of the Python running submit, for a shared filesystem)", "")
+    env: dict[str, str] = doc("variables the job script exports for every step, e.g. NCCL_IB_TC = \"106\" "
+                              "(RoCE traffic class, UCX or container settings); names trainctl sets itself "
+                              "are refused", default_factory=dict)
+    rank_output: bool = doc("each rank's stdout and stderr in its own file, "
+                            "<gate dir>/rank-<node>-<rank>.out (srun --output), for `trainctl job show`; "
+                            "false: all in slurm-<id>.out", True)
+    release_unused: bool = doc(
+        "after the gate, shrink the job to the nodes it runs on (scontrol update NodeList=): excluded and "
+        "surplus spare nodes go back to the pool while the job runs; needs Slurm to let the job's user "
+        "shrink the job (see README: Release what the job does not use)", True)
+    flight_recorder_entries: int = doc(
+        "PyTorch's NCCL flight recorder: collectives kept per rank (TORCH_NCCL_TRACE_BUFFER_SIZE), dumped "
+        "into the gate dir when a collective times out (TORCH_NCCL_DUMP_ON_TIMEOUT); 0: off", 2000)
+    retries: int = doc(
+        "default for submit --retries: times a job submits its successor, excluding the bad nodes, when the "
+        "gate finds too few healthy nodes or a node is lost during training (0: never; see README: Requeue "
+        "around bad nodes)", 0)
+    signal: str = doc(
+        "default for submit --signal, [R:]SIG[@SECONDS]: Slurm sends SIG to the job's steps SECONDS before "
+        "its time limit (#SBATCH --signal), so the program can checkpoint; empty: none", "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,9 +151,19 @@ class PartitionConfig:
     gpus_per_node: int = doc("GPUs per node")
     gpu_model: str = doc("product name as nvidia-smi prints it (empty: do not check)", "")
     nvlink_type: str = doc("link type expected between every GPU pair in topo -m, e.g. NV18 (empty: any)", "")
+    nvlink: Literal["auto", "required", "none"] = doc(
+        "required: a GPU without NVLink fails; none: PCIe cards, NVLink checks are skipped; "
+        "auto: judge what nvidia-smi shows", "auto")
+    nvlink_links_per_gpu: int = doc("NVLinks per GPU in `nvlink -s`, e.g. 18 on H100 SXM (0: do not check)", 0)
+    nvlink_speed_gbps: float = doc("speed of every NVLink in GB/s as `nvlink -s` prints it, e.g. 26.562 "
+                                   "(0: that of its peers)", 0.0)
     link_layer: Literal["InfiniBand", "Ethernet", "none"] = doc(
         "data-network link layer of the HCA ports: InfiniBand, Ethernet (RoCE), or none", "none")
-    hca_ports: tuple[str, ...] = doc("HCA ports for NCCL, 'mlx5_0:1' style, in GPU order", ())
+    hca_ports: tuple[str, ...] = doc("the compute HCA ports, 'mlx5_0:1' style: every rank of a node gets "
+                                     "this one list as NCCL_IB_HCA", ())
+    hca_port_down: Literal["exclude-node", "drop-port"] = doc(
+        "a node with one of hca_ports down: exclude-node (the gate leaves it out) or drop-port (it runs "
+        "with that port left out of its NCCL_IB_HCA)", "exclude-node")
     port_rate_gbps: float = doc("expected rate of every HCA port in Gb/s (0: same as its peers)", 0.0)
     ib_mtu: int = doc("expected IB active MTU in bytes (0: do not check)", 0)
     netdev_mtu: int = doc("expected MTU of the data netdevs / RoCE interfaces (0: do not check)", 0)
@@ -106,6 +174,7 @@ class PartitionConfig:
     roce_gid_index: int = doc("NCCL_IB_GID_INDEX for RoCE (-1: let NCCL choose)", -1)
     nic_per_gpu: bool = doc("each GPU should have a NIC closer than SYS (warn otherwise)", False)
     cpus_per_node: int = doc("CPU cores per node to hand out to ranks (0: what Slurm gives)", 0)
+    numa_nodes: int = doc("NUMA nodes with CPUs, as lscpu shows them (0: do not check)", 0)
     gpu_persistence: bool = doc("persistence mode must be on", False)
 
 
@@ -131,9 +200,17 @@ class LoadedSite:
     explicit_keys: frozenset[str]  # dotted key paths set in the file; the rest are defaults
 
     def source_of(self, key_path: str) -> str:
-        from_file = key_path in self.explicit_keys or any(
-            key.startswith(key_path + ".") for key in self.explicit_keys)
-        return str(self.path) if from_file else "default"
+        return str(self.path) if key_path in self._set_in_file else "default"
+
+    @functools.cached_property
+    def _set_in_file(self) -> frozenset[str]:
+        """Every key set in the file and every table above one: one lookup per key, so `site show`
+        stays linear in the number of partitions."""
+        paths = set()
+        for key in self.explicit_keys:
+            parts = key.split(".")
+            paths.update(".".join(parts[:n]) for n in range(1, len(parts) + 1))
+        return frozenset(paths)
 
 
 def site_dirs(environ: typing.Mapping[str, str] = os.environ, cwd: Path | None = None) -> list[Path]:
@@ -150,7 +227,11 @@ def available_sites(dirs: list[Path]) -> dict[str, Path]:
     """Site name -> the file that wins for it."""
     found: dict[str, Path] = {}
     for directory in dirs:
-        for path in sorted(directory.glob("*.toml")) if directory.is_dir() else ():
+        try:  # a directory this user may not enter holds no site for them
+            paths = sorted(directory.glob("*.toml")) if directory.is_dir() else []
+        except OSError:
+            paths = []
+        for path in paths:
             found[path.stem] = path
     return found
 
@@ -159,8 +240,15 @@ def resolve_site(name_or_file: str, dirs: list[Path] | None = None) -> Path:
     """A site name (searched in `dirs`) or a path to a .toml file."""
     if name_or_file.endswith(".toml") or os.sep in name_or_file:
         path = Path(name_or_file)
-        if not path.is_file():
-            raise UsageError(f"site file {path} does not exist")
+        try:
+            is_file = stat.S_ISREG(path.stat().st_mode)
+        except FileNotFoundError:
+            is_file = False
+        except OSError as exc:  # a directory on the way that this user may not enter
+            raise UsageError(f"site file {path}: cannot read: {exc.strerror}") from exc
+        if not is_file:
+            raise UsageError(f"site file {path} does not exist" if not path.exists() else
+                             f"site file {path} is not a regular file")
         return path
     sites = available_sites(dirs if dirs is not None else site_dirs())
     if name_or_file not in sites:
@@ -173,13 +261,21 @@ def resolve_site(name_or_file: str, dirs: list[Path] | None = None) -> Path:
 def load_site(name_or_file: str, dirs: list[Path] | None = None) -> LoadedSite:
     path = resolve_site(name_or_file, dirs)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # TOML files are UTF-8 (toml.io spec)
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 (byte {exc.start})") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from exc
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     explicit: set[str] = set()
     config = _build(SiteConfig, raw, path, "", explicit)
+    for name in config.launch.env:
+        if not ENV_NAME.fullmatch(name):
+            raise ConfigError(f"{path}: launch.env.{name}: not an environment variable name "
+                              "(letters, digits and _, not starting with a digit)")
     if config.default_partition not in config.partitions:
         raise ConfigError(f"{path}: default_partition = {config.default_partition!r} is not among "
                           f"[partitions.*]: {', '.join(sorted(config.partitions))}")
@@ -219,6 +315,8 @@ def flatten(config: Any, prefix: str = "") -> list[tuple[str, Any]]:
         elif isinstance(value, dict) and value and all(dataclasses.is_dataclass(v) for v in value.values()):
             for sub, item in value.items():
                 rows += flatten(item, f"{key}.{sub}.")
+        elif isinstance(value, dict) and value:   # a table of plain values: one row each, own source
+            rows += [(f"{key}.{sub}", item) for sub, item in value.items()]
         else:
             rows.append((key, value))
     return rows
@@ -228,7 +326,7 @@ def _build(cls: type, table: Any, path: Path, key_path: str, explicit: set[str])
     where = key_path.rstrip(".") or "top level"
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: {where}: expected a table, got {type(table).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - set(fields))
     if unknown:
@@ -247,6 +345,12 @@ def _build(cls: type, table: Any, path: Path, key_path: str, explicit: set[str])
     return cls(**values)
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """Resolved once per table class, not once per partition (10,000 partitions load in seconds)."""
+    return typing.get_type_hints(cls)
+
+
 def _convert(hint: Any, value: Any, path: Path, key: str, explicit: set[str]) -> Any:
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
@@ -255,14 +359,21 @@ def _convert(hint: Any, value: Any, path: Path, key: str, explicit: set[str]) ->
         _, item_hint = typing.get_args(hint)
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: {key}: expected a table, got {_toml_type(value)}")
-        return {k: _convert(item_hint, v, path, f"{key}.{k}", explicit) for k, v in value.items()}
+        return {_site_text(path, f"{key} name", k): _convert(item_hint, v, path, f"{key}.{k}", explicit)
+                for k, v in value.items()}
     explicit.add(key)
     if origin is tuple:
         (item_hint, _) = typing.get_args(hint)
+        if typing.get_origin(item_hint) is Literal:
+            choices = typing.get_args(item_hint)
+            if not isinstance(value, list) or not all(v in choices for v in value):
+                raise ConfigError(f"{path}: {key}: expected an array of {', '.join(map(repr, choices))}, "
+                                  f"got {value!r}")
+            return tuple(value)
         if not isinstance(value, list) or not all(isinstance(v, item_hint) for v in value):
             raise ConfigError(f"{path}: {key}: expected an array of {item_hint.__name__}s, "
                               f"got {value!r}")
-        return tuple(value)
+        return tuple(_site_text(path, key, v) if isinstance(v, str) else v for v in value)
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
@@ -270,10 +381,22 @@ def _convert(hint: Any, value: Any, path: Path, key: str, explicit: set[str]) ->
                               f"got {value!r}")
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
         raise ConfigError(f"{path}: {key}: expected {_type_name(hint)}, got {_toml_type(value)} {value!r}")
-    return value
+    if hint in (int, float):
+        try:
+            return check_number(value, site_bounds(key))
+        except InvalidValue as exc:
+            raise ConfigError(f"{path}: {key}: {exc}") from exc
+    return _site_text(path, key, value) if isinstance(value, str) else value
+
+
+def _site_text(path: Path, key: str, value: str) -> str:
+    try:
+        return check_text(value)
+    except InvalidValue as exc:
+        raise ConfigError(f"{path}: {key}: {exc}") from exc  # the error funnel escapes control characters
 
 
 def _type_name(hint: Any) -> str:

@@ -1,0 +1,252 @@
+"""Requeue around bad nodes: `trainctl job retry`, run by the job script when the gate or the
+training step failed, decides whether the job submits its successor and submits it.
+
+Collect (`collect_evidence`: the job's record, the nodes' Slurm states, a probe step that
+tells which nodes still start a task) -> decide (`decide_retry`, pure) -> act (`submit_successor`:
+sbatch with the same script, `--exclude` the bad nodes, `--dependency=afterany:` this job, a
+`--comment` naming the attempt; `retry.json` in this job's gate directory and `attempt.json`
+in the successor's, so `trainctl job show` can follow the chain).
+
+What tells a lost node from a program that failed on healthy nodes: a node is lost when Slurm
+has removed it from this --no-kill job (sbatch(1) --no-kill: the allocation stays, the failed
+node leaves it), or marks it down, failed or not responding, or when a probe step cannot start
+a task on it (srun: "Task launch ... failed on node ...: Communication connection failure";
+checked on the dev cluster, Slurm 22.05.8: the probe's per-node output file exists on every
+node where the task started). A failed step whose nodes all answer is the program's failure
+and is never retried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from dataclasses import dataclass, field
+from typing import Literal
+
+ATTEMPT_FILE = "attempt.json"       # in a successor's gate dir: its attempt number and predecessor
+RETRY_FILE = "retry.json"           # in a failed attempt's gate dir: what was decided and done
+PROBE_PREFIX = "alive-"             # the probe step's per-node output files in the gate dir
+PROBE_TIMEOUT_S = 45.0              # srun gives up on an unreachable slurmd after MessageTimeout (10 s)
+# Slurm states (sinfo %T, suffix removed; scontrol State= flags) that mean the node is gone.
+LOST_STATES = ("down", "fail", "failing", "not_responding", "unknown", "future", "power_down")
+# sbatch reads these SLURM_ variables as input (sbatch(1) INPUT ENVIRONMENT VARIABLES); every
+# other SLURM_ variable in the job's environment describes this job and stays out of the successor's.
+SBATCH_INPUT_VARS = ("SLURM_CONF", "SLURM_CLUSTERS", "SLURM_DEBUG_FLAGS", "SLURM_EXIT_ERROR", "SLURM_HINT",
+                     "SLURM_UMASK")
+ENV_ATTEMPT, ENV_EXCLUDE, ENV_PREVIOUS = "TRAINCTL_ATTEMPT", "TRAINCTL_EXCLUDE", "TRAINCTL_PREVIOUS_JOB"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Which attempt this job is, carried from job to job in the environment."""
+
+    job_id: str
+    number: int                         # 1 for the job the user submitted
+    retries: int                        # successors allowed in all (submit --retries)
+    excluded: tuple[str, ...] = ()      # nodes earlier attempts excluded
+    previous_job: str | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the job script and Slurm say about how this attempt ended."""
+
+    phase: Literal["gate", "step"]
+    status: int                                   # gate decide's or the training srun's exit status
+    nodes: tuple[str, ...]                        # the step's nodes (gate: the allocated nodes)
+    gate_bad: dict[str, str] = field(default_factory=dict)    # gate: node -> why the gate left it out
+    in_job: tuple[str, ...] | None = None         # the job's nodes now (None: unknown)
+    states: dict[str, str] = field(default_factory=dict)      # node -> Slurm state with flags
+    answered: tuple[str, ...] | None = None       # nodes where the probe started a task (None: no probe)
+    batch_host: str = ""
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    retry: bool
+    reason: str                                   # one line: why (not) retried
+    bad_nodes: dict[str, str] = field(default_factory=dict)   # node -> why it counts as bad
+    exclude: tuple[str, ...] = ()                 # the successor's --exclude (earlier + bad)
+    next_attempt: int = 0
+
+
+def lost_nodes(evidence: Evidence) -> tuple[dict[str, str], str | None]:
+    """{node: why it is lost} among the step's nodes; or a reason the evidence cannot tell."""
+    lost: dict[str, str] = {}
+    if evidence.answered is not None and evidence.batch_host and evidence.batch_host not in evidence.answered:
+        # the batch host runs this very script: a probe that did not reach it says nothing
+        return {}, "the probe step did not start even on the batch host"
+    for node in evidence.nodes:
+        state = evidence.states.get(node, "")
+        base = state.rstrip("*~#!%$@^-").lower()
+        if evidence.in_job is not None and node not in evidence.in_job:
+            lost[node] = "Slurm removed it from the job (node failure)"
+        elif base in LOST_STATES or "*" in state or "NOT_RESPONDING" in state.upper():
+            lost[node] = f"Slurm state {state}"
+        elif evidence.answered is not None and node not in evidence.answered:
+            lost[node] = "no task could be started on it after the step ended"
+    return lost, None
+
+
+def decide_retry(attempt: Attempt, evidence: Evidence) -> RetryDecision:
+    """Whether this attempt submits a successor, and which nodes the successor excludes."""
+    if evidence.phase == "gate":
+        if evidence.status != 2:   # 2: too few healthy nodes; anything else is not about nodes
+            return RetryDecision(False, f"gate decide exited with status {evidence.status}, not a node verdict")
+        bad = dict(evidence.gate_bad)
+        if not bad:
+            return RetryDecision(False, "the gate found too few healthy nodes but excluded none")
+        what = "the gate found too few healthy nodes"
+    else:
+        if evidence.status == 0:
+            return RetryDecision(False, "the training step succeeded")
+        bad, unknown = lost_nodes(evidence)
+        if unknown:
+            return RetryDecision(False, f"cannot tell whether a node was lost: {unknown}")
+        if not bad:
+            return RetryDecision(False, f"the program exited with status {evidence.status} on healthy nodes "
+                                        "(every node still answers): not retried")
+        what = "a node was lost during training"
+    exclude = tuple(sorted(set(attempt.excluded) | set(bad)))
+    if attempt.number > attempt.retries:
+        return RetryDecision(False, f"{what}, but this was attempt {attempt.number} of {attempt.retries + 1}: "
+                                    "no retries left", bad, exclude)
+    return RetryDecision(True, what, bad, exclude, attempt.number + 1)
+
+
+def successor_comment(attempt: Attempt, decision: RetryDecision) -> str:
+    from trainctl.slurm import fold_hostlist
+
+    return (f"trainctl: attempt {decision.next_attempt} of {attempt.retries + 1}, after job {attempt.job_id} "
+            f"({decision.reason}: {fold_hostlist(list(decision.bad_nodes))})")
+
+
+def successor_argv(attempt: Attempt, decision: RetryDecision, extra_options: tuple[str, ...]) -> list[str]:
+    """sbatch for the successor; the script goes to stdin. Options on the command line win over
+    the script's #SBATCH lines (sbatch(1)), so --exclude is added to the same script."""
+    from trainctl.slurm import fold_hostlist
+
+    return ["sbatch", "--parsable", *extra_options, f"--exclude={fold_hostlist(list(decision.exclude))}",
+            f"--dependency=afterany:{attempt.job_id}", f"--comment={successor_comment(attempt, decision)}"]
+
+
+def successor_environment(environ: dict[str, str], attempt: Attempt, decision: RetryDecision) -> dict[str, str]:
+    """The job's environment without this job's SLURM_ variables, plus the attempt to carry on."""
+    env = {name: value for name, value in environ.items()
+           if not name.startswith("SLURM_") or name in SBATCH_INPUT_VARS}
+    env[ENV_ATTEMPT] = str(decision.next_attempt)
+    env[ENV_EXCLUDE] = ",".join(decision.exclude)
+    env[ENV_PREVIOUS] = attempt.job_id
+    return env
+
+
+def attempt_from_environment(environ: dict[str, str], job_id: str, retries: int) -> Attempt:
+    from trainctl.errors import UsageError
+
+    raw = environ.get(ENV_ATTEMPT, "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"{ENV_ATTEMPT}={raw!r}: expected a number from 1")
+    excluded = tuple(node for node in environ.get(ENV_EXCLUDE, "").split(",") if node)
+    return Attempt(job_id, int(raw), retries, excluded, environ.get(ENV_PREVIOUS) or None)
+
+
+def gate_bad_nodes(decision: dict | None) -> dict[str, str]:
+    """{node: reasons} of the nodes `gate decide` excluded (its decision.json)."""
+    if not decision:
+        return {}
+    return {item["host"]: "; ".join(item.get("reasons", [])) or "excluded by the gate"
+            for item in decision.get("excluded", []) if item.get("host")}
+
+
+def record(attempt: Attempt, evidence: Evidence, decision: RetryDecision, successor: str | None,
+           error: str | None) -> dict:
+    return {"job_id": attempt.job_id, "attempt": attempt.number, "retries": attempt.retries,
+            "previous_job": attempt.previous_job, "excluded_before": list(attempt.excluded),
+            "phase": evidence.phase, "status": evidence.status, "retry": decision.retry,
+            "reason": decision.reason, "bad_nodes": decision.bad_nodes, "exclude": list(decision.exclude),
+            "successor": successor, "error": error}
+
+
+def summary_line(rec: dict) -> str:
+    """One line for the job output and the gate report."""
+    from trainctl.slurm import fold_hostlist
+
+    head = f"attempt {rec['attempt']} of {rec['retries'] + 1} (job {rec['job_id']})"
+    bad = "; ".join(f"{node}: {why}" for node, why in rec["bad_nodes"].items())
+    if rec.get("successor"):
+        return (f"{head}: {rec['reason']} ({bad}); submitted job {rec['successor']} "
+                f"excluding {fold_hostlist(rec['exclude'])}")
+    if rec.get("error"):
+        return f"{head}: {rec['reason']} ({bad}); the successor could not be submitted: {rec['error']}"
+    return f"{head}: {rec['reason']}" + (f" ({bad})" if bad else "")
+
+
+# ---------------------------------------------------------------- collect and act (I/O)
+
+
+def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, env: dict[str, str]) -> Evidence:
+    from trainctl.errors import TrainctlError
+    from trainctl.proc import run
+    from trainctl.slurm import SCONTROL_TIMEOUT_S, expand_hostlist, node_states, parse_scontrol_oneliner
+
+    job_id = env["SLURM_JOB_ID"]
+    decision = _read_json(posixpath.join(gate_dir, "decision.json"))
+    if phase == "gate":
+        return Evidence("gate", status, tuple(nodes), gate_bad_nodes(decision))
+    record_text = run(["scontrol", "show", "job", "-o", job_id], timeout=SCONTROL_TIMEOUT_S, env=env)
+    job: dict[str, str] = {}
+    for part in parse_scontrol_oneliner(record_text.stdout if record_text.ok else ""):
+        job.update(part)
+    in_job = tuple(expand_hostlist(job["NodeList"])) if job.get("NodeList") else None
+    try:
+        states = {name: state.label for name, state in node_states(nodes=nodes, env=env).items()}
+    except TrainctlError:  # sinfo failed: weaker evidence (the job record and the probe remain)
+        states = {}
+    reachable = [node for node in nodes if in_job is None or node in in_job]
+    answered = probe_nodes(reachable, gate_dir, env) if reachable else ()
+    return Evidence("step", status, tuple(nodes), {}, in_job, states, answered,
+                    env.get("SLURMD_NODENAME", ""))
+
+
+def probe_nodes(nodes: list[str], gate_dir: str, env: dict[str, str]) -> tuple[str, ...]:
+    """Nodes on which a one-task-per-node step still starts: slurmstepd creates the task's output
+    file before the task runs, so a node without its file did not start one."""
+    from trainctl.proc import run
+    from trainctl.slurm import fold_hostlist
+
+    for name in os.listdir(gate_dir):
+        if name.startswith(PROBE_PREFIX):
+            os.unlink(os.path.join(gate_dir, name))
+    count = len(nodes)
+    run(["srun", "--overlap", "--job-name=trainctl-probe", f"--nodelist={fold_hostlist(nodes)}",
+         f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+         "--input=none", f"--output={gate_dir}/{PROBE_PREFIX}%N.out", "true"],
+        timeout=PROBE_TIMEOUT_S, env=env)
+    present = set(os.listdir(gate_dir))
+    return tuple(node for node in nodes if f"{PROBE_PREFIX}{node}.out" in present)
+
+
+def submit_successor(script_text: str, argv: list[str], env: dict[str, str], submit_dir: str) -> str:
+    from trainctl.launcher.submit import SBATCH_TIMEOUT_S, parse_parsable
+    from trainctl.proc import run_checked
+
+    result = run_checked(argv, timeout=SBATCH_TIMEOUT_S, input_text=script_text, cwd=submit_dir, env=env)
+    return parse_parsable(result.stdout)[0]
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=1)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+

@@ -1,0 +1,160 @@
+"""Finding the rank that hung: per-rank output files, the NCCL flight recorder settings, and
+`trainctl job show` (pure folding, the rendered settings, and a real hung job on the dev cluster,
+read here and over SSH)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.replay import SHARED_FIXTURES, write_replay
+from support.slurm_jobs import submit, wait_for_job
+from trainctl.errors import ExternalCommandError
+from trainctl.launcher.job_show import LocalFiles, RankLog, fold_numbers, fold_tails, last_lines
+from trainctl.launcher.plan import SubmitRequest, plan_job
+from trainctl.launcher.render import render_script
+from trainctl.proc import run_checked
+from trainctl.site import load_site
+
+TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
+HEALTHY_NVLINK = SHARED_FIXTURES / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+
+
+def test_numbers_fold_into_ranges():
+    assert fold_numbers([7, 0, 1, 2, 5, 8]) == "0-2,5,7-8"
+    assert fold_numbers([3]) == "3"
+
+
+def test_last_lines_skip_blanks_and_slurms_notices_and_keep_a_progress_bars_last_state():
+    assert last_lines("a\n\nb\r50%\r100%\n\n", 2) == ("a", "100%")
+    cancelled = "slurmstepd-node1: error: *** STEP 1.1 ON node1 CANCELLED AT 2026-11-23T06:59:08 ***"
+    assert last_lines(f"step 2 done\n{cancelled}\n", 1) == ("step 2 done",)
+
+
+def test_identical_tails_fold_and_the_odd_one_out_comes_first():
+    same = ("step 41 loss 2.1", "step 42 loss 2.0")
+    logs = [RankLog(r, f"node{r // 2 + 1}", same, 100.0 + r) for r in (0, 2, 3, 4, 5)]
+    logs.append(RankLog(1, "node1", ("step 41 loss 2.1",), 60.0))
+    groups = fold_tails(logs)
+    assert [(g.rank_list, g.nodes) for g in groups] == [("1", ("node1",)), ("0,2-5", ("node1", "node2", "node3"))]
+    assert groups[0].newest == 60.0 and groups[1].newest == 105.0
+
+
+def render_for(site_name: str, **launch) -> str:
+    config = load_site(site_name).config
+    config = dataclasses.replace(config, launch=dataclasses.replace(config.launch, **launch))
+    request = SubmitRequest(site_ref=site_name, program=("train.sh",), nodes=2)
+    return render_script(plan_job(config, request, node_trainctl="/x/trainctl", node_python="/x/python",
+                                  command=("trainctl",), version="0"))
+
+
+def test_rank_files_and_flight_recorder_are_per_site_and_can_be_turned_off():
+    on = render_for("dgx-h100")
+    assert '--output="$gate_dir"/rank-%N-%t.out' in on
+    assert 'export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$gate_dir"/nccl-trace-rank-' in on
+    assert "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000" in on and "export TORCH_NCCL_DUMP_ON_TIMEOUT=1" in on
+    off = render_for("dgx-h100", rank_output=False, flight_recorder_entries=0)
+    assert "rank-%N-%t.out" not in off and "TORCH_" not in off
+
+
+# ---------------------------------------------------------------- a hung job on the dev cluster
+
+# Every rank logs two steps; rank 1 never reaches step 2 (as if stuck before a collective).
+# `exec`: no shell is left to print "Terminated" when the job is cancelled.
+HANGING_PROGRAM = """#!/bin/sh
+echo "started"
+echo "step 1 done"
+if [ "$RANK" = 1 ]; then exec sleep 600; fi
+echo "step 2 done"
+exec sleep 600
+"""
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        time.sleep(0.25)
+
+
+@pytest.mark.cluster
+def test_job_show_points_at_the_rank_that_hung_here_and_over_ssh(devcluster, tmp_path):
+    program = tmp_path / "hang.sh"
+    program.write_text(HANGING_PROGRAM)
+    program.chmod(0o755)
+    staged = [write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})
+              for node in devcluster.spec.node_names]
+    try:
+        result = submit(devcluster, tmp_path, "--site", "local-demo", "--nodes", "4", "--", str(program))
+        assert result.returncode == 0, result.stderr
+        job_id = result.stdout.strip().splitlines()[-1]
+        gate_dir = tmp_path / f"trainctl-gate-{job_id}"
+
+        def all_ranks_stuck() -> bool:
+            logs = sorted(gate_dir.glob("rank-*.out"))
+            texts = [path.read_text() for path in logs]
+            return (len(texts) == 4 and all("step 1 done" in text for text in texts)
+                    and sum("step 2 done" in text for text in texts) == 3)
+        wait_until(all_ranks_stuck, 180, "four rank logs, three past step 2")
+        run_checked(["scancel", job_id], timeout=15, env=devcluster.client_env())
+        wait_for_job(devcluster, job_id)
+    finally:
+        for script in staged:
+            script.unlink()
+
+    here = subprocess.run([TRAINCTL, "job", "show", job_id, "--lines", "2"], capture_output=True, text=True,
+                          timeout=60, env=devcluster.client_env())
+    assert here.returncode == 0, here.stderr
+    lines = here.stdout.splitlines()
+    assert lines[0] == f"job {job_id} (hang): gate directory {gate_dir}"
+    assert lines[1].startswith("slurm: CANCELLED") and "attempts: 1" in lines[2]
+    assert lines[3].startswith("gate: ok: 4 of 4 allocated nodes healthy, need 4; ran on node[1-4]")
+    odd = next(i for i, line in enumerate(lines) if line.startswith("  rank 1 on node2 ("))
+    assert lines[odd + 1:odd + 3] == ["    | started", "    | step 1 done"]
+    rest = next(i for i, line in enumerate(lines) if line.startswith("  ranks 0,2-3 on node[1,3-4] ("))
+    assert odd < rest and lines[rest + 1:rest + 3] == ["    | step 1 done", "    | step 2 done"]
+    assert any(line.startswith("slurm in the rank logs: slurmstepd") and "CANCELLED" in line for line in lines)
+
+    login = devcluster.start_sshd("node1")
+    remote = subprocess.run([TRAINCTL, "job", "show", job_id, "--lines", "2", "--json", "--remote",
+                             f"{login.user}@{login.host}", "--identity", login.key_path,
+                             "--known-hosts", login.known_hosts_path], capture_output=True, text=True, timeout=60)
+    assert remote.returncode == 0, remote.stderr
+    data = json.loads(remote.stdout)
+    assert [(g["ranks"], g["tail"]) for g in data["groups"]] == [
+        ([1], ["started", "step 1 done"]), ([0, 2, 3], ["step 1 done", "step 2 done"])]
+    assert data["decision"]["chosen"] == ["node1", "node2", "node3", "node4"]
+
+
+def test_a_file_that_cannot_be_read_is_one_error_line_not_a_crash(tmp_path):
+    with pytest.raises(ExternalCommandError, match=f"cannot read {tmp_path}: Is a directory"):
+        LocalFiles().read(str(tmp_path), 100)
+
+
+def test_job_show_follows_the_attempts_of_a_retried_job(tmp_path):
+    """Attempt files as `trainctl job retry` writes them (tests/test_retry_cluster.py makes real ones)."""
+    from trainctl.launcher.job_show import chain_lines, collect_chain
+
+    first, second = tmp_path / "trainctl-gate-7", tmp_path / "trainctl-gate-8"
+    first.mkdir()
+    second.mkdir()
+    retry = {"job_id": "7", "attempt": 1, "retries": 1, "previous_job": None, "excluded_before": [],
+             "phase": "step", "status": 1, "retry": True, "reason": "a node was lost during training",
+             "bad_nodes": {"node3": "Slurm state down*"}, "exclude": ["node3"], "successor": "8", "error": None}
+    (first / "retry.json").write_text(json.dumps(retry))
+    (second / "attempt.json").write_text(json.dumps({"job_id": "8", "attempt": 2, "previous_job": "7"}))
+    for gate_dir, job_id in ((first, "7"), (second, "8")):
+        chain = collect_chain(LocalFiles(), str(gate_dir), job_id)
+        assert [link["job_id"] for link in chain] == ["7", "8"]
+    assert chain_lines(chain, "8") == [
+        "submit --retries: 2 jobs, one per attempt, linked by job id:",
+        "  job 7: attempt 1 of 2 (job 7): a node was lost during training (node3: Slurm state down*); "
+        "submitted job 8 excluding node3",
+        "  job 8 (this job): attempt 2: no retry recorded (still running, or it ended without one)"]
+    assert chain_lines(collect_chain(LocalFiles(), str(tmp_path / "trainctl-gate-9"), "9"), "9") == []

@@ -1,0 +1,235 @@
+"""`trainctl health slurm-hook`: the plan per role (pure), and on the dev cluster as Slurm's own
+HealthCheckProgram and Prolog, with node2's nvidia-smi replaying a recorded NVLink fault."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+import pytest
+
+from support.replay import SHARED_FIXTURES, write_replay
+from trainctl.health.slurm_hook import (DRAIN, EPILOG, HEALTH_CHECK, KEEP, NONE, PROLOG, RELEASE, RESUME, SKIP,
+                                        OwnDrain, Plan, exit_code, plan_action, role_from_env)
+from trainctl.cli import cli
+from trainctl.proc import run_checked
+from trainctl.slurm import SINFO_FORMAT, NodeState, parse_sinfo_states
+
+TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
+CONTRIB = Path(__file__).resolve().parents[1] / "contrib"
+CONTRIB_CONF, CONTRIB_SCRIPT = CONTRIB / "trainctl-slurm-hook.conf", CONTRIB / "trainctl-slurm-hook.sh"
+CONTRIB_HOOK_PATH = "/etc/slurm/trainctl-slurm-hook.sh"
+DEMO_SITE = Path(__file__).resolve().parents[1] / "site-configs" / "local-demo.toml"
+HEALTHY_NVLINK = SHARED_FIXTURES / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+INACTIVE_LINKS = Path(__file__).parent / "health/fixtures/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt"
+FAILING = [("nvlink.links", "GPU 3 (Tesla V100-SXM2-32GB): NVLink 3, 5 inactive")]
+OUR_REASON = "trainctl: nvlink.links: GPU 3 (Tesla V100-SXM2-32GB): NVLink 3, 5 inactive"
+WHEN = "2026-11-23T06:44:32"
+
+
+def node(state="idle", reason="", user="", when=""):
+    return NodeState("node2", "10.77.0.2", state, "", reason, user, when)
+
+
+OWN = OwnDrain(OUR_REASON, WHEN, 0.0, HEALTH_CHECK)
+
+
+def test_role_comes_from_slurms_script_context():
+    assert role_from_env({"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}) == PROLOG
+    assert role_from_env({"SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}) == EPILOG
+    assert role_from_env({"SLURMD_NODENAME": "node2"}) == HEALTH_CHECK   # what slurmd gives a health check
+
+
+def test_a_failing_node_is_drained_only_without_anyones_reason():
+    assert plan_action(FAILING, False, node(), None) == Plan(DRAIN, OUR_REASON, True)
+    admin = plan_action(FAILING, False, node("drained", "bad DIMM", "alice", WHEN), None)
+    assert admin.action == SKIP and "alice: 'bad DIMM'" in admin.text
+    assert plan_action(FAILING, False, node("drained", OUR_REASON, "root", WHEN), OWN).action == KEEP
+    # Same text, but drained again later by someone else: not the hook's any more, so not kept as its own.
+    assert plan_action(FAILING, False, node("drained", OUR_REASON, "bob", "2026-11-23T07:00:00"), OWN).action == SKIP
+
+
+def test_a_passing_node_gets_back_only_the_hooks_own_drain():
+    assert plan_action([], False, node("drained", OUR_REASON, "root", WHEN), OWN).action == RESUME
+    changed = plan_action([], False, node("drained", "bad DIMM", "alice", WHEN), OWN)
+    assert changed.action == RELEASE and "bad DIMM" in changed.text
+    assert plan_action([], False, node("drained", "bad DIMM", "alice", WHEN), None).action == NONE
+    # A check that could not decide neither drains nor lifts a drain.
+    assert plan_action([], True, node("drained", OUR_REASON, "root", WHEN), OWN).action == NONE
+
+
+@pytest.mark.parametrize("role, plan, acted, expected", [
+    (PROLOG, Plan(DRAIN, OUR_REASON, True), True, 1),     # the job must not start here: Slurm requeues it
+    (PROLOG, Plan(SKIP, "admin's reason", True), False, 1),
+    (PROLOG, Plan(NONE, "passes", False), False, 0),
+    (EPILOG, Plan(DRAIN, OUR_REASON, True), True, 0),     # drained with our reason: nothing more to ask
+    (EPILOG, Plan(DRAIN, OUR_REASON, True), False, 1),    # could not drain: let Slurm drain it
+    (HEALTH_CHECK, Plan(DRAIN, OUR_REASON, True), True, 0),
+    (HEALTH_CHECK, Plan(DRAIN, OUR_REASON, True), False, 1),
+    (HEALTH_CHECK, Plan(RESUME, "passes now", False), False, 0),
+])
+def test_exit_code_per_role(role, plan, acted, expected):
+    assert exit_code(role, plan, acted) == expected
+
+
+# ---------------------------------------------------------------- on the dev cluster
+
+HEALTH_CHECK_INTERVAL_S = 5
+
+
+def states(cluster) -> dict[str, NodeState]:
+    return parse_sinfo_states(run_checked(["sinfo", "-h", "-N", "-o", SINFO_FORMAT], timeout=15,
+                                          env=cluster.client_env()).stdout)
+
+
+def scontrol(cluster, *args: str) -> None:
+    run_checked(["scontrol", *args], timeout=15, env=cluster.client_env())
+
+
+def job_record(cluster, job_id: str) -> str:
+    return run_checked(["scontrol", "show", "job", "-o", job_id], timeout=15, env=cluster.client_env()).stdout
+
+
+def wait_for(cluster, predicate, timeout_s: float, what: str) -> float:
+    start = time.monotonic()
+    while not predicate(states(cluster)):
+        assert time.monotonic() - start < timeout_s, f"{what}: not after {timeout_s:.0f} s: {states(cluster)}"
+        time.sleep(0.25)
+    return time.monotonic() - start
+
+
+def hook_wrapper(cluster, tmp_path: Path) -> Path:
+    """What contrib/trainctl-slurm-hook.sh does, for this cluster.
+
+    slurmd gives its hooks no PATH and no SLURM_CONF; the dev cluster also puts the node's
+    bin dir (where the test stages the replayed nvidia-smi) first, as its TaskProlog does for jobs.
+    """
+    script = tmp_path / "hook.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'PATH={cluster.base}/nodes/$SLURMD_NODENAME/bin:/usr/sbin:/usr/bin:/sbin:/bin\n'
+        f"SLURM_CONF={cluster.slurm_conf}\n"
+        "export PATH SLURM_CONF\n"
+        f"exec {TRAINCTL} health slurm-hook --site {DEMO_SITE} --state-dir {tmp_path}/state "
+        f"--log {tmp_path}/hook.log\n")
+    script.chmod(0o755)
+    return script
+
+
+@contextmanager
+def restarted_with(cluster, extra_slurm_conf: list[str]):
+    """The session's cluster, started again with extra slurm.conf lines; restored afterwards."""
+    original = cluster.spec
+    cluster.spec = dataclasses.replace(original, extra_slurm_conf=tuple(extra_slurm_conf))
+    try:
+        cluster.up()     # holds the session's lock already; tears the running cluster down first
+        yield cluster
+    finally:
+        cluster.spec = original
+        cluster.up()
+
+
+def stage_nvlink(cluster, faulty: set[str]) -> None:
+    for name in cluster.spec.node_names:
+        write_replay(cluster.node_bin_dir(name), "nvidia-smi",
+                     {"nvlink -s": INACTIVE_LINKS if name in faulty else HEALTHY_NVLINK})
+
+
+def contrib_conf(hook: Path, keys: tuple[str, ...], **overrides: str) -> list[str]:
+    """contrib/trainctl-slurm-hook.conf's lines for `keys`, pointing at `hook`: the tests run what admins copy."""
+    lines = {}
+    for line in CONTRIB_CONF.read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            lines[key] = value.replace(CONTRIB_HOOK_PATH, str(hook))
+    return [f"{key}={overrides.get(key, lines[key])}" for key in keys]
+
+
+def test_contrib_hook_script_runs_a_command_trainctl_accepts():
+    text = CONTRIB_SCRIPT.read_text()
+    argv = shlex.split(text[text.index("exec ") + len("exec "):].replace("\\\n", " "))
+    assert argv[0] == "/usr/local/bin/trainctl" and argv[1:3] == ["health", "slurm-hook"]
+    health = cli.get_command(click.Context(cli), "health")
+    health.get_command(click.Context(health), "slurm-hook").make_context("slurm-hook", argv[3:])
+    assert subprocess.run(["shellcheck", str(CONTRIB_SCRIPT)], capture_output=True, text=True).returncode == 0
+    assert CONTRIB_HOOK_PATH in CONTRIB_CONF.read_text()
+
+
+def test_an_unwritable_log_is_a_warning_and_the_outcome_stands(tmp_path):
+    """A prolog exiting non-zero drains the node: a read-only log place must not do that."""
+    out = subprocess.run([TRAINCTL, "health", "slurm-hook", "--role", "prolog", "--only", "host.memory",
+                          "--state-dir", str(tmp_path / "state"), "--log", str(tmp_path / "no" / "such" / "hook.log")],
+                         capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert f"trainctl: warning: --log {tmp_path}/no/such/hook.log: No such file or directory" in out.stderr
+    assert len(out.stdout.splitlines()) == 1  # the outcome line is still printed
+
+
+@pytest.mark.cluster
+def test_slurmd_health_check_drains_the_faulty_node_and_resumes_it_when_fixed(devcluster, tmp_path):
+    hook = hook_wrapper(devcluster, tmp_path)
+    conf = contrib_conf(hook, ("HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState"),
+                        HealthCheckInterval=str(HEALTH_CHECK_INTERVAL_S))
+    with restarted_with(devcluster, conf) as cluster:
+        scontrol(cluster, "update", "NodeName=node3", "State=DRAIN", "Reason=bad DIMM")   # an admin's drain
+        scontrol(cluster, "update", "NodeName=node4", "State=DRAIN", "Reason=swap PSU")   # failing, and an admin's
+        stage_nvlink(cluster, faulty={"node2", "node4"})
+
+        waited = wait_for(cluster, lambda s: s["node2"].drained, 6 * HEALTH_CHECK_INTERVAL_S, "node2 drained")
+        node2 = states(cluster)["node2"]
+        assert node2.reason == OUR_REASON, node2
+        print(f"node2 drained by slurmd's health check {waited:.1f} s after the fault was staged "
+              f"(HealthCheckInterval={HEALTH_CHECK_INTERVAL_S})")
+
+        stage_nvlink(cluster, faulty={"node4"})
+        waited = wait_for(cluster, lambda s: not s["node2"].drained and not s["node2"].reason,
+                          6 * HEALTH_CHECK_INTERVAL_S, "node2 resumed")
+        print(f"node2 resumed {waited:.1f} s after the fault was removed")
+        after = states(cluster)
+        log = (tmp_path / "hook.log").read_text()
+    assert (after["node3"].reason, after["node4"].reason) == ("bad DIMM", "swap PSU")   # never touched
+    assert after["node3"].drained and after["node4"].drained
+    assert "node4: fail (nvlink.links" in log and "left alone: has a reason trainctl did not set" in log
+    assert "node2: ok; resumed: passes now" in log
+
+
+@pytest.mark.cluster
+def test_prolog_keeps_the_job_off_a_failing_node_and_drains_it_with_trainctls_reason(devcluster, tmp_path):
+    hook = hook_wrapper(devcluster, tmp_path)
+    conf = contrib_conf(hook, ("Prolog", "PrologFlags", "PrologEpilogTimeout", "SchedulerParameters"))
+    with restarted_with(devcluster, conf) as cluster:
+        stage_nvlink(cluster, faulty={"node2"})
+        job = run_checked(["sbatch", "--parsable", "-N1", "-w", "node2", "-o", str(tmp_path / "job.out"),
+                           "--wrap", "hostname"], timeout=15, env=cluster.client_env(), cwd=tmp_path).stdout.strip()
+        wait_for(cluster, lambda s: s["node2"].drained, 30, "node2 drained by the prolog")
+        deadline = time.monotonic() + 30
+        while "Restarts=1" not in (record := job_record(cluster, job)) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        node2 = states(cluster)["node2"]
+        log = (tmp_path / "hook.log").read_text()
+    assert node2.reason == OUR_REASON                         # Slurm kept trainctl's reason, not "Prolog error"
+    assert "Restarts=1" in record and "JobState=PENDING" in record   # requeued, never ran on node2
+    assert not (tmp_path / "job.out").exists() or "node2" not in (tmp_path / "job.out").read_text()
+    assert "trainctl slurm-hook prolog node2: fail" in log and "exit 1]" in log
+
+
+@pytest.mark.cluster
+def test_epilog_drains_a_node_that_broke_during_the_job_and_exits_0(devcluster, tmp_path):
+    hook = hook_wrapper(devcluster, tmp_path)
+    with restarted_with(devcluster, contrib_conf(hook, ("Epilog", "PrologEpilogTimeout"))) as cluster:
+        stage_nvlink(cluster, faulty=set())
+        # The NVLinks "fail" while the job runs: the job stages the fault itself, then ends.
+        faulty = cluster.node_bin_dir("node2") / "nvidia-smi"
+        breaks = f"sed -i 's#{HEALTHY_NVLINK}#{INACTIVE_LINKS}#' {faulty}"
+        run_checked(["srun", "-N1", "-w", "node2", "sh", "-c", breaks], timeout=60, env=cluster.client_env())
+        wait_for(cluster, lambda s: s["node2"].drained, 30, "node2 drained by the epilog")
+        node2 = states(cluster)["node2"]
+        log = (tmp_path / "hook.log").read_text()
+    assert node2.reason == OUR_REASON                          # ours, not Slurm's "Epilog error"
+    assert "trainctl slurm-hook epilog node2: fail" in log and "drained:" in log and "exit 0]" in log

@@ -1,0 +1,178 @@
+"""Real faults on a dev cluster node, for tests: kill it, kill its tasks, hang it, slow it.
+
+Every fault acts on real processes by PID, and only on processes inside the node's own
+network namespace (`ip netns pids`), so nothing outside the dev cluster is touched:
+
+- `kill_node`: SIGKILL everything of the node (slurmd, slurmstepd, tasks), as a node that
+  loses power; `restore_node` restarts its slurmd and resumes it in Slurm, so a session-scoped
+  cluster is whole again for the next test;
+- `kill_step_tasks`: SIGKILL only the node's tasks of one job step (slurmd stays up), as a
+  task that crashes or is OOM-killed;
+- `stopped`: SIGSTOP the whole node, SIGCONT on exit (a hung node: alive, silent);
+- `cpu_quota`: a cgroup v1 CFS quota on every process of the node (fail-slow compute), undone
+  on exit. See ../shared/recipes/slurm-test-cluster.md, "Fail-slow injection".
+
+Only DevCluster's public attributes are used (spec, base, slurm_conf, exec_argv, client_env,
+daemon_pids), so this module does not depend on how the harness is laid out inside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from trainctl.errors import ExternalCommandError
+from trainctl.proc import run, run_checked
+
+CMD_TIMEOUT_S = 15.0
+CPU_CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller on these machines
+CFS_PERIOD_US = 100_000
+RESTORE_TIMEOUT_S = 30.0
+
+
+def node_pids(cluster, node: str) -> list[int]:
+    """Live processes inside `node`'s network namespace (zombies left out)."""
+    result = run_checked(["ip", "netns", "pids", cluster.spec.netns(node)], timeout=CMD_TIMEOUT_S)
+    return [pid for pid in (int(p) for p in result.stdout.split() if p.isdigit()) if _alive(pid)]
+
+
+def step_task_pids(cluster, node: str, job_id: str, step_id: str) -> list[int]:
+    """`node`'s processes of job step JOB.STEP: the tasks and their children, not slurmstepd."""
+    wanted = {b"SLURM_JOB_ID=" + job_id.encode(), b"SLURM_STEP_ID=" + step_id.encode()}
+    return [pid for pid in node_pids(cluster, node) if wanted <= _environ(pid)]
+
+
+def kill_node(cluster, node: str) -> list[int]:
+    """SIGKILL every process of `node` (its slurmd, slurmstepds, tasks); returns their PIDs."""
+    return _signal(node_pids(cluster, node), signal.SIGKILL)
+
+
+def kill_step_tasks(cluster, node: str, job_id: str, step_id: str) -> list[int]:
+    """SIGKILL only `node`'s tasks of step JOB.STEP; slurmd and slurmstepd live on."""
+    return _signal(step_task_pids(cluster, node, job_id, step_id), signal.SIGKILL)
+
+
+def stop_node(cluster, node: str) -> list[int]:
+    """SIGSTOP every process of `node`: a hung node, alive but silent."""
+    return _signal(node_pids(cluster, node), signal.SIGSTOP)
+
+
+def cont_node(cluster, node: str) -> list[int]:
+    """SIGCONT every process of `node` (harmless for those that were not stopped)."""
+    return _signal(node_pids(cluster, node), signal.SIGCONT)
+
+
+@contextmanager
+def stopped(cluster, node: str) -> Iterator[list[int]]:
+    """`node` hung (SIGSTOP) inside the block, running again (SIGCONT) after it."""
+    try:
+        yield stop_node(cluster, node)
+    finally:
+        cont_node(cluster, node)
+
+
+@contextmanager
+def cpu_quota(cluster, node: str, fraction: float) -> Iterator[Path]:
+    """Every process of `node` (and what they start) gets `fraction` of one CPU until exit."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    group = CPU_CGROUP_ROOT / f"trainctl-{cluster.spec.prefix}-{node}"
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+    (group / "cpu.cfs_quota_us").write_text(str(int(CFS_PERIOD_US * fraction)))
+    _move(node_pids(cluster, node), group)  # children inherit the group
+    try:
+        yield group
+    finally:
+        _move([int(p) for p in (group / "cgroup.procs").read_text().split()], CPU_CGROUP_ROOT)
+        group.rmdir()
+
+
+def restore_node(cluster, node: str, timeout_s: float = RESTORE_TIMEOUT_S) -> None:
+    """Bring a killed node back: SIGCONT it, restart its slurmd, resume it, wait until idle.
+
+    Waits for `idle` because a job that still holds the node (a --no-kill job, say) keeps it
+    allocated; the caller restores after that job has ended.
+    """
+    cont_node(cluster, node)
+    if cluster.daemon_pids().get(f"slurmd-{node}") is None:
+        run_checked(cluster.exec_argv(node, ["slurmd", "-N", node, "-f", str(cluster.slurm_conf)]),
+                    timeout=CMD_TIMEOUT_S, env=_sbin_env())
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = _slurm_state(cluster, node)
+        if state == "idle":
+            return
+        if state.startswith(("down", "drain", "fail")):
+            # a node Slurm marked down (it stopped answering) stays down until resumed
+            _scontrol_update(cluster, node, "state=resume")
+        elif state.startswith(("mixed", "alloc")) and not _jobs_on(cluster, node):
+            # Slurm 22.05 keeps a node that a --no-kill job lost "mixed" for minutes after
+            # that job ended; down + resume clears it at once
+            _scontrol_update(cluster, node, "state=down", "reason=trainctl dev cluster: restore")
+            _scontrol_update(cluster, node, "state=resume")
+        if time.monotonic() > deadline:
+            raise ExternalCommandError(f"dev cluster: {node} not idle {timeout_s:g} s after restore "
+                                       f"(state {state or 'unknown'})")
+        time.sleep(0.2)
+
+
+def _scontrol_update(cluster, node: str, *settings: str) -> None:
+    run(["scontrol", "update", f"nodename={node}", *settings], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
+
+
+def _jobs_on(cluster, node: str) -> list[str]:
+    result = run(["squeue", "-h", "-w", node, "-o", "%i"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
+    return result.stdout.split() if result.ok else ["(squeue failed)"]
+
+
+def _slurm_state(cluster, node: str) -> str:
+    result = run(["sinfo", "-h", "-n", node, "-o", "%T"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
+    return result.stdout.strip() if result.ok else ""
+
+
+def _sbin_env() -> dict[str, str]:
+    # slurmd lives in sbin, which a non-login root shell may not have on PATH
+    return {**os.environ, "PATH": f"{os.environ.get('PATH', '')}:/usr/local/sbin:/usr/sbin:/sbin"}
+
+
+def _signal(pids: list[int], sig: int) -> list[int]:
+    done = []
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            done.append(pid)
+        except ProcessLookupError:
+            pass
+    return done
+
+
+def _move(pids: list[int], group: Path) -> None:
+    for pid in pids:
+        try:
+            (group / "cgroup.procs").write_text(str(pid))
+        except (ProcessLookupError, FileNotFoundError):
+            pass  # exited meanwhile
+        except OSError as exc:
+            if exc.errno != 3:  # ESRCH: exited meanwhile
+                raise
+
+
+def _environ(pid: int) -> set[bytes]:
+    try:
+        return set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+    except OSError:
+        return set()
+
+
+def _alive(pid: int) -> bool:
+    """Zombies count as dead (PID 1 here may reap late)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
