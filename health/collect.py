@@ -26,7 +26,8 @@ from trainctl.health.parse.counters import IB_ERROR_COUNTERS
 from trainctl.health.parse.cpu_siblings import SIBLINGS_GLOB
 from trainctl.health.parse.gpu_apps import QUERY as COMPUTE_APPS_QUERY
 from trainctl.health.parse.pcie import LINK_ATTRS, NVIDIA
-from trainctl.proc import ProcResult, RunGroup, run
+from trainctl.proc import ProcResult, RunGroup, each_completed, run
+from trainctl.signals import stop_deferred
 from trainctl.slurm import this_node_name
 
 SNAPSHOT_FORMAT = 1
@@ -109,8 +110,12 @@ def collect_snapshot(out_dir: str | Path, *, binaries: Mapping[str, str] | None 
     pool = ThreadPoolExecutor(max_workers=len(to_run) + 1)
     probes = RunGroup()
     try:
-        host_future = pool.submit(_host_facts, disk_paths)
-        results = list(pool.map(lambda p: _run_probe(p, paths, timeout_s, env, probes), to_run))
+        with stop_deferred():   # submit takes the pool's locks (see trainctl.signals)
+            host_future = pool.submit(_host_facts, disk_paths)
+            futures = [pool.submit(_run_probe, p, paths, timeout_s, env, probes) for p in to_run]
+        for _ in each_completed([host_future, *futures]):  # all done, Ctrl-C seen while waiting
+            pass
+        results = [future.result() for future in futures]
         host = host_future.result()
     except BaseException:
         probes.abort()  # Ctrl-C or SIGTERM: no probe outlives us, and no thread waits for one

@@ -14,12 +14,12 @@ import shlex
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import ExternalCommandError, TrainctlError
-from trainctl.proc import StreamedRun
+from trainctl.proc import StreamedRun, each_completed
 from trainctl.slurm import fold_hostlist
 from trainctl.ssh import connect
 from trainctl.sweep.model import CHECKED, ERROR, STATUSES, TIMEOUT, CheckRow, NodeOutcome
@@ -237,7 +237,7 @@ def collect_via_ssh(addresses: dict[str, str], command: NodeCommand, access: Ssh
     with ThreadPoolExecutor(max_workers=max(1, fanout)) as pool:
         futures = {pool.submit(ssh_node, host, address, command, access, states.get(host, "")): host
                    for host, address in addresses.items()}
-        for future in as_completed(futures):
+        for future in each_completed(futures):
             try:
                 yield future.result()
             except Exception as exc:  # one node's surprise is that node's recorded error; the sweep goes on

@@ -6,8 +6,14 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from trainctl.devcluster.cluster import DevCluster, missing_prerequisites, spec_for_instance
+
+# Hypothesis's 200 ms per-example deadline is an absolute time: on a shared 2-core machine
+# it fails a correct example now and then. Tests here never assert on time.
+settings.register_profile("shared-machine", deadline=None)
+settings.load_profile("shared-machine")
 
 # Another test session on this machine may hold the cluster: wait for it rather than
 # rebuilding the cluster under its feet.

@@ -33,7 +33,7 @@ def test_help_lists_commands_from_the_map_without_importing_them():
     code = ("import sys; from trainctl.cli import main; rc = main(['--help']); "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
             "{'torch', 'paramiko', 'jinja2', 'trainctl'} and m not in "
-            "{'trainctl', 'trainctl.cli', 'trainctl.errors', 'trainctl.identity'}); print('HEAVY', heavy, rc)")
+            "{'trainctl', 'trainctl.cli', 'trainctl.errors', 'trainctl.identity', 'trainctl.signals'}); print('HEAVY', heavy, rc)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "dev-cluster" in out.stdout
     assert "HEAVY [] 0" in out.stdout

@@ -99,7 +99,8 @@ def test_exec_yes_keeps_memory_bounded_until_the_timeout(tmp_path):
     # four `yes` floods for 3 s write gigabytes on a quiet machine (more than the cap even on a
     # loaded one); trainctl keeps at most 8 MiB of each
     assert record["stdout_bytes"] > OUTPUT_CAP_BYTES
-    assert peak < 4 * OUTPUT_CAP_BYTES + (150 << 20), f"peak RSS {peak >> 20} MiB"
+    # 4 capped buffers over an interpreter of ~150 MiB with psutil and click loaded (185 MiB seen in CI)
+    assert peak < 4 * OUTPUT_CAP_BYTES + (200 << 20), f"peak RSS {peak >> 20} MiB"
     assert not (snap / "nvidia-smi-q.xml").exists()
 
 

@@ -18,7 +18,8 @@ import click
 
 from trainctl import __version__
 from trainctl.errors import (EXIT_CLOSED_PIPE, EXIT_INTERNAL, EXIT_SIGNAL_BASE, EXIT_USAGE, CommandLoadError,
-                             Stopped, TrainctlError)
+                             STOP_SIGNALS, Stopped, TrainctlError)
+from trainctl.signals import on_stop_signal
 
 # name -> (module, attribute, one-line help). The only place a subcommand is registered.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -109,29 +110,16 @@ def cli() -> None:
     """
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and funnel every error into one line and an exit code."""
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum in STOP_SIGNALS:
-        signal.signal(signum, _on_stop_signal)
+        signal.signal(signum, on_stop_signal)
     code = _run(argv)
     if code < EXIT_SIGNAL_BASE:     # after a stop signal the process is leaving: stay deaf
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return code
-
-
-def _on_stop_signal(signum: int, frame: object) -> None:
-    # The first stop signal wins: later ones (a second Ctrl-C while we clean up) are ignored,
-    # so they cannot turn a clean stop into a traceback.
-    for other in STOP_SIGNALS:
-        signal.signal(other, signal.SIG_IGN)
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise Stopped(signum)
 
 
 def _stopped(signum: int) -> int:

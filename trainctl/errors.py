@@ -10,12 +10,15 @@ exit code. Exit codes, documented in the README:
     141 stdout closed (`| head`)
 """
 
+import signal
+
 EXIT_FAIL = 2
 EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
 EXIT_EXTERNAL = 4
 EXIT_INTERNAL = 70
 EXIT_SIGNAL_BASE = 128   # shells report a death by signal N as 128 + N; so does trainctl
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # each ends trainctl cleanly
 
 
 class Stopped(BaseException):

@@ -17,6 +17,7 @@ Every run is hard-bounded, whatever the command and its descendants do:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
@@ -28,15 +29,18 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
-from trainctl.errors import ExternalCommandError
+from trainctl.errors import STOP_SIGNALS, ExternalCommandError
+from trainctl.signals import stop_deferred
 
 STDERR_TAIL_CHARS = 2000
 OUTPUT_CAP_BYTES = 8 << 20      # per run: 4 MiB head + 4 MiB tail of stdout
 STDERR_CAP_BYTES = 64 << 10     # the end of stderr is where the reason is
 LINGER_S = 1.0                  # after the command exits, for descendants still writing
+SIGNAL_POLL_S = 0.2            # the main thread never waits longer than this without seeing a stop signal
 REAP_S = 0.5                    # waiting for a killed process (one stuck in the kernel never dies)
 POLL_S = 0.1                    # how often a run notices abort_all()
 READ_CHUNK = 1 << 20
@@ -93,7 +97,7 @@ class RunGroup:
 
     def __init__(self) -> None:
         self.aborted = False
-        with _LIVE_LOCK:
+        with _registry():
             _GROUPS.add(self)
 
     def abort(self) -> None:
@@ -112,14 +116,14 @@ def run(argv: list[str] | tuple[str, ...], *, timeout: float, env: dict[str, str
                           missing=True, timeout_s=timeout)
     start = time.monotonic()
     live = _LiveRun(f"{os.getpid()}-{next(_RUN_IDS)}-{secrets.token_hex(8)}", output_cap, group)
-    with _LIVE_LOCK:
+    with _registry():
         if group is not None and group.aborted:
             return ProcResult(argv, None, "", "", 0.0, timeout_s=timeout, interrupted=True)
         _LIVE.add(live)
     try:
         return _run_registered(live, argv, start, timeout, env, input_text, cwd)
     finally:
-        with _LIVE_LOCK:
+        with _registry():
             _LIVE.discard(live)
 
 
@@ -138,7 +142,7 @@ def _run_registered(live: _LiveRun, argv: tuple[str, ...], start: float, timeout
             why += " (a missing #! interpreter?)"
         return ProcResult(argv, None, "", f"{argv[0]}: cannot execute: {why}", time.monotonic() - start,
                           timeout_s=timeout, exec_error=why)
-    with _LIVE_LOCK:
+    with _registry():
         live.proc = proc
     if live.aborted:    # aborted while it started: abort() could not kill it yet
         _kill_group(proc)
@@ -156,13 +160,13 @@ def _run_registered(live: _LiveRun, argv: tuple[str, ...], start: float, timeout
 
 def abort_all() -> None:
     """End every run in flight now, and every group's later runs (Ctrl-C, SIGTERM, SIGHUP)."""
-    with _LIVE_LOCK:
+    with _registry():
         groups = list(_GROUPS)
     _abort(lambda live: True, groups)
 
 
 def _abort(selected, groups: list[RunGroup]) -> None:
-    with _LIVE_LOCK:
+    with _registry():
         for group in groups:
             group.aborted = True
         runs = [live for live in _LIVE if selected(live)]
@@ -181,6 +185,13 @@ _RUN_IDS = itertools.count(1)
 _LIVE: set[_LiveRun] = set()
 _GROUPS: weakref.WeakSet[RunGroup] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _registry() -> Iterator[None]:
+    """The live-run registry's lock; a stop signal is not raised while it is held (trainctl.signals)."""
+    with stop_deferred(), _LIVE_LOCK:
+        yield
 
 
 class _Capped:
@@ -322,6 +333,28 @@ def _kill_marked(marks: set[str]) -> int:
     return killed
 
 
+def each_completed(futures: Iterable[Future]) -> Iterator[Future]:
+    """The futures as they complete, waited for in short slices.
+
+    A stop signal the kernel hands to a worker thread only sets a flag that the main thread
+    acts on between bytecodes ("Python signal handlers are always executed in the main
+    Python thread", docs.python.org/3/library/signal.html); a lock wait with no timeout in
+    the main thread is not interrupted by it, so Ctrl-C would wait for the slowest probe.
+    The wait takes the futures' locks: a stop signal is raised between slices, not inside.
+    """
+    pending = set(futures)
+    while pending:
+        with stop_deferred():
+            done, pending = wait(pending, timeout=SIGNAL_POLL_S, return_when=FIRST_COMPLETED)
+        yield from done
+
+
+def _deaf_to_stop_signals() -> None:
+    """Block Ctrl-C, SIGTERM and SIGHUP in the calling helper thread (one that starts no
+    command: a child inherits the mask), so the kernel hands them to a thread that acts."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
 def run_checked(argv: list[str] | tuple[str, ...], *, timeout: float, **kwargs) -> ProcResult:
     """Like `run`, but a missing binary, a timeout or a non-zero exit raises."""
     result = run(argv, timeout=timeout, **kwargs)
@@ -367,14 +400,21 @@ class StreamedRun:
             self._proc = None
             self._start_error = f"{self.argv[0]}: {exc.strerror}"
             return self
-        self._timer = threading.Timer(self.deadline_s, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
+        # The main thread blocks reading stdout: the helpers are deaf to stop signals so that
+        # the kernel hands a Ctrl-C to the main thread, whose read it interrupts.
+        self._ended = threading.Event()
+        threading.Thread(target=self._watch_deadline, daemon=True).start()
         self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._stderr_reader.start()
         return self
 
+    def _watch_deadline(self) -> None:
+        _deaf_to_stop_signals()
+        if not self._ended.wait(self.deadline_s):
+            self._expire()
+
     def _read_stderr(self) -> None:
+        _deaf_to_stop_signals()
         while chunk := self._proc.stderr.read(READ_CHUNK):
             self._stderr = (self._stderr + chunk)[-STDERR_CAP_BYTES:]
 
@@ -414,5 +454,5 @@ class StreamedRun:
         if exc_info[0] is not None:  # the consumer stopped early (Ctrl-C): take srun down too
             self._kill()
         self._proc.wait()
-        self._timer.cancel()
+        self._ended.set()
         self._stderr_reader.join(timeout=5)
