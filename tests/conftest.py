@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -39,3 +40,16 @@ def devcluster() -> Iterator[DevCluster]:
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(autouse=True)
+def _no_unkillable_drain_carried_over(request) -> Iterator[None]:
+    """A cluster test starts with no node drained by Slurm for "Kill task failed" (an earlier
+    fault test's step slow to die); any such drain is resumed and reported on stderr."""
+    if "devcluster" in request.fixturenames:
+        from trainctl.devcluster.faults import resume_unkillable_drains
+
+        resumed = resume_unkillable_drains(request.getfixturevalue("devcluster"))
+        if resumed:
+            print(f"conftest: resumed {','.join(resumed)} (drained by Slurm: Kill task failed)", file=sys.stderr)
+    yield

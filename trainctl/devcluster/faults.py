@@ -121,6 +121,24 @@ def restore_node(cluster, node: str, timeout_s: float = RESTORE_TIMEOUT_S) -> No
         time.sleep(0.2)
 
 
+UNKILLABLE_STEP_REASON = "Kill task failed"
+
+
+def resume_unkillable_drains(cluster) -> list[str]:
+    """Resume the nodes Slurm drained because a step's processes outlived its kill
+    (UnkillableStepTimeout, reason "Kill task failed"); return their names.
+
+    A fault test that kills one node can leave another node's gate step slow to die; Slurm's
+    answer is that drain, which would fail every later test for want of nodes.
+    """
+    listing = run(["sinfo", "-h", "-N", "-o", "%N|%E"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
+    drained = sorted({line.split("|", 1)[0] for line in listing.stdout.splitlines()
+                      if line.partition("|")[2].strip() == UNKILLABLE_STEP_REASON})
+    for node in drained:
+        _scontrol_update(cluster, node, "state=resume")
+    return drained
+
+
 def _scontrol_update(cluster, node: str, *settings: str) -> None:
     run(["scontrol", "update", f"nodename={node}", *settings], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
 
