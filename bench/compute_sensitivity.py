@@ -55,6 +55,17 @@ def compute_excluded(decision: dict) -> set[str]:
     return {e["host"] for e in decision["excluded"] if any(r.startswith("compute") for r in e["reasons"])}
 
 
+def why(decision: dict) -> str:
+    """The compute reasons of the excluded nodes, for the bench's line ('' when none)."""
+    reasons = [r for e in decision["excluded"] for r in e["reasons"] if r.startswith("compute")]
+    return f" ({'; '.join(reasons)})" if reasons else ""
+
+
+def lowest_ratio(decision: dict) -> float:
+    return min((v[key] for v in decision["compute"] for key in ("tflops_ratio", "copy_ratio")
+                if v.get(key) is not None), default=float("nan"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="slow gates (each after a healthy one)")
@@ -67,6 +78,7 @@ def main() -> int:
     cluster.up(lock_wait_s=300)
     counts = {"slow": [0, 0, 0], "healthy": [0, 0, 0]}  # runs, found, false
     ratios: list[float] = []
+    healthy_lowest: list[float] = []  # per healthy gate: its lowest matmul or copy ratio
     load_start, started = os.getloadavg()[0], time.monotonic()
     plan = ["pair"] * args.runs + ["healthy"] * args.healthy_extra
     rng.shuffle(plan)
@@ -76,10 +88,12 @@ def main() -> int:
             site = site_with_compute(scratch)
             gate(cluster, scratch / "warm", site)  # page cache and .pyc files on every node
             for number, kind in enumerate(plan):
-                healthy = compute_excluded(gate(cluster, scratch / f"healthy{number}", site))
+                healthy_decision = gate(cluster, scratch / f"healthy{number}", site)
+                healthy = compute_excluded(healthy_decision)
+                healthy_lowest.append(lowest_ratio(healthy_decision))
                 counts["healthy"][0] += 1
                 counts["healthy"][2] += bool(healthy)
-                line = f"gate {number} healthy: excluded {sorted(healthy) or '-'}"
+                line = f"gate {number} healthy: excluded {sorted(healthy) or '-'}{why(healthy_decision)}"
                 if kind == "pair":
                     slow = rng.choice(NODES)
                     with cpu_quota(cluster, slow, args.quota):
@@ -102,7 +116,8 @@ def main() -> int:
     ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
     print(f"| one node at {args.quota:g} of a core | {runs} | {found}/{runs} | {false}/{runs} | {ratio} |")
     runs, _, false = counts["healthy"]
-    print(f"| healthy | {runs} | - | {false}/{runs} | - |")
+    lowest = f"lowest ratio in a healthy gate: {min(healthy_lowest):.2f}, median of gates {statistics.median(healthy_lowest):.2f}"
+    print(f"| healthy | {runs} | - | {false}/{runs} | {lowest} |")
     return 0
 
 

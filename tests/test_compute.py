@@ -132,3 +132,29 @@ def test_cli_compute_prints_json():
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["devices"][0]["name"] == "cpu" and data["devices"][0]["tflops"] > 0
+
+
+
+def test_cpu_figure_is_the_fastest_chunk_and_each_chunk_spans_two_cfs_periods(monkeypatch):
+    # someone else's load slows two of the three timed chunks 3x: on the shared CPU that is not
+    # this node's speed, so the figure is the fast chunk (the median would be the slow one)
+    import torch
+
+    from trainctl.health.compute import measure
+
+    timers_entered = []
+
+    class CountingTimer(measure._Timer):
+        def __enter__(self):
+            timers_entered.append(self)
+            return super().__enter__()
+
+    def step():  # the first product, the warm-up and chunk 1 run fast, chunks 2 and 3 slow
+        time.sleep(0.03 if len(timers_entered) > 3 else 0.01)
+
+    monkeypatch.setattr(measure, "_Timer", CountingTimer)
+    budget = 0.8  # 0.6 s timed: three chunks of 0.2 s
+    per_step, steps = measure._timed_loop(torch.device("cpu"), step, budget)
+    chunks = len(timers_entered) - 2
+    assert chunks == int(budget * (1 - measure.WARMUP_SHARE) / measure.CPU_MIN_CHUNK_S) == 3
+    assert per_step < 0.02, per_step  # the fast chunk's 10 ms, not the slow chunks' 30 ms

@@ -59,15 +59,9 @@ def test_node_at_half_a_core_is_found_as_a_compute_fail_slow(devcluster, tmp_pat
 
 
 def test_healthy_nodes_are_not_excluded_by_the_compute_test(devcluster, tmp_path, site_with_compute):
-    # Judged at factor 0.5, not the site's 0.65: on 2 shared vCPUs a healthy node's one-core
-    # figure measured 0.70-1.31x within one gate, and at 0.65 a healthy gate excluded a node in
-    # 9 of 20 (bench/compute_sensitivity.py, README). This checks the path judges healthy nodes
-    # as healthy; the false-exclusion rate at the site's factor is the bench's figure.
-    site = Path(site_with_compute)
-    text = site.read_text()
-    assert "\ncompute_factor = 0.65" in text
-    site.write_text(text.replace("\ncompute_factor = 0.65", "\ncompute_factor = 0.5"))
+    # at the site's factor: the CPU figure is the fastest chunk, so a busy moment on the shared
+    # cores slows a chunk, not the figure (bench/compute_sensitivity.py: 0 false in 20, README)
     for attempt in range(RUNS):
-        decision = gate_compute(devcluster, tmp_path / f"healthy{attempt}", str(site))
+        decision = gate_compute(devcluster, tmp_path / f"healthy{attempt}", site_with_compute)
         assert compute_excluded(decision) == {}, (attempt, decision["compute"])
         assert {v["status"] for v in decision["compute"]} == {"ok"}

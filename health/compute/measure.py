@@ -29,7 +29,11 @@ GPU_COPY_BYTES = 1 << 30
 CPU_MATMUL_N = 512
 CPU_COPY_BYTES = 64 << 20
 WARMUP_SHARE = 0.25              # of each part's time: clocks ramp up, kernels are chosen
-CHUNKS = 5                       # timed chunks per part; the median chunk is the figure
+CHUNKS = 5                       # timed chunks per part on a GPU; the median chunk is the figure
+# A CPU chunk lasts at least two CFS periods (100 ms by default, kernel Documentation/scheduler/
+# sched-bwc.rst): a process under a CPU quota then runs at most quota/period of every chunk and
+# cannot hide a throttled stretch between two chunks
+CPU_MIN_CHUNK_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,11 @@ class _Timer:
 def _timed_loop(device: torch.device, step, budget_s: float) -> tuple[float, int]:
     """(seconds per step, steps timed): warm up, size chunks from the warm-up, time each chunk.
 
-    The figure is the median chunk, so a burst of someone else's load during one chunk does not
-    make the device look slow; a chunk spans several scheduler periods (CFS quotas are enforced
-    per 100 ms period), so a throttled device cannot hide inside one.
+    On a GPU the figure is the median chunk: the job has the GPU to itself, and a throttling
+    GPU slows most chunks. The CPU is shared with everything else on the host (and on the test
+    cluster with the other "nodes"), and someone else's load only ever slows a chunk, so there
+    the fastest chunk is the figure: what this node's CPU share allows at best. A CPU quota
+    caps every chunk alike (`CPU_MIN_CHUNK_S`), so the fastest chunk still shows it.
     """
     with _Timer(device) as first:
         step()
@@ -94,14 +100,18 @@ def _timed_loop(device: torch.device, step, budget_s: float) -> tuple[float, int
         for _ in range(warmup_steps):
             step()
     per_step = max(warm.seconds / warmup_steps, 1e-6)
-    chunk_steps = max(1, int(budget_s * (1 - WARMUP_SHARE) / CHUNKS / per_step))
+    timed_s = budget_s * (1 - WARMUP_SHARE)
+    cuda = device.type == "cuda"
+    chunks = CHUNKS if cuda else max(1, min(CHUNKS, int(timed_s / CPU_MIN_CHUNK_S)))
+    chunk_steps = max(1, int(timed_s / chunks / per_step))
     chunk_seconds = []
-    for _ in range(CHUNKS):
+    for _ in range(chunks):
         with _Timer(device) as chunk:
             for _ in range(chunk_steps):
                 step()
         chunk_seconds.append(chunk.seconds)
-    return statistics.median(chunk_seconds) / chunk_steps, chunk_steps * CHUNKS
+    figure = statistics.median(chunk_seconds) if cuda else min(chunk_seconds)
+    return figure / chunk_steps, chunk_steps * chunks
 
 
 def measure_device(device: torch.device, budget_s: float = DEFAULT_BUDGET_S) -> DeviceFigures:
