@@ -47,9 +47,12 @@ def _no_unkillable_drain_carried_over(request) -> Iterator[None]:
     """A cluster test starts with no node drained by Slurm for "Kill task failed" (an earlier
     fault test's step slow to die); any such drain is resumed and reported on stderr."""
     if "devcluster" in request.fixturenames:
-        from trainctl.devcluster.faults import resume_unkillable_drains
+        from trainctl.devcluster.faults import new_unkillable_step_records, resume_unkillable_drains
 
-        resumed = resume_unkillable_drains(request.getfixturevalue("devcluster"))
+        cluster = request.getfixturevalue("devcluster")
+        resumed = resume_unkillable_drains(cluster)
         if resumed:
             print(f"conftest: resumed {','.join(resumed)} (drained by Slurm: Kill task failed)", file=sys.stderr)
+        for record in new_unkillable_step_records(cluster):  # shown with the next failing test's output
+            print(f"conftest: Slurm could not kill a step; UnkillableStepProgram recorded {record}", file=sys.stderr)
     yield

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -520,3 +521,23 @@ def test_extra_slurm_conf_lines_are_appended_checked_and_kept_in_the_state_file(
     for bad in ("HealthCheckInterval=5\nProlog=/x", "# a comment", "=5"):
         with pytest.raises(UsageError, match="extra slurm.conf line"):
             ClusterSpec(extra_slurm_conf=(bad,)).validate()
+
+
+def test_a_step_slurm_cannot_kill_leaves_a_process_record_reported_once(tmp_path):
+    # Slurm runs UnkillableStepProgram on the node when a step outlives its kill; the dev
+    # cluster's records every process's state and wait channel, and the next cluster test reports it
+    from types import SimpleNamespace
+
+    from trainctl.devcluster.faults import new_unkillable_step_records
+    from trainctl.devcluster.slurm_daemons import unkillable_step_text
+
+    spec = ClusterSpec(nodes=1, base_dir=str(tmp_path / "dc"))
+    assert conf_settings(slurm_conf_text(spec, "vm"))["UnkillableStepProgram"] == f"{tmp_path}/dc/unkillable_step.sh"
+    (tmp_path / "dc" / "log").mkdir(parents=True)
+    script = tmp_path / "unkillable_step.sh"
+    script.write_text(unkillable_step_text(spec))
+    subprocess.run(["sh", str(script)], check=True, timeout=30, env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "42"})
+    cluster = SimpleNamespace(spec=spec)
+    [record] = new_unkillable_step_records(cluster)
+    assert "SLURM_JOB_ID=42" in record and "WCHAN" in record and f" {os.getpid()} " in record
+    assert new_unkillable_step_records(cluster) == []

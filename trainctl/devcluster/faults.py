@@ -139,6 +139,17 @@ def resume_unkillable_drains(cluster) -> list[str]:
     return drained
 
 
+def new_unkillable_step_records(cluster) -> list[str]:
+    """What the dev cluster's UnkillableStepProgram recorded since the last call: the step's
+    SLURM_* variables and every process's state and kernel wait channel when Slurm gave up
+    killing it (why a step outlived its kill). Each record is returned once."""
+    texts = []
+    for path in sorted((Path(cluster.spec.base_dir) / "log").glob("unkillable-*.txt")):
+        texts.append(f"{path}:\n{path.read_text(errors='replace')}")
+        path.rename(path.with_suffix(".reported"))
+    return texts
+
+
 def _scontrol_update(cluster, node: str, *settings: str) -> None:
     run(["scontrol", "update", f"nodename={node}", *settings], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
 

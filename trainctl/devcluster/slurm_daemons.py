@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 import time
+from pathlib import Path
 from typing import Mapping
 
 from trainctl.devcluster.processes import (CMD_TIMEOUT_S, binary, daemon_pids, log_tails,
@@ -63,6 +64,9 @@ def slurm_conf_text(spec: ClusterSpec, controller_hostname: str) -> str:
         "InactiveLimit=0",
         "MinJobAge=300",  # keeps finished jobs visible to `scontrol show job` (no slurmdbd)
         "KillWait=5",
+        # when a step outlives its kill (UnkillableStepTimeout, default 60 s) Slurm drains the
+        # node "Kill task failed" and runs this: it records why the processes did not die
+        f"UnkillableStepProgram={base}/unkillable_step.sh",
         "Waittime=0",
     ]
     for node in spec.node_names:
@@ -75,6 +79,16 @@ def slurm_conf_text(spec: ClusterSpec, controller_hostname: str) -> str:
                  "MaxTime=INFINITE State=UP")
     lines += spec.extra_slurm_conf
     return "\n".join(lines) + "\n"
+
+
+def unkillable_step_text(spec: ClusterSpec) -> str:
+    """UnkillableStepProgram: every process's state and kernel wait channel at that moment, to
+    log/unkillable-<node>-<time>.txt (`faults.resume_unkillable_drains` reports them)."""
+    log = Path(spec.base_dir) / "log"
+    return ("#!/bin/sh\n"
+            f'out="{log}/unkillable-$(hostname)-$(date +%s%N).txt"\n'
+            'env | grep ^SLURM >"$out"\n'
+            'ps -eo pid,ppid,stat,wchan:32,etimes,args >>"$out" 2>&1\n')
 
 
 def gres_conf_text(spec: ClusterSpec) -> str:
@@ -105,6 +119,9 @@ def write_configs(layout: Layout) -> None:
     prolog = layout.base / "task_prolog.sh"
     prolog.write_text(task_prolog_text(layout.spec))
     prolog.chmod(0o755)
+    unkillable = layout.base / "unkillable_step.sh"
+    unkillable.write_text(unkillable_step_text(layout.spec))
+    unkillable.chmod(0o755)
 
 
 def create_fake_gpus(spec: ClusterSpec, state: StateFile) -> None:
