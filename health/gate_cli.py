@@ -98,37 +98,67 @@ def _run_compute(root: Path, host: str, site: str | None) -> None:
               help="The job's gate directory: the batch script beats in DIR/batch-host.beat.")
 @click.option("--silence", "silence_s", type=Number(float, Bounds(1, DAY_S)), default=30.0, show_default=True,
               help="Seconds without a beat after which the batch host counts as lost.")
-def sentinel(gate_dir, silence_s):
+@click.option("--log", "log_file", type=click.Path(dir_okay=False),
+              help="Append this command's output to FILE itself, not through Slurm's I/O forwarding.")
+def sentinel(gate_dir, silence_s, log_file):
     """End this job when its batch host is lost (one task on another node, for the job's life).
 
     The batch script writes a counter to DIR/batch-host.beat every 2 s. When it has not
     changed for --silence seconds, the batch host is dead or hung, and with it the job script:
-    this sets the job's Comment to say so and cancels the job. Without it, a --no-kill job
-    (Slurm 22.05) whose batch host died stays RUNNING, with no script, until its time limit.
+    this sets the job's Comment to say so and cancels the job, retrying while Slurm refuses
+    (a controller busy with the node's failure). Without it, a --no-kill job (Slurm 22.05)
+    whose batch host died stays RUNNING, with no script, until its time limit.
+
+    srun forwards a task's output through the srun process, which runs on the batch host: when
+    that host dies, so does the way out, and a write to it can end the sentinel on a broken
+    pipe just when it is needed. Hence --log.
     """
     import time
 
     from trainctl.health.gate import BeatWatch
-    from trainctl.proc import run
 
+    if log_file:
+        _write_output_to(Path(log_file))
     beat_file = Path(gate_dir) / BATCH_HOST_BEAT
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
         from trainctl.errors import UsageError
         raise UsageError("gate sentinel runs inside a Slurm job (no SLURM_JOB_ID)")
     ignore_checkpoint_signals()
+    click.echo(f"trainctl: sentinel of job {job_id}: watching {beat_file} (silent after {silence_s:g} s)", err=True)
     watch = BeatWatch(silence_s)
     while not watch.silent(_read_text(beat_file), time.monotonic()):
         time.sleep(SENTINEL_POLL_S)
     why = f"trainctl: batch host lost: no heartbeat in {beat_file} for {silence_s:g} s; job cancelled"
     click.echo(why, err=True)
+    return _cancel_job(job_id, why)
+
+
+def _write_output_to(path: Path) -> None:
+    """Point this process's stdout and stderr at `path` (appended), at the file descriptor level."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for target in (1, 2):
+        os.dup2(fd, target)
+    os.close(fd)
+
+
+def _cancel_job(job_id: str, why: str) -> int:
+    """Comment and scancel the job; scancel is retried (bounded) until Slurm accepts it."""
+    import time
+
+    from trainctl.proc import run
+
     env = dict(os.environ)
     run(["scontrol", "update", f"JobId={job_id}", f"Comment={why}"], timeout=SLURM_CMD_TIMEOUT_S, env=env)
-    result = run(["scancel", job_id], timeout=SLURM_CMD_TIMEOUT_S, env=env)
-    if not result.ok:
-        click.echo(f"trainctl: scancel {job_id} failed: {result.describe_failure()}", err=True)
-        return 4
-    return 0
+    for attempt in range(1, CANCEL_ATTEMPTS + 1):
+        result = run(["scancel", job_id], timeout=SLURM_CMD_TIMEOUT_S, env=env)
+        if result.ok:
+            return 0
+        click.echo(f"trainctl: scancel {job_id} failed (attempt {attempt} of {CANCEL_ATTEMPTS}): "
+                   f"{result.describe_failure()}", err=True)
+        if attempt < CANCEL_ATTEMPTS:
+            time.sleep(CANCEL_RETRY_S)
+    return 4
 
 
 def ignore_checkpoint_signals() -> None:
@@ -240,6 +270,8 @@ WAIT_POLL_S = 0.2
 FINAL_MARGIN_S = 5.0
 SENTINEL_POLL_S = 1.0
 SLURM_CMD_TIMEOUT_S = 30.0
+CANCEL_ATTEMPTS = 10
+CANCEL_RETRY_S = 5.0
 
 
 def _site_deadline_s(site: str | None, nodes: int) -> float:

@@ -294,6 +294,30 @@ def test_sentinel_cancels_the_job_when_the_batch_host_stops_beating(tmp_path):
     assert calls[1] == "scancel 42"
 
 
+def test_sentinel_logs_to_its_own_file_and_retries_a_refused_scancel(tmp_path):
+    # its srun's output runs through the (dead) batch host: the sentinel writes its own log; and
+    # a controller busy with the node's failure may refuse the first scancel
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "scancel").write_text(
+        f'#!/bin/sh\necho "scancel $*" >> {tmp_path}/slurm.log\n'
+        f'[ "$(wc -l < {tmp_path}/slurm.log)" -gt 1 ] || {{ echo "Socket timed out" >&2; exit 1; }}\n')
+    for name in ("scontrol", "scancel"):
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "batch-host.beat").write_text("7\n")
+    log = tmp_path / "sentinel.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
+    out = subprocess.run([TRAINCTL, "gate", "sentinel", "--dir", str(tmp_path), "--silence", "1", "--log", str(log)],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, log.read_text()
+    assert out.stdout == out.stderr == ""
+    text = log.read_text()
+    assert "sentinel of job 42: watching" in text and "batch host lost: no heartbeat" in text
+    assert "scancel 42 failed (attempt 1 of 10)" in text and "Socket timed out" in text
+    assert (tmp_path / "slurm.log").read_text().splitlines() == ["scancel 42", "scancel 42"]
+
+
 @pytest.mark.cluster
 def test_gate_on_the_cluster_leaves_out_the_nvlink_fault_and_the_straggler(devcluster, tmp_path):
     made = [write_replay(devcluster.node_bin_dir(node), "nvidia-smi",

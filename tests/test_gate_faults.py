@@ -74,6 +74,13 @@ def wait_state(devcluster, job_id: str, states: set[str], timeout_s: float) -> d
         time.sleep(0.2)
 
 
+def read_or_why(path: Path) -> str:
+    try:
+        return path.read_text()[-3000:] or "(empty)"
+    except OSError as exc:
+        return f"(unreadable: {exc})"
+
+
 def gate_step(devcluster, job_id: str, timeout_s: float = MOMENT_TIMEOUT_S) -> str:
     """The gate step's id (the job script also starts a sentinel step: the order varies)."""
     deadline = time.monotonic() + timeout_s
@@ -254,7 +261,11 @@ def test_the_batch_host_dying_ends_the_job_without_a_hang(devcluster, tmp_path):
             time.sleep(POLL_S)
         left_after_s = time.monotonic() - killed
         # the sentinel on node2 cancels the job once node1's beat has been silent for 30 s
-        record = wait_state(devcluster, job_id, TERMINAL_STATES | {"PENDING", "REQUEUED"}, 240)
+        try:
+            record = wait_state(devcluster, job_id, TERMINAL_STATES | {"PENDING", "REQUEUED"}, 240)
+        except AssertionError as failure:
+            sentinel_log = tmp_path / f"trainctl-gate-{job_id}" / "sentinel.log"
+            raise AssertionError(f"{failure}; sentinel.log: {read_or_why(sentinel_log)}") from None
         ended_after_s = time.monotonic() - killed
     finally:
         for script in made:
