@@ -32,6 +32,7 @@ CMD_TIMEOUT_S = 15.0
 CPU_CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller on these machines
 CFS_PERIOD_US = 100_000
 RESTORE_TIMEOUT_S = 30.0
+FREEZE_PASSES = 5  # a node's processes listed and stopped until no new one appears
 
 
 def node_pids(cluster, node: str) -> list[int]:
@@ -47,8 +48,22 @@ def step_task_pids(cluster, node: str, job_id: str, step_id: str) -> list[int]:
 
 
 def kill_node(cluster, node: str) -> list[int]:
-    """SIGKILL every process of `node` (its slurmd, slurmstepds, tasks); returns their PIDs."""
-    return _signal(node_pids(cluster, node), signal.SIGKILL)
+    """SIGKILL every process of `node` (its slurmd, slurmstepds, tasks) at once, as a node that
+    dies loses them all; returns their PIDs.
+
+    Killed one after another, a process would outlive its parent by a moment and could act on
+    that death as no process of a dead node can: srun's shepherd, a child that cancels srun's
+    step when srun dies without saying goodbye (Slurm src/srun/libsrun/srun_job.c,
+    `_shepherd_spawn`), cancelled the job's sentinel step on another node in the batch-host
+    test. So every process is stopped first (again for any forked meanwhile), then killed.
+    """
+    stopped: set[int] = set()
+    for _ in range(FREEZE_PASSES):
+        new = [pid for pid in node_pids(cluster, node) if pid not in stopped]
+        if not new:
+            break
+        stopped.update(_signal(new, signal.SIGSTOP))
+    return _signal(sorted(stopped), signal.SIGKILL)
 
 
 def kill_step_tasks(cluster, node: str, job_id: str, step_id: str) -> list[int]:
