@@ -387,9 +387,10 @@ def format_fabric_report(report: dict) -> str:
         lines.append(f"{host:<12} {node['status']:<10} {'-' if best is None else f'{best:.2f}':>9} "
                      f"{'-' if intra is None else f'{intra:.2f}':>10}  {inter or '-'}  {node['reason']}")
     for host, node in sorted(report["nodes"].items(), key=lambda item: item[1]["rank"]):
-        for name, rail in (node.get("rails") or {}).items():
+        for number, (name, rail) in enumerate((node.get("rails") or {}).items()):
             ratio = "-" if rail["ratio"] is None else f"{rail['ratio']:.2f}x"
-            lines.append(f"  {host} rail {name}: best {_gbps_text(rail['busbw_gbps'])} GB/s ({ratio})")
+            lines.append(f"  {host} rail {number} ({name}): best {_gbps_text(rail['busbw_gbps'])} GB/s, "
+                         f"{ratio} the rail's reference")
     for item in report["excluded"]:
         lines.append(f"excluded: {item['host']}: {item['reason']}")
     return "\n".join(lines)

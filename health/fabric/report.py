@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainctl.health.fabric.blame import BlameReport, Verdict, assign_blame
-from trainctl.health.fabric.schedule import disjoint_rounds, plan_retests
+from trainctl.health.fabric.schedule import disjoint_rounds, plan_retests, rail_ranks
 from trainctl.health.status import Status
 
 Pair = tuple[int, int]
@@ -172,13 +172,12 @@ def rail_label(rail: int, name: str) -> str:
 
 def rail_results(results: Mapping[int, dict], rail: int, rail_count: int) -> dict[int, dict]:
     """The results of `rail`'s ranks: with R rails, node n's rail r is rank n x R + r."""
-    return {rank: result for rank, result in results.items() if rank % rail_count == rail}
+    return {rank: results[rank] for rank in rail_ranks(results, rail, rail_count)}
 
 
 def rail_positions(members: list[int], hosts: Mapping[str, str], rail: int, rail_count: int) -> dict[str, int]:
     """Host -> its position among `rail`'s joined ranks: the index the rail's pairing rounds use."""
-    ranks = [rank for rank in members if rank % rail_count == rail]
-    return {hosts[str(rank)]: i for i, rank in enumerate(ranks)}
+    return {hosts[str(rank)]: i for i, rank in enumerate(rail_ranks(members, rail, rail_count))}
 
 
 def build_rails_report(*, results: Mapping[int, dict], roster: dict, rails: tuple[str, ...],
@@ -231,7 +230,7 @@ def build_rails_report(*, results: Mapping[int, dict], roster: dict, rails: tupl
     references: dict[str, float | None] = {}
     for rail, name in enumerate(rails):
         label = rail_label(rail, name)
-        ranks = [rank for rank in members if rank % rail_count == rail]
+        ranks = rail_ranks(members, rail, rail_count)
         positions = rail_positions(members, roster["hosts"], rail, rail_count)
         measured = rail_results(results, rail, rail_count)
         figures = pair_figures(measured, positions, judged_size)

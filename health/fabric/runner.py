@@ -37,7 +37,7 @@ from queue import Empty
 from trainctl.health.fabric.bandwidth import Collective, figures_from_timings
 from trainctl.health.fabric.report import (build_rails_report, build_report, rail_positions, rail_results,
                                            retest_rounds)
-from trainctl.health.fabric.schedule import pairing_schedule
+from trainctl.health.fabric.schedule import padded, rail_ranks, rail_schedules
 from trainctl.errors import EXIT_EXTERNAL, UsageError
 from trainctl.slurm import job_port, node_address, step_hosts, this_node_name
 
@@ -346,10 +346,9 @@ def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float
     hosts = roster["hosts"]
     # every rail pairs its own joined ranks; all rails run the same number of rounds, so the
     # round barriers (counted per rank, every rail's ranks together) line up
-    rail_members = [rank for rank in members if rank % rail_count == rail]
+    rail_members = rail_ranks(members, rail, rail_count)
     position = rail_members.index(identity.rank)
-    rounds_by_rail = [_rounds([rank for rank in members if rank % rail_count == r]) for r in range(rail_count)]
-    rounds = _padded(rounds_by_rail[rail], max(map(len, rounds_by_rail)))
+    rounds = [[list(pair) for pair in r] for r in rail_schedules(members, rail_count)[rail]]
     test = _Test(identity, store, watch, members, rail_members, hosts, device, options, deadline, rail)
     test.run_rounds("round", rounds, position, result)
     test.send("result", result)
@@ -366,7 +365,7 @@ def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float
         retests_by_rail = json.loads(store.get("retests"))
     retest_count = max(map(len, retests_by_rail))
     if retest_count:
-        test.run_rounds("retest", _padded(retests_by_rail[rail], retest_count), position, result)
+        test.run_rounds("retest", padded(retests_by_rail[rail], retest_count), position, result)
         test.send("final", result)
     if not is_master:
         store.add("finished", 1)  # after this, this rank needs nothing more from the store
@@ -459,15 +458,6 @@ def _rail_process(identity: Identity, options: FabricOptions, straggler_factor: 
         print(f"trainctl: error: fabric test, {identity.host} rail {rail}: {_one_line(exc)}", file=sys.stderr)
         code = EXIT_EXTERNAL
     end_process(code)
-
-
-def _rounds(ranks: list[int]) -> list[list[list[int]]]:
-    return [[list(pair) for pair in r] for r in pairing_schedule(len(ranks))] if len(ranks) > 1 else []
-
-
-def _padded(rounds: list, count: int) -> list:
-    """`rounds` followed by empty rounds up to `count`: this rail waits at the other rails' barriers."""
-    return list(rounds) + [[] for _ in range(count - len(rounds))]
 
 
 @dataclass
