@@ -116,3 +116,20 @@ def test_missing_and_silent_rail_ranks_name_their_rail():
 @pytest.mark.parametrize("rail, name, text", [(1, "eth1", "rail 1 (eth1)"), (5, "mlx5_9:1", "rail 5 (mlx5_9:1)")])
 def test_rail_label(rail, name, text):
     assert rail_label(rail, name) == text
+
+
+def test_pair_groups_of_two_rails_never_share_a_store_prefix():
+    # one prefix for both rails crosses their gloo connections (bench/gloo_shared_prefix.py)
+    from trainctl.health.fabric.runner import pair_prefix
+
+    prefixes = {pair_prefix("round", number, rail, 0, 1) for number in range(3) for rail in range(8)}
+    assert len(prefixes) == 3 * 8
+
+
+def test_rail_identity_numbers_node_n_rail_r_as_rank_n_times_r_plus_r():
+    from trainctl.health.fabric.runner import Identity, rail_identity
+
+    node = Identity(rank=2, world=4, host="n3", master_addr="10.0.0.1", port=29500, expected_hosts=("a", "b", "n3", "d"))
+    rail = rail_identity(node, 1, 2)
+    assert (rail.rank, rail.world, rail.host) == (5, 8, "n3")
+    assert rail.expected_hosts == ("a", "a", "b", "b", "n3", "n3", "d", "d")

@@ -484,8 +484,7 @@ class _Test:
                     if position in (i, j):
                         session = sessions.setdefault((i, j), _PairSession(i, j, position, self.rail_members,
                                                                            self.hosts, self.rail))
-                        # a store prefix per rail: rails never share a pair's rendezvous keys
-                        session.visit(self, f"{name}{number}/rail{self.rail}/{i}-{j}")
+                        session.visit(self, pair_prefix(name, number, self.rail, i, j))
         result.inter += [m for session in sessions.values() for m in session.measurements(self.options.sizes)]
 
     def barrier(self, name: str) -> None:
@@ -536,6 +535,13 @@ class _Test:
         if not self.store.check([arrivals]):
             return set()
         return {int(rank) for rank in self.store.get(arrivals).decode().split(",") if rank}
+
+
+def pair_prefix(name: str, number: int, rail: int, i: int, j: int) -> str:
+    """The store prefix of one pair's process group: its own per round, pair and rail. Two gloo
+    groups built on one prefix read each other's rendezvous keys: their connections cross, and
+    they hang, fail with read errors or reduce with the wrong peer (bench/gloo_shared_prefix.py)."""
+    return f"{name}{number}/rail{rail}/{i}-{j}"
 
 
 class _PairSession:
