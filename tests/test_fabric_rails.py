@@ -133,3 +133,25 @@ def test_rail_identity_numbers_node_n_rail_r_as_rank_n_times_r_plus_r():
     rail = rail_identity(node, 1, 2)
     assert (rail.rank, rail.world, rail.host) == (5, 8, "n3")
     assert rail.expected_hosts == ("a", "a", "b", "b", "n3", "n3", "d", "d")
+
+
+def test_rails_come_from_the_site_unless_given():
+    from trainctl.health.cli import _fabric_options, _fabric_policy
+
+    def rails(site, given=None):
+        options, _, _ = _fabric_options(_fabric_policy(site, None), None, None, None, 2, None, None, None, None,
+                                        False, 0, given)
+        return options.rails
+
+    assert rails("dgx-h100") == DGX_RAILS
+    assert rails("local-demo") == ()
+    assert rails("local-demo", ("eth0", "eth1")) == ("eth0", "eth1")
+
+
+def test_text_report_shows_every_rail_and_the_excluded_rail():
+    from trainctl.health.cli import format_fabric_report
+
+    results = rails_results(HOSTS, 2, lambda pair, rail: 0.2 if rail == 1 and "n3" in pair else 0.6)
+    text = format_fabric_report(report(results, roster(HOSTS, 2), ("eth0", "eth1")))
+    assert "  n3 rail 1 (eth1): best 0.20 GB/s, 0.33x the rail's reference" in text
+    assert "excluded: n3: straggler: rail 1 (eth1): 0.33x" in text

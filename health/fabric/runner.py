@@ -446,8 +446,9 @@ def _rail_process(identity: Identity, options: FabricOptions, straggler_factor: 
         os.environ["NCCL_IB_HCA"] = f"={device}"
         rail_options = options
     else:
-        # gloo binds each pair group to the rail's interface, as GLOO_SOCKET_IFNAME would bind the
-        # default device (torch.distributed docs, "Common environment variables")
+        # gloo binds each pair group's device to the rail's interface, as GLOO_SOCKET_IFNAME binds
+        # the default one (https://pytorch.org/docs/stable/distributed.html, "Common environment
+        # variables"): rail r's traffic leaves by interface r, never by another rail's
         rail_options = replace(options, socket_ifname=device)
     code = 0
     try:
