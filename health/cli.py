@@ -264,9 +264,9 @@ def compute(budget_s, as_json):
 @click.option("--local-procs", type=click.IntRange(min=0), default=0,
               help="Intra-node ranks (default: one per GPU, or 2 CPU processes without GPUs).")
 @click.option("--rails", default=None, metavar="DEV[,DEV...]",
-              help="Measure every rail: rail r's rank pairs with rail r on the other nodes, over DEV r, an "
-                   "interface (gloo, e.g. eth0,eth1) or an HCA port with GPU r (NCCL, e.g. mlx5_0:1,...) "
-                   "(default: the site's fabric_rails, else one rail).")
+              help="Measure every rail (two or more): rail r's rank pairs with rail r on the other nodes, "
+                   "over DEV r, an interface (gloo, e.g. eth0,eth1) or an HCA port with GPU r (NCCL, e.g. "
+                   "mlx5_0:1,...) (default: the site's fabric_rails, else one rank per node).")
 @click.option("--json", "as_json", is_flag=True, help="Rank 0 prints the report as JSON.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="Rank 0 also writes the JSON report to this file.")
