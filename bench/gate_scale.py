@@ -139,7 +139,7 @@ def run_one(nodes: int, join_timeout_s: float, profile: bool = False, runner_pat
     runner.Heartbeat = PumpedHeartbeat
     runner._PairSession.visit = stand_in_visit
     runner._start_watchdog = lambda deadline: None
-    runner._inter_device = lambda: torch.device("cpu")
+    runner._inter_device = lambda rail=None: torch.device("cpu")
     options = runner.FabricOptions(sizes=(1 << 20, 16 << 20), iters=5, passes=1, timeout_s=600.0,
                                    join_timeout_s=join_timeout_s, op_timeout_s=120.0, intra=False)
     with socket.socket() as probe:

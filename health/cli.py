@@ -263,11 +263,15 @@ def compute(budget_s, as_json):
 @click.option("--no-intra", is_flag=True, help="Skip the intra-node test.")
 @click.option("--local-procs", type=click.IntRange(min=0), default=0,
               help="Intra-node ranks (default: one per GPU, or 2 CPU processes without GPUs).")
+@click.option("--rails", default=None, metavar="DEV[,DEV...]",
+              help="Measure every rail (two or more): rail r's rank pairs with rail r on the other nodes, "
+                   "over DEV r, an interface (gloo, e.g. eth0,eth1) or an HCA port with GPU r (NCCL, e.g. "
+                   "mlx5_0:1,...) (default: the site's fabric_rails, else one rank per node).")
 @click.option("--json", "as_json", is_flag=True, help="Rank 0 prints the report as JSON.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="Rank 0 also writes the JSON report to this file.")
 def fabric(sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floor_gbps, site, partition,
-           master_addr, port, no_intra, local_procs, as_json, out_file):
+           master_addr, port, no_intra, local_procs, rails, as_json, out_file):
     """Measure intra-node and pairwise inter-node all_reduce bandwidth; name the stragglers.
 
     Start it with one task per node, e.g. `srun --ntasks-per-node=1 trainctl health fabric`.
@@ -286,7 +290,8 @@ def fabric(sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floo
         report = run_fabric_from_cli_options(
             sizes=sizes, iters=iters, passes=passes, warmup=warmup, timeout_s=timeout_s,
             join_timeout_s=join_timeout_s, factor=factor, floor_gbps=floor_gbps, site=site, partition=partition,
-            master_addr=master_addr, port=port, no_intra=no_intra, local_procs=local_procs)
+            master_addr=master_addr, port=port, no_intra=no_intra, local_procs=local_procs,
+            rails=tuple(rails.split(",")) if rails else None)
     except DistError as exc:  # rank 0's store gone or silent past the deadline: the machine, not a bug
         click.echo(f"trainctl: error: fabric test ended: the coordinator's store: {' '.join(str(exc).split())[:300]}",
                    err=True)
@@ -309,7 +314,8 @@ def fabric(sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floo
 
 def run_fabric_from_cli_options(*, sizes=None, iters=None, passes=None, warmup=2, timeout_s=None,
                                 join_timeout_s=None, factor=None, floor_gbps=None, site=None, partition=None,
-                                master_addr=None, port=None, no_intra=False, local_procs=0) -> dict | None:
+                                master_addr=None, port=None, no_intra=False, local_procs=0,
+                                rails=None) -> dict | None:
     """This rank's part of the fabric test with the site's policy; rank 0 returns the report."""
     import os
     import signal
@@ -321,11 +327,11 @@ def run_fabric_from_cli_options(*, sizes=None, iters=None, passes=None, warmup=2
 
     policy = _fabric_policy(site, partition)
     options, factor, floor_gbps = _fabric_options(policy, sizes, iters, passes, warmup, timeout_s,
-                                                  join_timeout_s, factor, floor_gbps, no_intra, local_procs)
-    from trainctl.health.fabric.runner import identity_from_env, run_rank
+                                                  join_timeout_s, factor, floor_gbps, no_intra, local_procs, rails)
+    from trainctl.health.fabric.runner import identity_from_env, run_node
 
     identity = identity_from_env(os.environ, master_addr, port)
-    return run_rank(identity, options, straggler_factor=factor, floor_gbps=floor_gbps)
+    return run_node(identity, options, straggler_factor=factor, floor_gbps=floor_gbps)
 
 
 def _fabric_policy(site: str | None, partition: str | None):
@@ -339,7 +345,7 @@ def _fabric_policy(site: str | None, partition: str | None):
 
 
 def _fabric_options(policy, sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floor_gbps,
-                    no_intra, local_procs):
+                    no_intra, local_procs, rails=None):
     from trainctl.health.fabric.runner import FabricOptions
 
     gate, part = policy if policy else (None, None)
@@ -356,10 +362,15 @@ def _fabric_options(policy, sizes, iters, passes, warmup, timeout_s, join_timeou
         local_procs=local_procs,
         socket_ifname=part.socket_ifname if part else None,
         intra=not no_intra,
+        rails=rails if rails is not None else (part.fabric_rails if part else ()),
     )
     chosen_factor = factor or (gate.straggler_factor if gate else 0.7)
     floor = floor_gbps if floor_gbps is not None else (gate.busbw_floor_gbps if gate else 0.0)
     return options, chosen_factor, floor or None
+
+
+def _gbps_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def format_fabric_report(report: dict) -> str:
@@ -375,6 +386,11 @@ def format_fabric_report(report: dict) -> str:
         inter = ", ".join(f"{peer} {bw:.2f}" for peer, bw in sorted((node.get("inter_busbw_gbps") or {}).items()))
         lines.append(f"{host:<12} {node['status']:<10} {'-' if best is None else f'{best:.2f}':>9} "
                      f"{'-' if intra is None else f'{intra:.2f}':>10}  {inter or '-'}  {node['reason']}")
+    for host, node in sorted(report["nodes"].items(), key=lambda item: item[1]["rank"]):
+        for number, (name, rail) in enumerate((node.get("rails") or {}).items()):
+            ratio = "-" if rail["ratio"] is None else f"{rail['ratio']:.2f}x"
+            lines.append(f"  {host} rail {number} ({name}): best {_gbps_text(rail['busbw_gbps'])} GB/s, "
+                         f"{ratio} the rail's reference")
     for item in report["excluded"]:
         lines.append(f"excluded: {item['host']}: {item['reason']}")
     return "\n".join(lines)

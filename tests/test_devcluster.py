@@ -132,6 +132,15 @@ def test_spec_defaults_give_node1_a_different_mtu_and_distinct_names():
     assert len(longest.veth("node64")) <= 15  # the Linux limit on interface names
 
 
+def test_rails_get_their_own_interface_bridge_veth_and_subnet():
+    spec = ClusterSpec(rails=2, subnet="10.77.4", prefix="te")
+    assert (spec.rail_interface(1), spec.rail_bridge(1), spec.veth("node3", 1)) == ("eth1", "tebr1", "teveth3r1")
+    assert spec.address("node3", 1) == "10.77.14.3" and spec.address("node3") == "10.77.4.3"
+    longest = ClusterSpec(nodes=64, prefix="abcdef", rails=4)
+    assert len(longest.veth("node64", 3)) <= 15  # the Linux limit on interface names
+    assert spec_from_options(4, "/tmp/dc-x", (), (), rails=2).rails == 2
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"nodes": 0}, "nodes must be"),
     ({"base_dir": "relative/dir"}, "base dir"),
@@ -146,6 +155,9 @@ def test_spec_defaults_give_node1_a_different_mtu_and_distinct_names():
     ({"domain": "Cluster.Test"}, "domain"),
     ({"domain": "cluster..test"}, "domain"),
     ({"domain": "a" * 60}, "domain"),  # node1.aaa... would pass Linux's 64-character limit
+    ({"rails": 0}, "rails must be"),
+    ({"rails": 5}, "rails must be"),
+    ({"subnet": "10.77.250", "rails": 2}, "no room for 2 rails"),
 ])
 def test_spec_validation_names_the_bad_setting(changes, message):
     with pytest.raises(UsageError, match=re.escape(message)):

@@ -172,6 +172,11 @@ class PartitionConfig:
         "are checked on these (empty: none)", ())
     socket_ifname: str = doc("interface for NCCL/gloo bootstrap traffic (NCCL_SOCKET_IFNAME)")
     roce_gid_index: int = doc("NCCL_IB_GID_INDEX for RoCE (-1: let NCCL choose)", -1)
+    fabric_rails: tuple[str, ...] = doc(
+        "the fabric test's rails, rail r = entry r: with GPUs the HCA port of GPU r ('mlx5_5:1', given "
+        "to GPU r's rank as NCCL_IB_HCA), without GPUs a netdev gloo binds to ('eth1'); each rail is "
+        "measured on its own, local rank r with rail r of the other nodes (fewer than 2: one rail, "
+        "over socket_ifname)", ())
     nic_per_gpu: bool = doc("each GPU should have a NIC closer than SYS (warn otherwise)", False)
     cpus_per_node: int = doc("CPU cores per node to hand out to ranks (0: what Slurm gives)", 0)
     numa_nodes: int = doc("NUMA nodes with CPUs, as lscpu shows them (0: do not check)", 0)

@@ -13,6 +13,12 @@ thread with its own store connection, and a rank whose heartbeat has been silent
 `silence_s` is lost (killed, or hung: a SIGSTOPped process is alive but silent). Rank 0 then
 stops waiting for it at barriers and for its results, and its pair partners abandon the pair
 (gloo itself reports a killed peer at once: its connections reset). The report names it.
+
+Rails: with R rails (`FabricOptions.rails`), the node's process starts one process per rail
+(`run_node`), each a rank of its own (node n's rail r is rank n x R + r) with its own store
+connections, bound to its rail: gloo to the rail's interface, NCCL to the rail's HCA and GPU r.
+Rail r's ranks pair only with rail r's ranks, in the same rounds as one rail (every rail at
+once), on store prefixes of their own; each rail is judged against its own pairs.
 """
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from queue import Empty
 
 from trainctl.health.fabric.bandwidth import Collective, figures_from_timings
-from trainctl.health.fabric.report import build_report, retest_rounds
-from trainctl.health.fabric.schedule import pairing_schedule
-from trainctl.errors import UsageError
+from trainctl.health.fabric.report import (build_rails_report, build_report, rail_positions, rail_results,
+                                           retest_rounds)
+from trainctl.health.fabric.schedule import padded, rail_ranks, rail_schedules
+from trainctl.errors import EXIT_EXTERNAL, UsageError
 from trainctl.slurm import job_port, node_address, step_hosts, this_node_name
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
@@ -69,6 +76,9 @@ class FabricOptions:
     local_procs: int = 0            # intra-node ranks; 0: one per GPU, or 2 CPU processes without GPUs
     socket_ifname: str | None = None
     intra: bool = True
+    # Rail r's device: a netdev (eth1) gloo binds to, or an HCA port (mlx5_5:1) NCCL uses with
+    # GPU r. Fewer than two: one process per node, over socket_ifname (no rails).
+    rails: tuple[str, ...] = ()
     silence_s: float = 5.0          # a peer whose heartbeat is silent this long is lost
 
 
@@ -93,6 +103,7 @@ class Measurement:
     busbw_gbps: float | None = None
     error: str | None = None
     fast_s: float | None = None   # the fast-quartile iteration time busbw is computed from
+    rail: int = 0
 
 
 @dataclass
@@ -100,6 +111,7 @@ class RankResult:
     rank: int
     host: str
     backend: str
+    rail: int = 0
     intra: list[Measurement] = field(default_factory=list)
     inter: list[Measurement] = field(default_factory=list)
 
@@ -225,10 +237,10 @@ def measure_sizes(group, peers: tuple[str, ...], ranks: int, device: torch.devic
     return results
 
 
-def _measurement(peers: tuple[str, ...], size: int, ranks: int, times: list[float]) -> Measurement:
+def _measurement(peers: tuple[str, ...], size: int, ranks: int, times: list[float], rail: int = 0) -> Measurement:
     figures = figures_from_timings(Collective.ALL_REDUCE, size, ranks, times, quantile=FAST_QUANTILE)
     return Measurement(peers, size, ranks, figures.median_seconds, figures.algbw_gbps, figures.busbw_gbps,
-                       fast_s=figures.seconds)
+                       fast_s=figures.seconds, rail=rail)
 
 
 def new_group(store, prefix: str, rank: int, size: int, timeout_s: float, device: torch.device,
@@ -325,40 +337,128 @@ def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float
     members = [int(r) for r in roster["joined"]]
     if identity.rank not in members:
         return None  # joined after the roster closed: rank 0 reports this rank as missing
-    device = _inter_device()
-    result = RankResult(identity.rank, identity.host, "nccl" if device.type == "cuda" else "gloo")
-    if options.intra:
+    rail_count = max(len(options.rails), 1)
+    rail = identity.rank % rail_count
+    device = _inter_device(rail if rail_count > 1 else None)
+    result = RankResult(identity.rank, identity.host, "nccl" if device.type == "cuda" else "gloo", rail)
+    if options.intra and rail == 0:  # one intra-node test per node
         result.intra = intra_node(identity.host, options, deadline)
     hosts = roster["hosts"]
-    position = members.index(identity.rank)
-    rounds = [list(r) for r in pairing_schedule(len(members))] if len(members) > 1 else []
-    test = _Test(identity, store, watch, members, hosts, device, options, deadline)
+    # every rail pairs its own joined ranks; all rails run the same number of rounds, so the
+    # round barriers (counted per rank, every rail's ranks together) line up
+    rail_members = rail_ranks(members, rail, rail_count)
+    position = rail_members.index(identity.rank)
+    rounds = [[list(pair) for pair in r] for r in rail_schedules(members, rail_count)[rail]]
+    test = _Test(identity, store, watch, members, rail_members, hosts, device, options, deadline, rail)
     test.run_rounds("round", rounds, position, result)
     test.send("result", result)
 
     if is_master:
         results = test.collect("result", members)
-        positions = {hosts[str(rank)]: i for i, rank in enumerate(members)}
-        retests = retest_rounds(results, positions, max(options.sizes), straggler_factor, floor_gbps)
-        store.set("retests", json.dumps(retests))
+        retests_by_rail = [
+            retest_rounds(rail_results(results, r, rail_count), rail_positions(members, hosts, r, rail_count),
+                          max(options.sizes), straggler_factor, floor_gbps)
+            for r in range(rail_count)]
+        store.set("retests", json.dumps(retests_by_rail))
     else:
         store.wait(["retests"], datetime.timedelta(seconds=deadline.left()))
-        retests = json.loads(store.get("retests"))
-    if retests:
-        test.run_rounds("retest", retests, position, result)
+        retests_by_rail = json.loads(store.get("retests"))
+    retest_count = max(map(len, retests_by_rail))
+    if retest_count:
+        test.run_rounds("retest", padded(retests_by_rail[rail], retest_count), position, result)
         test.send("final", result)
     if not is_master:
         store.add("finished", 1)  # after this, this rank needs nothing more from the store
         return None
-    if retests:
+    if retest_count:
         results.update(test.collect("final", [r for r in members if r in results]))
-    report = build_report(results=results, roster=roster, world=identity.world, sizes=options.sizes,
-                          rounds=len(rounds), retests=retests, straggler_factor=straggler_factor,
-                          floor_gbps=floor_gbps, join_timeout_s=options.join_timeout_s,
-                          duration_s=time.monotonic() - started, lost=dict(watch.lost))
+    if rail_count > 1:
+        report = build_rails_report(results=results, roster=roster, rails=options.rails, sizes=options.sizes,
+                                    rounds=len(rounds), retests=retest_count, straggler_factor=straggler_factor,
+                                    floor_gbps=floor_gbps, join_timeout_s=options.join_timeout_s,
+                                    duration_s=time.monotonic() - started, lost=dict(watch.lost))
+    else:
+        report = build_report(results=results, roster=roster, world=identity.world, sizes=options.sizes,
+                              rounds=len(rounds), retests=retests_by_rail[0], straggler_factor=straggler_factor,
+                              floor_gbps=floor_gbps, join_timeout_s=options.join_timeout_s,
+                              duration_s=time.monotonic() - started, lost=dict(watch.lost))
     others = len([r for r in members if r not in watch.lost]) - 1
     _wait_finished(store, others, Deadline(min(FINISH_WAIT_S, deadline.left())))
     return report
+
+
+def run_node(identity: Identity, options: FabricOptions, straggler_factor: float = 0.7,
+             floor_gbps: float | None = None) -> dict | None:
+    """This node's part of the test: its one rank, or with rails one process per rail.
+
+    Each rail's rank is a process of its own, with its own store connections, heartbeat, pair
+    groups and watchdog: nothing one rail waits on can hold another. This process only starts
+    them and waits for them, never past the test's deadline plus the watchdog's grace.
+    """
+    if len(options.rails) < 2:
+        return run_rank(identity, options, straggler_factor, floor_gbps)
+    rail_count = len(options.rails)
+    # CUDA needs fresh interpreters; without GPUs the rails fork from this one (no threads yet)
+    context = multiprocessing.get_context("spawn" if torch.cuda.is_available() else "fork")
+    receiver, sender = context.Pipe(duplex=False)
+    processes = [context.Process(target=_rail_process, name=f"fabric-rail{rail}",
+                                 args=(rail_identity(identity, rail, rail_count), options, straggler_factor,
+                                       floor_gbps, sender))
+                 for rail in range(rail_count)]
+    for process in processes:
+        process.start()
+    sender.close()
+    deadline = Deadline(options.timeout_s + WATCHDOG_GRACE_S + MIN_STEP_TIMEOUT_S)
+    report = None
+    if identity.rank == 0 and receiver.poll(deadline.left()):
+        try:
+            report = receiver.recv()
+        except EOFError:  # rail 0's process ended without a report: said below
+            pass
+    for process in processes:
+        process.join(deadline.left())
+        if process.is_alive():
+            process.kill()
+            process.join(MIN_STEP_TIMEOUT_S)
+    if identity.rank == 0 and report is None:
+        codes = {process.name: process.exitcode for process in processes}
+        raise dist.DistError(f"rank 0's rail processes ended without a report (exit codes {codes})")
+    return report
+
+
+def rail_identity(node: Identity, rail: int, rail_count: int) -> Identity:
+    """Rail `rail` of node rank n is rank n x R + r of N x R; rank 0 is node 0's rail 0."""
+    expected = tuple(host for host in node.expected_hosts for _ in range(rail_count))
+    return Identity(node.rank * rail_count + rail, node.world * rail_count, node.host, node.master_addr,
+                    node.port, expected)
+
+
+def _rail_process(identity: Identity, options: FabricOptions, straggler_factor: float,
+                  floor_gbps: float | None, sender) -> None:
+    """One rail's rank, bound to its rail; rank 0 sends the report. Ends with os._exit (see end_process)."""
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    rail = identity.rank % len(options.rails)
+    device = options.rails[rail]
+    if torch.cuda.is_available():
+        # NCCL_IB_HCA: a leading "=" selects exactly this HCA port, not every name it prefixes
+        # (mlx5_1 would also match mlx5_10); NCCL_SOCKET_IFNAME stays the bootstrap interface.
+        # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html (NCCL_IB_HCA)
+        os.environ["NCCL_IB_HCA"] = f"={device}"
+        rail_options = options
+    else:
+        # gloo binds each pair group's device to the rail's interface, as GLOO_SOCKET_IFNAME binds
+        # the default one (https://pytorch.org/docs/stable/distributed.html, "Common environment
+        # variables"): rail r's traffic leaves by interface r, never by another rail's
+        rail_options = replace(options, socket_ifname=device)
+    code = 0
+    try:
+        report = run_rank(identity, rail_options, straggler_factor, floor_gbps)
+        if report is not None:
+            sender.send(report)
+    except Exception as exc:  # the store gone or silent past the deadline: said, and the exit code shows it
+        print(f"trainctl: error: fabric test, {identity.host} rail {rail}: {_one_line(exc)}", file=sys.stderr)
+        code = EXIT_EXTERNAL
+    end_process(code)
 
 
 @dataclass
@@ -367,11 +467,13 @@ class _Test:
     identity: Identity
     store: object
     watch: PeerWatch
-    members: list[int]
+    members: list[int]          # every rank in the test: barriers wait for all of them
+    rail_members: list[int]     # this rank's rail's ranks: pair positions index these
     hosts: dict
     device: torch.device
     options: FabricOptions
     deadline: Deadline
+    rail: int = 0
 
     def run_rounds(self, name: str, rounds: list[list[list[int]]], position: int, result: RankResult) -> None:
         """All rounds, `options.passes` times over, interleaved: load that comes and goes hits every pair."""
@@ -381,8 +483,9 @@ class _Test:
                 self.barrier(f"{name}{number}.{visit}")
                 for i, j in pairs:
                     if position in (i, j):
-                        session = sessions.setdefault((i, j), _PairSession(i, j, position, self.members, self.hosts))
-                        session.visit(self, f"{name}{number}/{i}-{j}")
+                        session = sessions.setdefault((i, j), _PairSession(i, j, position, self.rail_members,
+                                                                           self.hosts, self.rail))
+                        session.visit(self, pair_prefix(name, number, self.rail, i, j))
         result.inter += [m for session in sessions.values() for m in session.measurements(self.options.sizes)]
 
     def barrier(self, name: str) -> None:
@@ -435,6 +538,13 @@ class _Test:
         return {int(rank) for rank in self.store.get(arrivals).decode().split(",") if rank}
 
 
+def pair_prefix(name: str, number: int, rail: int, i: int, j: int) -> str:
+    """The store prefix of one pair's process group: its own per round, pair and rail. Two gloo
+    groups built on one prefix read each other's rendezvous keys: their connections cross, and
+    they hang, fail with read errors or reduce with the wrong peer (bench/gloo_shared_prefix.py)."""
+    return f"{name}{number}/rail{rail}/{i}-{j}"
+
+
 class _PairSession:
     """One pair's process group, kept over the passes, and its timed iterations per size.
 
@@ -443,7 +553,8 @@ class _PairSession:
     abandoned visit cannot hold the main one.
     """
 
-    def __init__(self, i: int, j: int, position: int, members: list[int], hosts: dict):
+    def __init__(self, i: int, j: int, position: int, members: list[int], hosts: dict, rail: int):
+        self.rail = rail
         self.rank_in_pair = 0 if position == i else 1
         self.partner = members[j if position == i else i]
         self.partner_host = hosts[str(self.partner)]
@@ -482,8 +593,8 @@ class _PairSession:
 
     def measurements(self, sizes: tuple[int, ...]) -> list[Measurement]:
         if self.error is not None:
-            return [Measurement(self.peers, size, 2, error=self.error) for size in sizes]
-        return [_measurement(self.peers, size, 2, self.times[size]) for size in sizes]
+            return [Measurement(self.peers, size, 2, error=self.error, rail=self.rail) for size in sizes]
+        return [_measurement(self.peers, size, 2, self.times[size], self.rail) for size in sizes]
 
 
 def _unless_lost(work, lost, deadline: Deadline):
@@ -574,9 +685,11 @@ def _wait_finished(store, others: int, deadline: Deadline) -> None:
         time.sleep(ROSTER_POLL_S)
 
 
-def _inter_device() -> torch.device:
+def _inter_device(rail: int | None = None) -> torch.device:
+    """With rails, rail r's rank runs on GPU r (rail-aligned: GPU r's nearest HCA is rail r's);
+    otherwise the task's Slurm local rank picks the GPU."""
     if torch.cuda.is_available():
-        local = int(os.environ.get("SLURM_LOCALID", "0"))
+        local = rail if rail is not None else int(os.environ.get("SLURM_LOCALID", "0"))
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     return torch.device("cpu")

@@ -51,6 +51,33 @@ def pairing_schedule(node_count: int) -> tuple[Round, ...]:
     return near_even, near_odd, far
 
 
+def rail_ranks(ranks: Iterable[int], rail: int, rail_count: int) -> list[int]:
+    """`rail`'s ranks among `ranks`, in order: with R rails, node n's rail r is rank n x R + r."""
+    return [rank for rank in ranks if rank % rail_count == rail]
+
+
+def rail_schedules(ranks: Iterable[int], rail_count: int) -> tuple[tuple[Round, ...], ...]:
+    """Per rail, the pairing rounds over that rail's ranks (pairs are positions among them), all
+    padded with empty rounds to the same count.
+
+    Rail r's rank pairs only with rail r's ranks of other nodes (rail-aligned, as NCCL's rings
+    run on a rail-optimised fabric), and every rail runs round k at the same time, so the test
+    keeps at most three rounds whatever the number of rails.
+    """
+    joined = list(ranks)
+    per_rail = []
+    for rail in range(rail_count):
+        count = len(rail_ranks(joined, rail, rail_count))
+        per_rail.append(pairing_schedule(count) if count > 1 else ())
+    return tuple(padded(rounds, max(map(len, per_rail))) for rounds in per_rail)
+
+
+def padded(rounds: Iterable[Round], count: int) -> tuple[Round, ...]:
+    """`rounds` followed by empty rounds up to `count` (a rail with fewer rounds waits them out)."""
+    rounds = tuple(tuple(tuple(pair) for pair in r) for r in rounds)
+    return rounds + ((),) * (count - len(rounds))
+
+
 def partners_by_node(rounds: Iterable[Round]) -> dict[int, frozenset[int]]:
     """Every node's distinct partners over `rounds`."""
     partners: dict[int, set[int]] = defaultdict(set)

@@ -36,7 +36,7 @@ def parse_node_assignments(values: tuple[str, ...], option: str) -> dict[str, st
 
 
 def spec_from_options(nodes: int, base_dir: str | None, mtus: tuple[str, ...],
-                      rates: tuple[str, ...], domain: str = "") -> ClusterSpec:
+                      rates: tuple[str, ...], domain: str = "", rails: int = 1) -> ClusterSpec:
     """The `up` options as a validated ClusterSpec (raises UsageError naming the bad option).
 
     Names, subnet and port are those of dev cluster instance $TRAINCTL_DEVCLUSTER_INSTANCE.
@@ -49,7 +49,7 @@ def spec_from_options(nodes: int, base_dir: str | None, mtus: tuple[str, ...],
     instance = spec_for_instance()
     spec = dataclasses.replace(instance, nodes=nodes, base_dir=base_dir or instance.base_dir,
                                mtus=mtu_by_node, rates=parse_node_assignments(rates, "--rate"),
-                               domain=domain)
+                               domain=domain, rails=rails)
     spec.validate()
     return spec
 
@@ -112,12 +112,15 @@ def dev_cluster() -> None:
 @click.option("--domain", default="", metavar="DOMAIN",
               help="Give node N the hostname nodeN.DOMAIN (NodeHostname) while Slurm still calls "
                    "it nodeN, e.g. --domain cluster.test.")
+@click.option("--rails", type=click.IntRange(1, 4), default=1, show_default=True,
+              help="Data rails per node: rail r is the node's eth<r>, on a bridge and subnet of its own "
+                   "(10.77.<K+10r>.N).")
 @click.option("--sshd", is_flag=True, help="Also start sshd on every node (key auth as root).")
 @json_option
 def up(nodes: int, base_dir: str | None, mtus: tuple[str, ...], rates: tuple[str, ...], domain: str,
-       sshd: bool, as_json: bool) -> None:
+       rails: int, sshd: bool, as_json: bool) -> None:
     """Start the cluster (replacing any earlier one in DIR) and wait until all nodes are idle."""
-    spec = spec_from_options(nodes, base_dir, mtus, rates, domain)
+    spec = spec_from_options(nodes, base_dir, mtus, rates, domain, rails)
     base_dir = spec.base_dir
     cluster = DevCluster(spec)
     start = time.monotonic()

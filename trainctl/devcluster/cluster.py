@@ -23,6 +23,8 @@ so callers import everything from here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import fcntl
 import os
 import shutil
@@ -199,9 +201,20 @@ class DevCluster:
             munged_alive=pids.get("munged") is not None, nodes=nodes)
 
     # -- live changes
-    def set_rate(self, node: str, rate: str | None) -> None:
-        """Limit `node`'s traffic in both directions to `rate` (tc tbf), or remove the limit."""
-        network.set_rate(self.spec, node, rate)
+    def set_rate(self, node: str, rate: str | None, rail: int = 0) -> None:
+        """Limit `node`'s traffic on `rail` in both directions to `rate` (tc tbf), or remove the limit."""
+        network.set_rate(self.spec, node, rate, rail)
+
+    def set_rails(self, rails: int) -> None:
+        """Add or remove data rails on the running cluster: `rails` interfaces per node after it."""
+        wanted = dataclasses.replace(self.spec, rails=rails)
+        wanted.validate()
+        if rails > self.spec.rails:
+            network.add_rails(wanted, self.state, range(self.spec.rails, rails))
+        else:
+            network.remove_rails(self.spec, range(rails, self.spec.rails))
+        self.spec = wanted
+        self.state.set("spec", wanted.to_dict())
 
     def set_mtu(self, node: str, mtu: int) -> None:
         network.set_mtu(self.spec, node, mtu)

@@ -1,6 +1,7 @@
 """The dev cluster's network and node namespaces: a bridge, one network namespace per node on a
 veth pair (its own address and MTU, optional tc tbf shaping), persistent UTS and mount
-namespaces (own hostname, own sysfs), and their removal."""
+namespaces (own hostname, own sysfs), and their removal. With rails, every node has one more
+interface per rail (eth1, eth2, ...), each on a bridge and subnet of that rail's own."""
 
 from __future__ import annotations
 
@@ -43,8 +44,38 @@ def create_network(spec: ClusterSpec, state: StateFile) -> None:
         _ip("-n", netns, "link", "set", "eth0", "up")
     # A bridge takes the smallest port MTU until told otherwise.
     _ip("link", "set", spec.bridge, "mtu", ROOT_SIDE_MTU, "up")
+    add_rails(spec, state, range(1, spec.rails))
     for node, rate in spec.rates.items():
         set_rate(spec, node, rate)
+
+
+def add_rails(spec: ClusterSpec, state: StateFile, rails: range) -> None:
+    """Per rail a bridge with no address in the root namespace (the rail's subnet lives only
+    inside our namespaces), and per node a veth whose end eth<rail> has the node's rail address."""
+    for rail in rails:
+        bridge = spec.rail_bridge(rail)
+        state.add("rail_bridges", bridge)
+        _ip("link", "add", bridge, "type", "bridge")
+        interface = spec.rail_interface(rail)
+        for node in spec.node_names:
+            netns, veth = spec.netns(node), spec.veth(node, rail)
+            state.add("veths", veth)
+            _ip("link", "add", veth, "mtu", ROOT_SIDE_MTU, "type", "veth",
+                "peer", "name", interface, "mtu", spec.mtu(node), "netns", netns)
+            _ip("link", "set", veth, "master", bridge, "up")
+            _ip("-n", netns, "addr", "add", f"{spec.address(node, rail)}/24", "dev", interface)
+            _ip("-n", netns, "link", "set", interface, "up")
+        _ip("link", "set", bridge, "mtu", ROOT_SIDE_MTU, "up")
+
+
+def remove_rails(spec: ClusterSpec, rails: range) -> None:
+    """Undo `add_rails` for `rails` (deleting a root-side veth removes its pair at once)."""
+    for rail in rails:
+        for node in spec.node_names:
+            if os.path.exists(f"/sys/class/net/{spec.veth(node, rail)}"):
+                _ip("link", "del", spec.veth(node, rail))
+        if os.path.exists(f"/sys/class/net/{spec.rail_bridge(rail)}"):
+            _ip("link", "del", spec.rail_bridge(rail))
 
 
 def create_node_namespaces(layout: Layout) -> None:
@@ -74,12 +105,12 @@ def create_node_namespaces(layout: Layout) -> None:
 
 # ---------------------------------------------------------------- live changes
 
-def set_rate(spec: ClusterSpec, node: str, rate: str | None) -> None:
-    """Limit `node`'s traffic in both directions to `rate` (tc tbf), or remove the limit."""
+def set_rate(spec: ClusterSpec, node: str, rate: str | None, rail: int = 0) -> None:
+    """Limit `node`'s traffic on `rail` in both directions to `rate` (tc tbf), or remove the limit."""
     if rate is not None:
         check_rate(node, rate)
-    _shape(["tc", "-n", spec.netns(node)], "eth0", rate)   # node -> others
-    _shape(["tc"], spec.veth(node), rate)                   # others -> node
+    _shape(["tc", "-n", spec.netns(node)], spec.rail_interface(rail), rate)   # node -> others
+    _shape(["tc"], spec.veth(node, rail), rate)                               # others -> node
 
 
 def _shape(tc: list[str], device: str, rate: str | None) -> None:
@@ -120,8 +151,8 @@ def existing_netns(spec: ClusterSpec, state: Mapping) -> list[str]:
 
 
 def existing_links(spec: ClusterSpec, state: Mapping, *, bridge: bool) -> list[str]:
-    """Our veths (and the bridge where `bridge`) that exist now."""
-    name_pattern = rf"{spec.prefix}veth[0-9]+" + (f"|{spec.bridge}" if bridge else "")
+    """Our veths (and the bridges where `bridge`) that exist now."""
+    name_pattern = rf"{spec.prefix}veth[0-9]+(r[0-9]+)?" + (rf"|{spec.prefix}br[0-9]+" if bridge else "")
     pattern = re.compile(name_pattern)
     present = set(os.listdir("/sys/class/net"))
     names = set(state.get("veths", [])) | {n for n in present if pattern.fullmatch(n)}
@@ -148,9 +179,9 @@ def remove_network(spec: ClusterSpec, state: Mapping, base: Path) -> list[str]:
     for netns in existing_netns(spec, state):
         run(["ip", "netns", "del", netns], timeout=CMD_TIMEOUT_S)
         removed.append(f"netns {netns}")
-    if os.path.exists(f"/sys/class/net/{spec.bridge}"):
-        run(["ip", "link", "del", spec.bridge], timeout=CMD_TIMEOUT_S)
-        removed.append(f"bridge {spec.bridge}")
+    for bridge in existing_links(spec, state, bridge=True):  # the veths are gone: only bridges are left
+        run(["ip", "link", "del", bridge], timeout=CMD_TIMEOUT_S)
+        removed.append(f"bridge {bridge}")
     return removed
 
 

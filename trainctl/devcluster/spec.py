@@ -22,6 +22,8 @@ CONTROLLER_OCTET = 254
 ROOT_SIDE_MTU = 9000        # bridge and root-side veths carry the largest node MTU
 MAX_NODE_MTU = ROOT_SIDE_MTU
 MIN_NODE_MTU = 576
+MAX_RAILS = 4
+RAIL_SUBNET_STRIDE = 10   # rail r of instance K: 10.77.(K + 10r); instances are 0-9, so none overlap
 
 NODE_NAME_RE = re.compile(r"^node([1-9][0-9]*)$")
 RATE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$",
@@ -74,6 +76,9 @@ class ClusterSpec:
     # Where set, node N's hostname is nodeN.<domain> (its NodeHostname in slurm.conf) while its
     # Slurm NodeName stays nodeN, as on clusters whose hosts carry FQDNs.
     domain: str = ""
+    # Data rails: rail 0 is eth0 on the bridge; rail r > 0 is eth<r> in every node, on a bridge of
+    # its own with no address in the root namespace, subnet third octet + 10r.
+    rails: int = 1
 
     @property
     def node_names(self) -> list[str]:
@@ -91,8 +96,17 @@ class ClusterSpec:
                              f"{', '.join(self.node_names)}")
         return int(match.group(1))
 
-    def address(self, node: str) -> str:
-        return f"{self.subnet}.{self.index(node)}"
+    def address(self, node: str, rail: int = 0) -> str:
+        return f"{self.rail_subnet(rail)}.{self.index(node)}"
+
+    def rail_subnet(self, rail: int) -> str:
+        first, second, third = self.subnet.split(".")
+        return f"{first}.{second}.{int(third) + RAIL_SUBNET_STRIDE * rail}"
+
+    @staticmethod
+    def rail_interface(rail: int) -> str:
+        """The node's interface on `rail`: eth0, eth1, ..."""
+        return f"eth{rail}"
 
     @property
     def controller_address(self) -> str:
@@ -112,12 +126,16 @@ class ClusterSpec:
     def netns(self, node: str) -> str:
         return f"{self.prefix}n{self.index(node)}"
 
-    def veth(self, node: str) -> str:
-        return f"{self.prefix}veth{self.index(node)}"
+    def veth(self, node: str, rail: int = 0) -> str:
+        """Root-side end of `node`'s veth on `rail` (at most 6 + 4 + 2 + 2 = 14 characters)."""
+        return f"{self.prefix}veth{self.index(node)}" + (f"r{rail}" if rail else "")
 
     @property
     def bridge(self) -> str:
-        return f"{self.prefix}br0"
+        return self.rail_bridge(0)
+
+    def rail_bridge(self, rail: int) -> str:
+        return f"{self.prefix}br{rail}"
 
     @property
     def gpu_devices(self) -> list[str]:
@@ -133,6 +151,11 @@ class ClusterSpec:
         octets = self.subnet.split(".")
         if len(octets) != 3 or not all(o.isdigit() and 0 <= int(o) <= 255 for o in octets):
             raise UsageError(f"subnet {self.subnet!r} must be three octets, e.g. 10.77.0")
+        if not 1 <= self.rails <= MAX_RAILS:
+            raise UsageError(f"rails must be 1..{MAX_RAILS}, got {self.rails}")
+        if int(self.rail_subnet(self.rails - 1).rsplit(".", 1)[1]) > 255:
+            raise UsageError(f"subnet {self.subnet!r} leaves no room for {self.rails} rails "
+                             f"(rail r uses third octet + {RAIL_SUBNET_STRIDE}r)")
         if not PREFIX_RE.match(self.prefix):
             raise UsageError(f"prefix {self.prefix!r} must be 1-6 lowercase letters")
         if not 1024 <= self.slurmctld_port <= 65535:
