@@ -24,6 +24,7 @@ import pytest
 from support.replay import SHARED_FIXTURES, write_replay
 from support.slurm_jobs import TERMINAL_STATES, submit
 from trainctl.devcluster import faults
+from trainctl.devcluster.processes import log_tails
 from trainctl.health.compute.gate_step import compute_deadline_s, compute_policy
 from trainctl.health.gate import gate_deadline_s
 from trainctl.proc import run, run_checked
@@ -265,7 +266,8 @@ def test_the_batch_host_dying_ends_the_job_without_a_hang(devcluster, tmp_path):
             record = wait_state(devcluster, job_id, TERMINAL_STATES | {"PENDING", "REQUEUED"}, 240)
         except AssertionError as failure:
             sentinel_log = tmp_path / f"trainctl-gate-{job_id}" / "sentinel.log"
-            raise AssertionError(f"{failure}; sentinel.log: {read_or_why(sentinel_log)}") from None
+            raise AssertionError(f"{failure}; sentinel.log: {read_or_why(sentinel_log)}\n"
+                                 f"{log_tails(devcluster.log_dir, 40)}") from None
         ended_after_s = time.monotonic() - killed
     finally:
         for script in made:
