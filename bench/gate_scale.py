@@ -50,13 +50,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 
 PAIR_GBPS = 20.0
 SLOW_EVERY = 20      # 5 % of the nodes at 0.5x
 MISSING_EVERY = 100  # 1 % never start
 DYING_EVERY = 200    # 0.5 % die after joining
 STAND_IN_PAIR_S = 0.002
-RANKS_PER_WORKER = 128
+RANKS_PER_WORKER = 256
 MAX_WORKERS = 8      # each imports torch (~200 MB)
 READY_TIMEOUT_S = 180.0  # workers importing torch at once on 2 cores
 WORKER_EXIT_TIMEOUT_S = 60.0
@@ -92,8 +93,8 @@ class Died(BaseException):
     """A planted death: ends the rank's thread past the runner's `except Exception`."""
 
 
-def simulate(runner, nodes: int, pump_heartbeats: bool) -> tuple[list[str], threading.Lock]:
-    """Patch `runner` for simulated ranks; returns the heartbeat keys the pump moves, and their lock."""
+def simulate(runner, nodes: int, pumped_heartbeats: bool) -> None:
+    """Patch `runner` for simulated ranks (with `pumped_heartbeats`: their counters moved by `pump`)."""
     import datetime
 
     import torch
@@ -101,8 +102,6 @@ def simulate(runner, nodes: int, pump_heartbeats: bool) -> tuple[list[str], thre
 
     plant = planted(nodes)
     slow_hosts = {host_name(r) for r in plant["slow"]}
-    beats: list[str] = []
-    beats_lock = threading.Lock()
 
     def stand_in_visit(self, test, prefix: str) -> None:
         """The pair's all_reduce replaced: its store connection and a key exchange, bounded by
@@ -111,9 +110,7 @@ def simulate(runner, nodes: int, pump_heartbeats: bool) -> tuple[list[str], thre
         if self.error is not None:
             return
         rank, during = test.identity.rank, f"pair {prefix}"
-        if rank in plant["dying"]:
-            with beats_lock:
-                beats.remove(f"alive/{rank}")
+        if rank in plant["dying"]:  # its heartbeat stopped when the roster closed (pump)
             raise Died()
         timeout = datetime.timedelta(seconds=test.options.op_timeout_s)
         try:
@@ -142,26 +139,23 @@ def simulate(runner, nodes: int, pump_heartbeats: bool) -> tuple[list[str], thre
             self.error = f"with {self.partner_host} (rank {self.partner}): {runner._one_line(exc)}"
 
     class PumpedHeartbeat(runner.Heartbeat):
-        """The rank's heartbeat connection and counter as the runner's; the counters of all
-        the worker's ranks are then moved every HEARTBEAT_S by one `multi_set` from one thread.
-        A thread per rank (the runner's, right for one rank per node) made N threads wake twice
-        a second in one interpreter: at 1,024 ranks 850 threads queued for the GIL at once
-        (gdb) and the heartbeats fell 5 s behind, so healthy ranks were declared lost."""
+        """The rank's heartbeat connection and counter as the runner's, without its thread: the
+        `pump` process moves every rank's counter. A thread per rank (the runner's, right for
+        one rank per node) made N threads wake twice a second in one interpreter: at 1,024 ranks
+        850 threads queued for the GIL at once (gdb) and the heartbeats fell 5 s behind, so
+        healthy ranks were declared lost; so did one pump thread per worker of 512 ranks."""
 
         def __init__(self, identity, timeout_s: float):
             self.store = dist.TCPStore(identity.master_addr, identity.port, None, False,
                                        datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
             self.key = f"alive/{identity.rank}"
             self.store.add(self.key, 1)
-            with beats_lock:
-                beats.append(self.key)
 
-    if pump_heartbeats:
+    if pumped_heartbeats:
         runner.Heartbeat = PumpedHeartbeat
     runner._PairSession.visit = stand_in_visit
     runner._start_watchdog = lambda deadline: None
     runner._inter_device = lambda: torch.device("cpu")
-    return beats, beats_lock
 
 
 def options_for(runner, join_timeout_s: float):
@@ -176,11 +170,7 @@ def identity_for(runner, rank: int, nodes: int, port: int):
 
 def worker(nodes: int, port: int, first: int, last: int, join_timeout_s: float, runner_path: str | None) -> None:
     """Ranks first..last (rank 0 and the missing left out) as threads, once told "go" on stdin;
-    then one JSON line: errors, died, rss_mb."""
-    import datetime
-
-    import torch.distributed as dist
-
+    then one JSON line: errors, died, rss_mb, cpu_s (after "go")."""
     # Every thread waiting for the GIL wakes each switch interval (5 ms by default) to ask for
     # it: with hundreds of simulated ranks returning from the store at once that was most of the
     # process's time, in the kernel (perf: futex waits). Each rank has its own interpreter on a
@@ -188,7 +178,7 @@ def worker(nodes: int, port: int, first: int, last: int, join_timeout_s: float, 
     sys.setswitchinterval(0.5)
     raise_nofile()  # a worker holds many simulated nodes' sockets; a real node holds a few
     runner = load_runner(runner_path)
-    beats, beats_lock = simulate(runner, nodes, pump_heartbeats=True)
+    simulate(runner, nodes, pumped_heartbeats=True)
     options = options_for(runner, join_timeout_s)
     plant = planted(nodes)
     out: dict = {"errors": [], "died": []}
@@ -201,23 +191,10 @@ def worker(nodes: int, port: int, first: int, last: int, join_timeout_s: float, 
         except Exception as exc:
             out["errors"].append(f"rank {rank}: {runner._one_line(exc)}")
 
-    def pump() -> None:
-        store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=60),
-                              wait_for_workers=False)
-        for count in itertools.count(2):
-            time.sleep(runner.HEARTBEAT_S)
-            with beats_lock:
-                keys = list(beats)
-            try:
-                if keys:
-                    store.multi_set(keys, [str(count)] * len(keys))
-            except Exception:  # the store is gone: the run is over
-                return
-
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         os._exit(1)
-    threading.Thread(target=pump, daemon=True, name="heartbeats").start()
+    cpu_at_go = cpu_seconds()
     threading.stack_size(256 << 10)
     threads = [threading.Thread(target=rank_main, args=(rank,), daemon=True)
                for rank in range(first, last + 1) if rank != 0 and rank not in plant["missing"]]
@@ -227,8 +204,40 @@ def worker(nodes: int, port: int, first: int, last: int, join_timeout_s: float, 
     for thread in threads:
         thread.join(max(end - time.monotonic(), 0))
     out["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out["cpu_s"] = cpu_seconds() - cpu_at_go
     print(json.dumps(out), flush=True)
     os._exit(0)  # as the runner's end_process: daemon threads inside c10d abort a normal exit
+
+
+def pump(nodes: int, port: int, beat_s: float) -> None:
+    """Every rank's heartbeat counter moved each `beat_s` by one `multi_set`, from this process
+    of its own (the simulated ranks' GIL cannot hold it back), once told "go" on stdin; a
+    dying rank's counter stops when the roster closes, so it is lost mid-test. Ends when the
+    store does, or when stdin closes."""
+    import datetime
+
+    import torch.distributed as dist
+
+    plant = planted(nodes)
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        os._exit(1)
+    threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
+    store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=60), wait_for_workers=False)
+    beating = [r for r in range(nodes) if r not in plant["missing"]]
+    for count in itertools.count(2):
+        time.sleep(beat_s)
+        try:
+            if plant["dying"] and store.check(["roster"]):
+                beating = [r for r in beating if r not in plant["dying"]]
+            store.multi_set([f"alive/{r}" for r in beating], [str(count)] * len(beating))
+        except Exception:  # the store is gone: the run is over
+            os._exit(0)
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def coordinate(nodes: int, join_timeout_s: float, workers: int, profile: bool = False,
@@ -239,7 +248,7 @@ def coordinate(nodes: int, join_timeout_s: float, workers: int, profile: bool = 
     import torch.distributed as dist
 
     runner = load_runner(runner_path)
-    simulate(runner, nodes, pump_heartbeats=False)  # rank 0 keeps the runner's own heartbeat
+    simulate(runner, nodes, pumped_heartbeats=False)  # rank 0 keeps the runner's own heartbeat
     options = options_for(runner, join_timeout_s)
     plant = planted(nodes)
     with socket.socket() as probe:
@@ -251,11 +260,14 @@ def coordinate(nodes: int, join_timeout_s: float, workers: int, profile: bool = 
     procs = [subprocess.Popen(argv + ["--ranks", f"{1 + k * per_worker}-{min((k + 1) * per_worker, nodes - 1)}"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
              for k in range(workers)]
+    heartbeats = subprocess.Popen([sys.executable, __file__, "--pump", str(nodes), "--port", str(port),
+                                   "--beat", str(runner.HEARTBEAT_S)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
     ready_by = time.monotonic() + READY_TIMEOUT_S
-    for proc in procs:  # torch imported in every worker before the clock starts: not coordination
+    for proc in procs + [heartbeats]:  # torch imported in every process before the clock starts
         ready, _, _ = select.select([proc.stdout], [], [], max(ready_by - time.monotonic(), 0))
         if not ready or proc.stdout.readline().strip() != "ready":
-            for other in procs:
+            for other in procs + [heartbeats]:
                 other.kill()
             raise RuntimeError("a worker did not start in time")
     out: dict = {}
@@ -270,11 +282,12 @@ def coordinate(nodes: int, join_timeout_s: float, workers: int, profile: bool = 
         except Exception as exc:
             out["errors"] = [f"rank 0: {runner._one_line(exc)}"]
         profiler.disable()
+        out["rank0_thread_cpu_s"] = time.thread_time()
         out["rank0_store_calls"] = store_calls(profiler)
         if profile:
             print_profile(profiler)
 
-    started = time.monotonic()
+    started, cpu_at_start = time.monotonic(), cpu_seconds()
     rank0_thread = threading.Thread(target=rank0, daemon=True)
     rank0_thread.start()
     store_up_by = time.monotonic() + 60
@@ -284,7 +297,7 @@ def coordinate(nodes: int, join_timeout_s: float, workers: int, profile: bool = 
             break
         except OSError:
             time.sleep(0.01)
-    for proc in procs:
+    for proc in [heartbeats] + procs:
         proc.stdin.write("go\n")
         proc.stdin.flush()
     peak = {"keys": 0, "fds": 0}
@@ -303,6 +316,7 @@ def coordinate(nodes: int, join_timeout_s: float, workers: int, profile: bool = 
     threading.Thread(target=watch, daemon=True).start()
     rank0_thread.join(options.timeout_s + 30)
     watcher_stop.set()
+    heartbeats.communicate(timeout=WORKER_EXIT_TIMEOUT_S)  # stdin closed: it ends
     finished = []
     for proc in procs:
         try:
@@ -321,16 +335,24 @@ def coordinate(nodes: int, join_timeout_s: float, workers: int, profile: bool = 
     named_lost = {hosts[h] for h, n in report.get("nodes", {}).items() if n.get("lost")}
     died = {rank for done in finished for rank in done.get("died", [])}
     errors = out.get("errors", []) + [e for done in finished for e in done.get("errors", [])]
+    falsely = excluded - plant["slow"] - plant["missing"] - plant["dying"]
+    false_reasons = Counter(report["nodes"][host_name(r)]["reason"][:60] for r in falsely).most_common(3)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"nodes": nodes, "workers": workers, "seconds": round(seconds, 2), "join_timeout_s": join_timeout_s,
             "silence_s": silence_s, "pairs_s": round(rounds * STAND_IN_PAIR_S, 3),
             "coordination_s": round(seconds - join_timeout_s - silence_s - rounds * STAND_IN_PAIR_S, 2),
             "store_keys": peak["keys"], "rank0_fds": peak["fds"],
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
             "workers_rss_mb": round(sum(done.get("rss_mb", 0) for done in finished)),
+            # CPU seconds: rank 0's thread; the rest of its process (the store's server thread,
+            # rank 0's heartbeat and this bench's watcher); all the workers together
+            "rank0_thread_cpu_s": round(out.get("rank0_thread_cpu_s", 0), 2),
+            "rank0_process_other_cpu_s": round(cpu_seconds() - cpu_at_start - out.get("rank0_thread_cpu_s", 0), 2),
+            "workers_cpu_s": round(sum(done.get("cpu_s", 0) for done in finished), 1),
             "rank0_store_calls": out.get("rank0_store_calls"),
             "rounds": report.get("rounds"), "retest_rounds": report.get("retest_rounds"),
             "found": f"{len(plant['slow'] & excluded)}/{len(plant['slow'])}",
-            "false": len(excluded - plant["slow"] - plant["missing"] - plant["dying"]),
+            "false": len(falsely), "false_reasons": false_reasons,
             "missing": f"{len(plant['missing'] & named_lost)}/{len(plant['missing'])}",
             "died": f"{len(plant['dying'] & named_lost & died)}/{len(plant['dying'])}", "errors": errors[:3]}
 
@@ -361,6 +383,7 @@ def child_env() -> dict:
     5 s resolver timeout, so about 3 % of connections took 5.0 s here. One 1 s try instead
     (glibc's RES_OPTIONS, resolv.conf(5)); a cluster with working DNS does not pay this."""
     return dict(os.environ, RES_OPTIONS=os.environ.get("RES_OPTIONS", "timeout:1 attempts:1"),
+                MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"),
                 TORCH_CPP_LOG_LEVEL=os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
 
 
@@ -377,6 +400,8 @@ def main() -> None:
                                                     f"at most {MAX_WORKERS})")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # one N: rank 0 in this process
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # N: some of its ranks
+    parser.add_argument("--pump", type=int, help=argparse.SUPPRESS)  # N: their heartbeats
+    parser.add_argument("--beat", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ranks", help=argparse.SUPPRESS)  # FIRST-LAST, with --worker
     parser.add_argument("--profile", action="store_true",
@@ -390,6 +415,8 @@ def main() -> None:
     parser.add_argument("--keep-nofile", action="store_true",
                         help="with --one: leave rank 0's RLIMIT_NOFILE as it is (only the runner's own raise applies)")
     args = parser.parse_args()
+    if args.pump:
+        pump(args.pump, args.port, args.beat)
     if args.worker:
         first, last = (int(r) for r in args.ranks.split("-"))
         worker(args.worker, args.port, first, last, args.join_timeout, args.runner)
