@@ -103,6 +103,7 @@ def simulate(runner, nodes: int, pumped_heartbeats: bool) -> None:
 
     plant = planted(nodes)
     slow_hosts = {host_name(r) for r in plant["slow"]}
+    heartbeats: list = []  # the runner's heartbeat thread keeps its Heartbeat, and so its connection, for good
 
     def stand_in_visit(self, test, prefix: str) -> None:
         """The pair's all_reduce replaced: its store connection and a key exchange, bounded by
@@ -151,6 +152,7 @@ def simulate(runner, nodes: int, pumped_heartbeats: bool) -> None:
                                        datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
             self.key = f"alive/{identity.rank}"
             self.store.add(self.key, 1)
+            heartbeats.append(self)
 
     if pumped_heartbeats:
         runner.Heartbeat = PumpedHeartbeat
