@@ -13,10 +13,11 @@ connection as the real session does, exchanges one key with its partner as gloo'
 does, sleeps STAND_IN_PAIR_S, and reports iteration times for a chosen bandwidth: 20 GB/s, 0.5x
 for 5 % of the nodes), the CPU device choice, the intra-node test (off), the watchdog (one per
 process here, it would end every simulated rank at once), and in the workers the heartbeat
-threads (each rank still opens its heartbeat connection; one thread per worker moves its ranks'
-counters with one multi_set a beat; see PumpedHeartbeat). 1 % of the nodes never start (named
-missing), 0.5 % die after joining: at their first pair their heartbeat stops and they do nothing
-more, as a hung node (named lost once silent for the runner's silence_s).
+threads (each rank still opens and keeps its heartbeat connection; one process of its own moves
+every rank's counter with one multi_set a beat; see PumpedHeartbeat and pump). 1 % of the nodes
+never start (named missing), 0.5 % die after joining: their heartbeat stops when the roster
+closes and they do nothing past their first pair, as a hung node (named lost once silent for
+the runner's silence_s).
 
 One JSON line per N: nodes, seconds (rank 0 started to rank 0's report), join_timeout_s (the
 roster waits that long for the missing nodes), silence_s (how long a dead node's heartbeat must
@@ -443,8 +444,8 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="FILE",
                         help="also run this version of health/fabric/runner.py, interleaved with the current one")
     parser.add_argument("--baseline-upto", type=int, default=2048,
-                        help="run the baseline only up to this N (the runner before 2026-11-25's held "
-                             "6 sockets per node at rank 0: 4,096 nodes pass this machine's limit)")
+                        help="run the baseline only up to this N (commit 1d39cd6's runner held ~5.6 sockets "
+                             "per node at rank 0: ~20,500 at 4,096 nodes, past this machine's hard limit of 20,000)")
     parser.add_argument("--keep-nofile", action="store_true",
                         help="with --one: leave rank 0's RLIMIT_NOFILE as it is (only the runner's own raise applies)")
     args = parser.parse_args()
