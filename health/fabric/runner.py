@@ -3,8 +3,8 @@
 One process per node (started by `srun --ntasks-per-node=1`). Rank 0 hosts a c10d TCPStore;
 every rank announces itself there, and rank 0 closes the roster at the join deadline, so a
 node that never starts is reported instead of waited for. Pairs then measure over process
-groups of their own (built directly on a prefix of the store, so no collective needs every
-node), in rounds from the pure schedule; results go back through the store and rank 0 judges
+groups of their own (each built on a store its pair's first rank hosts, so no collective needs
+every node and rank 0's store holds only three connections per node), in rounds from the pure schedule; results go back through the store and rank 0 judges
 them with the pure blame logic. Every blocking call has a deadline derived from one overall
 deadline, and a watchdog ends a process that is stuck in native code past it.
 
@@ -550,8 +550,8 @@ def end_process(code: int) -> None:
 
 def raise_open_files_limit() -> tuple[int, int]:
     """Rank 0's store holds a socket per connection: each rank keeps three (main, heartbeat,
-    peer watch), 3 x N at once (pair sessions connect to their own pair's store). Slurm starts tasks with the
-    submitting shell's limits (slurm.conf PropagateResourceLimits, default ALL), often a soft
+    peer watch), 3 x N at once (pair sessions connect to their pair's own store). Slurm starts
+    tasks with the submitting shell's limits (slurm.conf PropagateResourceLimits, default ALL), often a soft
     limit of 1,024, which 4,096 nodes pass at once; the soft limit may be raised to the hard
     limit without privilege (setrlimit(2)). Returns the (soft, hard) limit now in force."""
     import resource
