@@ -120,16 +120,14 @@ def simulate(runner, nodes: int, pumped_heartbeats: bool) -> None:
             lost = test.watch.check(self.partner, during)
             if lost:
                 raise runner.PeerLost(lost)
-            if hasattr(self, "store_host"):  # the pair's store is on its first rank
-                address = test.pair_store_of(self.store_host)
-                connect = lambda: self.open_store(address, test.options.op_timeout_s)  # noqa: E731
-            else:  # runners before that: rank 0's store
-                connect = lambda: dist.TCPStore(test.identity.master_addr, test.identity.port, None, False,  # noqa: E731
-                                                timeout, wait_for_workers=False)
+            # the pair's store is on its first rank; with runners up to 1d39cd6, on rank 0
+            address = test.pair_store_of(self.store_host) if hasattr(self, "store_host") else None
 
             def exchange() -> None:
                 if self.store is None:
-                    self.store = connect()
+                    self.store = self.open_store(address, test.options.op_timeout_s) if address else \
+                        dist.TCPStore(test.identity.master_addr, test.identity.port, None, False, timeout,
+                                      wait_for_workers=False)
                 self.store.set(f"{prefix}/{self.rank_in_pair}", "1")
                 self.store.wait([f"{prefix}/{1 - self.rank_in_pair}"], timeout)
                 time.sleep(STAND_IN_PAIR_S)

@@ -4,9 +4,10 @@ One process per node (started by `srun --ntasks-per-node=1`). Rank 0 hosts a c10
 every rank announces itself there, and rank 0 closes the roster at the join deadline, so a
 node that never starts is reported instead of waited for. Pairs then measure over process
 groups of their own (each built on a store its pair's first rank hosts, so no collective needs
-every node and rank 0's store holds only three connections per node), in rounds from the pure schedule; results go back through the store and rank 0 judges
-them with the pure blame logic. Every blocking call has a deadline derived from one overall
-deadline, and a watchdog ends a process that is stuck in native code past it.
+every node and rank 0's store holds only three connections per node), in rounds from the pure
+schedule; results go back through the store and rank 0 judges them with the pure blame logic.
+Every blocking call has a deadline derived from one overall deadline, and a watchdog ends a
+process that is stuck in native code past it.
 
 A peer that is gone is not waited for: every rank sends a heartbeat through the store from a
 thread with its own store connection, and a rank whose heartbeat has been silent for
