@@ -34,3 +34,18 @@ def test_report_scale_bench_times_every_format_at_tiny_n():
         for fmt in ("text", "json", "html"):
             assert line[f"{fmt}_s"] > 0 and line[f"{fmt}_peak_mb"] > 0 and line[f"{fmt}_out_kb"] >= 0
     assert "seconds grow as N^" in out.stdout
+
+
+def test_gate_scale_bench_names_slow_missing_and_dead_nodes_at_tiny_n():
+    out = subprocess.run([sys.executable, str(BENCH / "gate_scale.py"), "--nodes", "24,40", "--join-timeout", "3"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = json_lines(out.stdout)
+    rows, fit = lines[:-1], lines[-1]
+    assert [row["nodes"] for row in rows] == [24, 40]
+    for row in rows:
+        assert row["errors"] == [] and row["rounds"] == 3
+        assert row["found"] == {24: "1/1", 40: "2/2"}[row["nodes"]]   # 5 % planted at 0.5x
+        assert row["false"] == 0 and row["missing"] == "1/1" and row["died"] == "1/1"
+        assert row["rank0_fds"] > 0 and row["store_keys"] > 0 and row["peak_rss_mb"] > 0
+    assert "exponent_of_coordination_s_in_N" in fit and "n_log_n_exponent_over_same_range" in fit

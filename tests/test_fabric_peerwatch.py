@@ -70,3 +70,15 @@ def test_the_roster_is_who_wrote_to_the_join_log_by_the_deadline(server):
         server.append(runner.JOIN_LOG, f"{rank}\tnode{rank}\n")
     roster = runner._close_roster(server, 4, runner.Deadline(0.2))
     assert roster == {"joined": [0, 1, 3], "missing": [2], "hosts": {"0": "node0", "1": "node1", "3": "node3"}}
+
+
+def test_a_pair_session_meets_on_the_store_its_first_rank_hosts_not_on_rank_0s(server):
+    identity = runner.Identity(3, 100, "node3", "127.0.0.1", server.port)
+    hosted = runner.host_pair_store(identity, 10)
+    address, _, port = hosted.address.rpartition(":")
+    assert address == "127.0.0.1" and int(port) not in (0, server.port)   # the route to rank 0 leaves from loopback
+    keys_at_rank_0 = server.num_keys()
+    session_side = runner._PairSession.open_store(hosted.address, 10)
+    session_side.set("round0/3-4/0", "ready")
+    assert hosted.store.get("round0/3-4/0") == b"ready"
+    assert server.num_keys() == keys_at_rank_0

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "gate_scale.py"
-SOFT_LIMIT = 64  # 24 ranks hold ~6 sockets each, both ends in this one process: ~290 descriptors
+SOFT_LIMIT = 64  # rank 0's process: ~35 descriptors of its own and 3 per node, ~100 at 24 nodes
 
 
 def low_soft_limit():

@@ -3,10 +3,11 @@
 One process per node (started by `srun --ntasks-per-node=1`). Rank 0 hosts a c10d TCPStore;
 every rank announces itself there, and rank 0 closes the roster at the join deadline, so a
 node that never starts is reported instead of waited for. Pairs then measure over process
-groups of their own (built directly on a prefix of the store, so no collective needs every
-node), in rounds from the pure schedule; results go back through the store and rank 0 judges
-them with the pure blame logic. Every blocking call has a deadline derived from one overall
-deadline, and a watchdog ends a process that is stuck in native code past it.
+groups of their own (each built on a store its pair's first rank hosts, so no collective needs
+every node and rank 0's store holds only three connections per node), in rounds from the pure
+schedule; results go back through the store and rank 0 judges them with the pure blame logic.
+Every blocking call has a deadline derived from one overall deadline, and a watchdog ends a
+process that is stuck in native code past it.
 
 A peer that is gone is not waited for: every rank sends a heartbeat through the store from a
 thread with its own store connection, and a rank whose heartbeat has been silent for
@@ -27,6 +28,7 @@ import datetime
 import json
 import multiprocessing
 import os
+import socket
 import sys
 import threading
 import time
@@ -54,6 +56,7 @@ ROSTER_POLL_S = 0.05
 FINISH_WAIT_S = 10.0
 HEARTBEAT_S = 0.5
 JOIN_LOG = "join"  # one line per rank that announced itself, "rank<TAB>host"
+PAIR_STORE = "pair_store"  # pair_store/<rank>: "address:port" of the store that rank hosts for its pairs
 # Figures come from the fast quartile of the iteration times (the lower quartile of the times),
 # not the median. Interference from neighbours (a shared host, other jobs' traffic) only ever
 # makes an iteration slower, so the fast end shows what the path can do, while a rate-limited
@@ -326,6 +329,8 @@ def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float
                           datetime.timedelta(seconds=connect_s), wait_for_workers=False)
     Heartbeat(identity, connect_s)
     watch = PeerWatch(identity, options.silence_s, connect_s)
+    pair_store = host_pair_store(identity, connect_s)  # referenced until this rank is done
+    store.set(f"{PAIR_STORE}/{identity.rank}", pair_store.address)
     store.append(JOIN_LOG, f"{identity.rank}\t{identity.host}\n")
     if is_master:
         roster = _close_roster(store, identity.world, Deadline(options.join_timeout_s))
@@ -474,6 +479,13 @@ class _Test:
     options: FabricOptions
     deadline: Deadline
     rail: int = 0
+    pair_stores: dict[int, str] = field(default_factory=dict)
+
+    def pair_store_of(self, rank: int) -> str:
+        """"address:port" of the store `rank` hosts for its pairs (set before it joined)."""
+        if rank not in self.pair_stores:
+            self.pair_stores[rank] = self.store.get(f"{PAIR_STORE}/{rank}").decode()
+        return self.pair_stores[rank]
 
     def run_rounds(self, name: str, rounds: list[list[list[int]]], position: int, result: RankResult) -> None:
         """All rounds, `options.passes` times over, interleaved: load that comes and goes hits every pair."""
@@ -550,13 +562,16 @@ class _PairSession:
 
     Each visit runs in a thread that is abandoned as soon as the partner is lost (gloo may wait
     on a hung peer in native code); the group has a store connection of its own, so an
-    abandoned visit cannot hold the main one.
+    abandoned visit cannot hold the main one. That connection goes to the store the pair's
+    first rank hosts (`host_pair_store`), not to rank 0's: rank 0 would otherwise hold a socket
+    per pair session (N a round) and serve every pair's rendezvous.
     """
 
     def __init__(self, i: int, j: int, position: int, members: list[int], hosts: dict, rail: int):
         self.rail = rail
         self.rank_in_pair = 0 if position == i else 1
         self.partner = members[j if position == i else i]
+        self.store_host = members[i]
         self.partner_host = hosts[str(self.partner)]
         self.peers = (hosts[str(members[i])], hosts[str(members[j])])
         self.store = None
@@ -569,12 +584,10 @@ class _PairSession:
             return
         options, deadline, during = test.options, test.deadline, f"pair {prefix}"
 
-        def measure() -> None:
+        def measure(store_address: str) -> None:
             first = self.group is None
             if first:
-                self.store = dist.TCPStore(test.identity.master_addr, test.identity.port, None, False,
-                                           datetime.timedelta(seconds=deadline.left(options.op_timeout_s)),
-                                           wait_for_workers=False)
+                self.store = self.open_store(store_address, deadline.left(options.op_timeout_s))
                 self.group = new_group(self.store, prefix, self.rank_in_pair, 2,
                                        deadline.left(options.op_timeout_s), test.device, options.socket_ifname)
             # later visits warm up once: it lines the two sides up after the round's barrier
@@ -587,9 +600,18 @@ class _PairSession:
             lost = test.watch.check(self.partner, during)
             if lost:
                 raise PeerLost(lost)
-            _unless_lost(measure, lambda: test.watch.check(self.partner, during), deadline)
+            # looked up on the main connection, here: the measuring thread may be abandoned
+            store_address = test.pair_store_of(self.store_host)
+            _unless_lost(lambda: measure(store_address), lambda: test.watch.check(self.partner, during), deadline)
         except Exception as exc:  # the partner died, hung or never came: a result, not a crash
             self.error = f"with {self.partner_host} (rank {self.partner}): {_one_line(exc)}"
+
+    @staticmethod
+    def open_store(address: str, timeout_s: float):
+        """A connection of this session's own to the pair's store at "address:port"."""
+        host, _, port = address.rpartition(":")
+        return dist.TCPStore(host, int(port), None, False, datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
 
     def measurements(self, sizes: tuple[int, ...]) -> list[Measurement]:
         if self.error is not None:
@@ -640,8 +662,8 @@ def end_process(code: int) -> None:
 
 def raise_open_files_limit() -> tuple[int, int]:
     """Rank 0's store holds a socket per connection: each rank keeps three (main, heartbeat,
-    peer watch) and one per pair session, about 6 x N at once. Slurm starts tasks with the
-    submitting shell's limits (slurm.conf PropagateResourceLimits, default ALL), often a soft
+    peer watch), 3 x N at once (pair sessions connect to their pair's own store). Slurm starts
+    tasks with the submitting shell's limits (slurm.conf PropagateResourceLimits, default ALL), often a soft
     limit of 1,024, which 4,096 nodes pass at once; the soft limit may be raised to the hard
     limit without privilege (setrlimit(2)). Returns the (soft, hard) limit now in force."""
     import resource
@@ -653,6 +675,25 @@ def raise_open_files_limit() -> tuple[int, int]:
         except (ValueError, OSError):  # a hard limit of "unlimited" above the kernel's nr_open
             return soft, hard
     return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+class _HostedStore:
+    """A store server this rank hosts, and the address its partners reach it on."""
+
+    def __init__(self, store, address: str):
+        self.store, self.address = store, address
+
+
+def host_pair_store(identity: Identity, timeout_s: float) -> _HostedStore:
+    """A store on this node, on a free port, for the process groups of the pairs this rank is
+    the first of. The address is the one this node's route to rank 0 leaves from (a UDP
+    `connect` sends nothing; it only picks the route), so it is on the network the ranks share."""
+    family, kind, _, _, target = socket.getaddrinfo(identity.master_addr, identity.port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, kind) as probe:
+        probe.connect(target)
+        address = probe.getsockname()[0]
+    store = dist.TCPStore(address, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    return _HostedStore(store, f"{address}:{store.port}")
 
 
 def _close_roster(store, world: int, join_deadline: Deadline) -> dict:
