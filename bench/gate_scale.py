@@ -207,7 +207,11 @@ def worker(nodes: int, port: int, first: int, last: int, join_timeout_s: float, 
     runner.json = SharedParses()
     # every rank computes the whole schedule (3 rounds of N/2 pairs, ~0.5 MB at 4,096 nodes):
     # once per node on a cluster, once per worker here (512 ranks x 0.5 MB was 2 GB)
-    runner.pairing_schedule = functools.lru_cache(maxsize=4)(runner.pairing_schedule)
+    from trainctl.health.fabric import schedule
+
+    schedule.pairing_schedule = functools.lru_cache(maxsize=4)(schedule.pairing_schedule)  # rail_schedules' own
+    if hasattr(runner, "pairing_schedule"):  # runners before the rails called it directly
+        runner.pairing_schedule = schedule.pairing_schedule
     options = options_for(runner, join_timeout_s)
     plant = planted(nodes)
     out: dict = {"errors": [], "died": []}
