@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import paramiko
@@ -553,3 +555,46 @@ def test_a_step_slurm_cannot_kill_leaves_a_process_record_reported_once(tmp_path
     [record] = new_unkillable_step_records(cluster)
     assert "SLURM_JOB_ID=42" in record and "WCHAN" in record and f" {os.getpid()} " in record
     assert new_unkillable_step_records(cluster) == []
+
+
+SHEPHERD = """
+import os, signal, sys, time
+marker = sys.argv[1]
+read_end, write_end = os.pipe()
+if os.fork() == 0:  # the shepherd: acts when its parent dies (EOF) or on SIGHUP, as srun's does
+    os.close(write_end)
+    os.setpgid(0, 0)  # a group of its own: orphaned, stopped, it would get SIGHUP and SIGCONT
+    signal.signal(signal.SIGHUP, lambda *_: open(marker + ".hup", "w").close())
+    while not os.read(read_end, 1):
+        open(marker + ".eof", "w").close()
+        break
+    time.sleep(60)
+    os._exit(0)
+open(marker + ".ready", "w").close()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_killed_node_gives_none_of_its_processes_a_moment_to_act_on_another_death(tmp_path, monkeypatch, attempt):
+    # a dead node's processes die together: srun's shepherd must not see srun die, and no
+    # process may be woken by SIGHUP/SIGCONT as a stopped, orphaned process group would be
+    from types import SimpleNamespace
+
+    from trainctl.devcluster import faults
+
+    marker = tmp_path / "acted"
+    parent = subprocess.Popen([sys.executable, "-c", SHEPHERD, str(marker)])
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "acted.ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    child = int(subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True, text=True).stdout.split()[0])
+    monkeypatch.setattr(faults, "node_pids", lambda cluster, node: [p for p in (parent.pid, child) if faults._alive(p)])
+    cluster = SimpleNamespace(spec=ClusterSpec(nodes=1, base_dir=str(tmp_path / "dc")))
+    assert faults.kill_node(cluster, "node1") == sorted([parent.pid, child])
+    assert parent.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while faults._alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not faults._alive(child)
+    assert sorted(p.name for p in tmp_path.glob("acted.*")) == ["acted.ready"]

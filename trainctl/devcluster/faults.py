@@ -32,7 +32,8 @@ CMD_TIMEOUT_S = 15.0
 CPU_CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller on these machines
 CFS_PERIOD_US = 100_000
 RESTORE_TIMEOUT_S = 30.0
-FREEZE_PASSES = 5  # a node's processes listed and stopped until no new one appears
+FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")  # cgroup v1 freezer, beside the cpu controller
+FREEZE_PASSES = 5  # a node's processes listed and frozen until no new one appears
 
 
 def node_pids(cluster, node: str) -> list[int]:
@@ -51,19 +52,55 @@ def kill_node(cluster, node: str) -> list[int]:
     """SIGKILL every process of `node` (its slurmd, slurmstepds, tasks) at once, as a node that
     dies loses them all; returns their PIDs.
 
-    Killed one after another, a process would outlive its parent by a moment and could act on
-    that death as no process of a dead node can: srun's shepherd, a child that cancels srun's
-    step when srun dies without saying goodbye (Slurm src/srun/libsrun/srun_job.c,
-    `_shepherd_spawn`), cancelled the job's sentinel step on another node in the batch-host
-    test. So every process is stopped first (again for any forked meanwhile), then killed.
+    Killed one after another, a process outlives its parent by a moment and can act on that
+    death as no process of a dead node can: srun's shepherd, a child that cancels srun's step
+    when srun dies without telling it (Slurm src/srun/libsrun/srun_job.c, `_shepherd_spawn`),
+    cancelled the job's sentinel step on another node. SIGSTOP first is no better: a stopped
+    process group orphaned by a parent's death gets SIGHUP and SIGCONT from the kernel
+    (POSIX _exit(), "orphaned process group"), and srun answers SIGHUP by cancelling its step.
+    So the processes go into a cgroup v1 freezer (frozen tasks run no code, whatever signal
+    comes; kernel Documentation/admin-guide/cgroup-v1/freezer-subsys.rst), get SIGKILL while
+    frozen, and are thawed only to die.
     """
-    stopped: set[int] = set()
-    for _ in range(FREEZE_PASSES):
-        new = [pid for pid in node_pids(cluster, node) if pid not in stopped]
-        if not new:
-            break
-        stopped.update(_signal(new, signal.SIGSTOP))
-    return _signal(sorted(stopped), signal.SIGKILL)
+    group = FREEZER_ROOT / f"trainctl-{cluster.spec.prefix}-{node}-dying"
+    group.mkdir(exist_ok=True)
+    frozen: set[int] = set()
+    try:
+        for _ in range(FREEZE_PASSES):  # again for any process forked while the others froze
+            new = [pid for pid in node_pids(cluster, node) if pid not in frozen]
+            if not new:
+                break
+            _move(new, group)
+            frozen.update(new)
+            _freeze(group)
+        return _signal(sorted(frozen), signal.SIGKILL)
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        _remove_when_empty(group)
+
+
+def _freeze(group: Path) -> None:
+    """Freeze `group` and wait until the kernel says every task in it is frozen."""
+    (group / "freezer.state").write_text("FROZEN")
+    deadline = time.monotonic() + CMD_TIMEOUT_S
+    while (group / "freezer.state").read_text().strip() != "FROZEN":
+        if time.monotonic() > deadline:
+            raise ExternalCommandError(f"dev cluster: {group} not frozen after {CMD_TIMEOUT_S:g} s")
+        time.sleep(0.01)
+
+
+def _remove_when_empty(group: Path) -> None:
+    """rmdir the cgroup once its killed tasks are gone (a cgroup with tasks cannot be removed)."""
+    deadline = time.monotonic() + CMD_TIMEOUT_S
+    while True:
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ExternalCommandError(f"dev cluster: {group} still has tasks {CMD_TIMEOUT_S:g} s "
+                                           "after they were killed") from None
+            time.sleep(0.05)
 
 
 def kill_step_tasks(cluster, node: str, job_id: str, step_id: str) -> list[int]:
