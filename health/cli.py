@@ -264,8 +264,9 @@ def compute(budget_s, as_json):
 @click.option("--local-procs", type=click.IntRange(min=0), default=0,
               help="Intra-node ranks (default: one per GPU, or 2 CPU processes without GPUs).")
 @click.option("--rails", default=None, metavar="DEV[,DEV...]",
-              help="Measure every rail (two or more): rail r's rank pairs with rail r on the other nodes, "
-                   "over DEV r, an interface (gloo, e.g. eth0,eth1) or an HCA port with GPU r (NCCL, e.g. "
+              callback=lambda _ctx, _param, value: _rail_devices(value),
+              help="Measure every rail (two or more, else a usage error): rail r's rank pairs with rail r "
+                   "on the other nodes, over DEV r, an interface (gloo, e.g. eth0,eth1) or an HCA port with GPU r (NCCL, e.g. "
                    "mlx5_0:1,...) (default: the site's fabric_rails, else one rank per node).")
 @click.option("--json", "as_json", is_flag=True, help="Rank 0 prints the report as JSON.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
@@ -291,7 +292,7 @@ def fabric(sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floo
             sizes=sizes, iters=iters, passes=passes, warmup=warmup, timeout_s=timeout_s,
             join_timeout_s=join_timeout_s, factor=factor, floor_gbps=floor_gbps, site=site, partition=partition,
             master_addr=master_addr, port=port, no_intra=no_intra, local_procs=local_procs,
-            rails=tuple(rails.split(",")) if rails else None)
+            rails=rails)
     except DistError as exc:  # rank 0's store gone or silent past the deadline: the machine, not a bug
         click.echo(f"trainctl: error: fabric test ended: the coordinator's store: {' '.join(str(exc).split())[:300]}",
                    err=True)
@@ -367,6 +368,18 @@ def _fabric_options(policy, sizes, iters, passes, warmup, timeout_s, join_timeou
     chosen_factor = factor or (gate.straggler_factor if gate else 0.7)
     floor = floor_gbps if floor_gbps is not None else (gate.busbw_floor_gbps if gate else 0.0)
     return options, chosen_factor, floor or None
+
+
+def _rail_devices(text: str | None) -> tuple[str, ...] | None:
+    """--rails DEV,DEV,...: two or more devices (one would silently measure over socket_ifname)."""
+    if text is None:
+        return None
+    devices = tuple(device.strip() for device in text.split(","))
+    if len(devices) < 2 or not all(devices):
+        from trainctl.errors import UsageError
+        raise UsageError(f"--rails {text!r}: give two or more devices, comma-separated (one rail is the "
+                         "default test; its interface is the site's socket_ifname)")
+    return devices
 
 
 def _gbps_text(value: float | None) -> str:

@@ -109,9 +109,8 @@ def sentinel(gate_dir, silence_s, log_file):
     (a controller busy with the node's failure). Without it, a --no-kill job (Slurm 22.05)
     whose batch host died stays RUNNING, with no script, until its time limit.
 
-    srun forwards a task's output through the srun process, which runs on the batch host: when
-    that host dies, so does the way out, and a write to it can end the sentinel on a broken
-    pipe just when it is needed. Hence --log.
+    srun writes a task's --output file itself, on the batch host: when that host dies, what the
+    sentinel says is lost just when it matters. Hence --log.
     """
     import time
 
@@ -136,7 +135,11 @@ def sentinel(gate_dir, silence_s, log_file):
 
 def _write_output_to(path: Path) -> None:
     """Point this process's stdout and stderr at `path` (appended), at the file descriptor level."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        from trainctl.errors import UsageError
+        raise UsageError(f"cannot write the sentinel's log {path}: {exc.strerror}") from None
     for target in (1, 2):
         os.dup2(fd, target)
     os.close(fd)

@@ -155,3 +155,16 @@ def test_text_report_shows_every_rail_and_the_excluded_rail():
     text = format_fabric_report(report(results, roster(HOSTS, 2), ("eth0", "eth1")))
     assert "  n3 rail 1 (eth1): best 0.20 GB/s, 0.33x the rail's reference" in text
     assert "excluded: n3: straggler: rail 1 (eth1): 0.33x" in text
+
+
+def test_one_rail_or_an_empty_device_is_a_usage_error_not_a_silent_single_rail():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    trainctl = str(Path(sys.executable).with_name("trainctl"))
+    for rails in ("eth1", "eth0,,eth1", "eth0,"):
+        out = subprocess.run([trainctl, "health", "fabric", "--rails", rails], capture_output=True, text=True,
+                             timeout=60, env={**__import__("os").environ, "SLURM_PROCID": "0"})
+        assert out.returncode == 2, (rails, out.stderr)
+        assert "give two or more devices" in out.stderr and out.stderr.count("\n") == 1

@@ -389,3 +389,11 @@ def test_decide_on_one_node_waits_for_its_report_to_be_final(tmp_path):
     (tmp_path / "nodes" / "n1.final").write_text("{}")
     out = gate_decide(tmp_path, "--nodes", "1", "--allocated", "n1", "--deadline", "600")
     assert "gate: deciding after 0." in out.stderr
+
+
+def test_sentinel_with_an_unwritable_log_is_one_line_and_exit_2(tmp_path):
+    env = {**os.environ, "SLURM_JOB_ID": "42"}
+    out = subprocess.run([TRAINCTL, "gate", "sentinel", "--dir", str(tmp_path), "--log", str(tmp_path / "no" / "log")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("trainctl: error: cannot write the sentinel's log") and out.stderr.count("\n") == 1

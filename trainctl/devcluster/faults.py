@@ -65,6 +65,7 @@ def kill_node(cluster, node: str) -> list[int]:
     group = FREEZER_ROOT / f"trainctl-{cluster.spec.prefix}-{node}-dying"
     group.mkdir(exist_ok=True)
     frozen: set[int] = set()
+    killed: list[int] = []
     try:
         for _ in range(FREEZE_PASSES):  # again for any process forked while the others froze
             new = [pid for pid in node_pids(cluster, node) if pid not in frozen]
@@ -73,10 +74,12 @@ def kill_node(cluster, node: str) -> list[int]:
             _move(new, group)
             frozen.update(new)
             _freeze(group)
-        return _signal(sorted(frozen), signal.SIGKILL)
+        killed = _signal(sorted(frozen), signal.SIGKILL)
+        return killed
     finally:
         (group / "freezer.state").write_text("THAWED")
-        _remove_when_empty(group)
+        if killed:  # a freeze that failed leaves its live processes in the (thawed) group
+            _remove_when_empty(group)
 
 
 def _freeze(group: Path) -> None:
