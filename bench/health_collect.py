@@ -26,7 +26,7 @@ from trainctl.health.snapshot import load_snapshot
 from trainctl.proc import run
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "fixtures"
+SHARED = REPO / "tests" / "fixtures" / "library"
 RECORDED = REPO / "tests" / "fixtures" / "recorded"
 COLLECT_TARGET = 1.3
 JUDGE_TARGET_MS = 20.0

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests.support: replays, test site
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # support: replays, test site
 from timing import interleaved_medians  # noqa: E402
 
 from trainctl.health.registry import all_checks  # noqa: E402
@@ -158,7 +158,7 @@ def bench_sweep(args) -> bool:
     machine's 2 cores), and with every node's ibstat answering after 2 s (like a real node,
     whose probes mostly wait on drivers and whose CPUs are its own): there the ratio shows
     whether nodes are checked in parallel."""
-    from tests.support.sweeps import PORTS_ACTIVE, stage_ibstat, unstage, write_site
+    from support.sweeps import PORTS_ACTIVE, stage_ibstat, unstage, write_site
     from trainctl.devcluster.cluster import DevCluster, missing_prerequisites, spec_for_instance
 
     problems = missing_prerequisites()

@@ -4,7 +4,7 @@ Run: .venv/bin/python bench/sweep_ingest.py [--nodes 10000] [--rounds 3]
 
 Node results are real: the recorded H100 snapshot (tests/fixtures/recorded/h100-vm-2026-11-22-snapshot)
 judged by every registered check, and the same snapshot with each recorded ibstat and kernel log of
-../shared/fixtures overlaid (ports down, Xids), so rows carry real reasons and details. 97 % of nodes
+tests/fixtures/library overlaid (ports down, Xids), so rows carry real reasons and details. 97 % of nodes
 are the recorded snapshot, 3 % the variants. Each round writes two sweeps into a fresh history with
 `record_sweep` (the writer `trainctl sweep` uses): the first has no earlier sweep, the second judges
 the error counters by their growth since the first, as a nightly sweep does. Every result arrives at
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "fixtures"
+SHARED = REPO / "tests" / "fixtures" / "library"
 BASE_SNAPSHOT = REPO / "tests" / "fixtures" / "recorded" / "h100-vm-2026-11-22-snapshot"
 OVERLAYS = {"infiniband/ibstat": "ibstat.txt", "kernel/xid": "dmesg.txt"}
 VARIANT_SHARE = 0.03

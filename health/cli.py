@@ -109,7 +109,7 @@ def slurm_hook(role, site, partition, only, budget_s, state_dir, drain_unknown, 
     the hook resumes its own drain once the node passes, never anyone else's. Exit code as
     Slurm expects per role: a prolog exits 1 on a failing node (Slurm requeues the job);
     a health check and an epilog exit 0 once they drained it themselves, 1 only when they
-    could not. See contrib/trainctl-slurm-hook.conf and .sh.
+    could not. `trainctl contrib` prints the hook script and its slurm.conf lines.
     """
     import os
 

@@ -26,6 +26,8 @@ def _run(spec: CheckSpec, inputs: SnapshotInputs, expectations: NodeExpectations
         return CheckResult(spec.name, Status.OK,
                            f"skipped: the site expects no {spec.hardware} on this node",
                            {"skipped": True})
+    if spec.hardware == "ib" and inputs.lacks_infiniband and not inputs.timed_out(spec.files):
+        return _no_infiniband(spec, expectations)
     args, unreadable = [], {}
     for name in spec.needs + spec.uses:
         value = inputs.get(name)
@@ -42,3 +44,16 @@ def _run(spec: CheckSpec, inputs: SnapshotInputs, expectations: NodeExpectations
     if unreadable:
         result = dataclasses.replace(result, details={**result.details, "unreadable_inputs": unreadable})
     return result
+
+
+def _no_infiniband(spec: CheckSpec, expectations: NodeExpectations) -> CheckResult:
+    """The kernel shows no InfiniBand/RoCE device. That is a fact, not a failure to tell, so it is
+    never UNKNOWN (the Nagios plugin guidelines keep UNKNOWN for a check that could not run;
+    https://nagios-plugins.org/doc/guidelines.html). As in NHC, where `check_hw_ib` runs only on
+    the nodes nhc.conf names, the site's declaration decides: HCA ports declared and no device
+    means the driver did not load (fail); none declared means there is nothing to check."""
+    if expectations.ib_ports:
+        return CheckResult(spec.name, Status.FAIL,
+                           "no InfiniBand device on this node (/sys/class/infiniband is missing or "
+                           f"empty: the driver did not load), the site expects {', '.join(expectations.ib_ports)}")
+    return CheckResult(spec.name, Status.OK, "skipped: no InfiniBand device on this node", {"skipped": True})

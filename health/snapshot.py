@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+import functools
 from pathlib import Path
 
 from trainctl.errors import ParseError, UsageError
@@ -128,6 +129,17 @@ class Unavailable:
     unreadable: bool = False
 
 
+IB_CLASS_DIR = "sys/class/infiniband/"
+
+
+def lacks_infiniband(snapshot: Snapshot, meta: object) -> bool:
+    """True when the snapshot copied the node's sysfs and holds nothing of /sys/class/infiniband:
+    the kernel knows no InfiniBand or RoCE device there. A snapshot that did not copy sysfs
+    cannot tell, and says False."""
+    copied_sysfs = not isinstance(meta, Unavailable) and getattr(meta, "sysfs_files", None) is not None
+    return copied_sysfs and not any(path.startswith(IB_CLASS_DIR) for path in snapshot.files)
+
+
 class SnapshotInputs:
     """Parses each named input of one snapshot at most once."""
 
@@ -140,6 +152,16 @@ class SnapshotInputs:
         if name not in self._cache:
             self._cache[name] = self._resolve(name)
         return self._cache[name]
+
+    @functools.cached_property
+    def lacks_infiniband(self) -> bool:
+        return lacks_infiniband(self.snapshot, self.get("meta"))
+
+    def timed_out(self, files: tuple[str, ...]) -> bool:
+        """Whether a probe that writes one of `files` hung: a fact the checks must not hide."""
+        meta = self.get("meta")
+        probes = {} if isinstance(meta, Unavailable) else meta.probes
+        return any(probes[file].timed_out for file in files if file in probes)
 
     def _resolve(self, name: str) -> object:
         sources = INPUTS[name]

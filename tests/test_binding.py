@@ -19,7 +19,7 @@ from trainctl.site import load_site
 sys.path.insert(0, str(Path(__file__).resolve().parent / "health"))
 from health_fixtures import cpu_topology_files  # noqa: E402  (the tarball reader the parser tests use)
 
-TOPO_DIR = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi" / "topo"
+TOPO_DIR = Path(__file__).resolve().parent / "fixtures" / "library" / "nvidia-smi" / "topo"
 RECORDED_TOPO = (Path(__file__).resolve().parent / "fixtures" / "recorded" / "h100-vm-2026-11-22"
                  / "nvidia-smi-topo-m.txt")
 TOPO_FILES = sorted(TOPO_DIR.glob("*.txt")) + [RECORDED_TOPO]
@@ -105,7 +105,7 @@ def test_more_ranks_than_gpus_is_refused():
         rank_bindings(gpus_of(TOPO_DIR / "l40s-1gpu-pcie-ansi-underline.txt"), 2)
 
 
-# --- whole cores on the real CPU layouts of ../shared/fixtures/cpu/ -------------------------
+# --- whole cores on the real CPU layouts of tests/fixtures/library/cpu/ -------------------------
 # None of these machines has a recorded `topo -m`: each GPU's affinity below is the NUMA node's
 # CPU list from the machine's own lscpu, which is what `topo -m` prints for a GPU on that node.
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from support.replay import SHARED_FIXTURES, write_replay
+from support.replay import LIBRARY, write_replay
 from support.slurm_jobs import job_output, submit, wait_for_job
 from trainctl.devcluster.cluster import ClusterSpec, DevCluster, spec_for_instance
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "examples" / "train_ddp.py")
-HEALTHY_NVLINK = SHARED_FIXTURES / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 INACTIVE_LINKS = Path(__file__).parent / "health/fixtures/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt"
 NVLINK_FAULT = "nvlink.links: GPU 3 (Tesla V100-SXM2-32GB): NVLink 3, 5 inactive"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sweeps import PORTS_ACTIVE, PORTS_DOWN, slurm, stage_ibstat, trainctl, unstage, write_site
+from support.sweeps import PORTS_ACTIVE, PORTS_DOWN, slurm, stage_ibstat, trainctl, unstage, write_site
 from trainctl.slurm import SINFO_FORMAT, parse_sinfo_states
 from trainctl.sweep.db import History
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from support.replay import SHARED_FIXTURES, write_replay
+from support.replay import LIBRARY, write_replay
 from support.slurm_jobs import submit, wait_for_job
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "examples" / "train_ddp.py")
-HEALTHY_NVLINK = SHARED_FIXTURES / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 INACTIVE_LINKS = Path(__file__).parent / "health/fixtures/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt"
 NODES = ("node1", "node2", "node3", "node4")
 

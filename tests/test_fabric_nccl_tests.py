@@ -1,4 +1,4 @@
-"""The nccl-tests table parser, on real all_reduce_perf outputs from ../shared/fixtures/nccl-tests."""
+"""The nccl-tests table parser, on real all_reduce_perf outputs from tests/fixtures/library/nccl-tests."""
 
 from pathlib import Path
 
@@ -10,7 +10,7 @@ from trainctl.errors import ParseError
 from trainctl.health.fabric.bandwidth import Collective, algbw_gbps, busbw_gbps
 from trainctl.health.fabric.nccl_tests import NcclTestsOutput, parse_nccl_tests_output
 
-NCCL_TESTS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "nccl-tests"
+NCCL_TESTS = Path(__file__).resolve().parent / "fixtures" / "library" / "nccl-tests"
 
 # file -> (rows, rank count, rank count the caller must give, has root column)
 TABLES = {

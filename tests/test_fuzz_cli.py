@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.support.cli_runs import REPO, Ran, run_main
-from tests.support.sweeps import night
+from support.cli_runs import REPO, Ran, run_main
+from support.sweeps import night
 from trainctl.sweep.db import History
 
 EXAMPLES = int(os.environ.get("TRAINCTL_FUZZ_EXAMPLES", "60"))

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from support.replay import SHARED_FIXTURES, write_replay
+from support.replay import LIBRARY, write_replay
 from trainctl.health.gate import BeatWatch, decide, format_report
 from trainctl.proc import run
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
-HEALTHY_NVLINK = SHARED_FIXTURES / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 INACTIVE_LINKS = Path(__file__).parent / "health/fixtures/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt"
 
 

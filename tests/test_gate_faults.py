@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from support.replay import SHARED_FIXTURES, write_replay
+from support.replay import LIBRARY, write_replay
 from support.slurm_jobs import TERMINAL_STATES, submit
 from trainctl.devcluster import faults
 from trainctl.devcluster.processes import log_tails
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "examples" / "train_ddp.py")
-HEALTHY_NVLINK = SHARED_FIXTURES / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 NODES = ("node1", "node2", "node3", "node4")
 VICTIM = "node4"
 RUNS = int(os.environ.get("TRAINCTL_GATE_FAULT_RUNS", "1"))

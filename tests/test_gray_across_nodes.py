@@ -2,7 +2,7 @@
 
 import json
 
-from support.replay import SHARED_FIXTURES
+from support.replay import LIBRARY
 from test_gate import fabric_report
 from trainctl.health.gate import decide
 from trainctl.health.node import NodePolicy, counter_growth
@@ -13,7 +13,7 @@ from trainctl.sweep.db import History
 from trainctl.sweep.model import CHECKED, CheckRow, NodeOutcome
 from trainctl.sweep.runner import record_sweep
 
-PERFQUERY = SHARED_FIXTURES / "infiniband/perfquery"
+PERFQUERY = LIBRARY / "infiniband/perfquery"
 FLAPPED = parse_perfquery((PERFQUERY / "treydock-perfquery-x-switch-port-linkdowned1-xmitdiscards20046.txt")
                           .read_text()).to_json()
 CLEAN = {"counters": {"lid 2052 port 1": {name: 0 for name in FLAPPED["counters"]["lid 2052 port 1"]}},
@@ -85,7 +85,7 @@ def test_gate_hook_reads_the_counters_again_and_judges_their_growth(tmp_path):
     real values with link_downed raised by one (the flap the fabric test would have caused)."""
     from trainctl.health.parse.sysfs import parse_ttar
 
-    tree = parse_ttar((SHARED_FIXTURES / "infiniband/sysfs/node-exporter-i40iw-no-pma-and-mlx4-class-infiniband.ttar")
+    tree = parse_ttar((LIBRARY / "infiniband/sysfs/node-exporter-i40iw-no-pma-and-mlx4-class-infiniband.ttar")
                       .read_text() + "Mode: 644\n")
     root = tmp_path / "root"
     for path, text in tree.items():

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from support.replay import RECORDED, SHARED_FIXTURES, write_replay
-from tests.support.sweeps import DEMO_SITE, _set
+from support.replay import RECORDED, LIBRARY, write_replay
+from support.sweeps import DEMO_SITE, _set
 from trainctl.proc import run
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
@@ -26,7 +26,7 @@ def test_gate_leaves_out_a_taken_gpu_and_names_the_odd_node(devcluster, tmp_path
     A100 with driver 535 / CUDA 12.2 where the others show the H100's 580 / 13.0."""
     made = []
     for node in ("node1", "node2", "node3", "node4"):
-        query = SHARED_FIXTURES / "nvidia-smi/query/a100-sxm4-80gb-1gpu-q-x-v12.xml" if node == "node3" \
+        query = LIBRARY / "nvidia-smi/query/a100-sxm4-80gb-1gpu-q-x-v12.xml" if node == "node3" \
             else GRAY / "nvidia-smi-q.xml"
         apps = GRAY / ("nvidia-smi-compute-apps.csv" if node == "node2" else "nvidia-smi-compute-apps-idle.csv")
         made.append(write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"-q -x": query, APPS: apps}))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -9,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from support.replay import RECORDED, SHARED_FIXTURES, write_replay
+from support.replay import RECORDED, LIBRARY, write_replay
 from trainctl.proc import run
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
-NVLINK = SHARED_FIXTURES / "nvidia-smi" / "nvlink"
+NVLINK = LIBRARY / "nvidia-smi" / "nvlink"
 HEALTHY_NVLINK = NVLINK / "h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 # a V100 with links 3 and 5 inactive, from a public issue report (tests/health/fixtures/README.md)
 INACTIVE_LINKS = Path(__file__).parent / "health/fixtures/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt"
@@ -48,7 +49,7 @@ def test_site_expectation_turns_a_recording_into_a_failure(tmp_path):
 
 def test_a_failing_check_beside_unknown_ones_makes_the_node_fail_exit_2(tmp_path):
     # ibstat with Down/Disabled ports; nothing else collected, so the GPU checks cannot decide
-    ibstat = SHARED_FIXTURES / "infiniband/ibstat/gpud-h100-12hca-roce-eth-400-some-down-disabled.txt"
+    ibstat = LIBRARY / "infiniband/ibstat/gpud-h100-12hca-roce-eth-400-some-down-disabled.txt"
     (tmp_path / "ibstat.txt").write_bytes(ibstat.read_bytes())
     out = trainctl("health", "check", "--snapshot", str(tmp_path), "--only", "ib.ports,gpu", "--json")
     report = json.loads(out.stdout)
@@ -66,7 +67,7 @@ def test_nvidia_smi_that_fails_is_a_failure_and_the_kernel_logs_xid_still_counts
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\necho \"{message}\" >&2\nexit 9\n")
     dmesg = tmp_path / "dmesg"
-    xid_log = SHARED_FIXTURES / "kernel/xid/lambda-syslog-a100-xid63-xid64-xid94-contained-sm.txt"
+    xid_log = LIBRARY / "kernel/xid/lambda-syslog-a100-xid63-xid64-xid94-contained-sm.txt"
     dmesg.write_text(f"#!/bin/sh\ncat {xid_log}\n")
     smi.chmod(0o755)
     dmesg.chmod(0o755)
@@ -125,7 +126,7 @@ def test_topo_json_from_a_snapshot(tmp_path):
     snap = tmp_path / "snap"
     snap.mkdir()
     (snap / "nvidia-smi-topo-m.txt").write_bytes(
-        (SHARED_FIXTURES / "nvidia-smi/topo/h200-8gpu-nv18-12nic-mlx5-dgx-layout.txt").read_bytes())
+        (LIBRARY / "nvidia-smi/topo/h200-8gpu-nv18-12nic-mlx5-dgx-layout.txt").read_bytes())
     out = trainctl("topo", "--snapshot", str(snap), "--json")
     gpus = json.loads(out.stdout)["gpus"]
     assert [g["numa_node"] for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -170,14 +171,62 @@ def _split_by_task(stdout: str) -> dict[str, str]:
 
 
 def test_snapshot_that_trainctl_took_on_a_real_h100_judges_as_it_did_there():
-    # `trainctl health snapshot` ran on a lent H100 VM; its verdict there was recorded in the note
+    # `trainctl health snapshot` ran on a lent H100 VM with no InfiniBand; the snapshot predates
+    # the PCIe link copies and the compute-apps probe, which are the only things it cannot tell
     out = trainctl("health", "check", "--snapshot", str(RECORDED / "h100-vm-2026-11-22-snapshot"), "--json")
     report = json.loads(out.stdout)
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert report["host"] == "vm" and out.returncode == 3
-    # no InfiniBand there; and the snapshot predates the PCIe link copies and the compute-apps probe
-    assert {name for name, status in statuses.items() if status != "ok"} == {
-        "ib.mtu", "ib.netdev", "ib.ports", "ib.counters", "pcie.links", "gpu.processes"}
+    assert {name for name, status in statuses.items() if status != "ok"} == {"pcie.links", "gpu.processes"}
     reasons = {c["name"]: c["reason"] for c in report["checks"]}
     assert reasons["gpu.model"] == "GPU model: NVIDIA H100 80GB HBM3"
-    assert reasons["ib.ports"].startswith("not collected: ibstat.txt (ibstat not found)")
+    assert reasons["ib.ports"] == "skipped: no InfiniBand device on this node"
+
+
+def non_ib_gpu_node(tmp_path: Path) -> Path:
+    """A whole snapshot of a healthy 1-GPU H100 VM without InfiniBand: the recorded snapshot, plus
+    what the same VM shape's later lease recorded for the checks added since (the idle
+    compute-apps query and the GPU's PCI link files). Every byte is recorded; only the
+    assembling is staged."""
+    snapshot = tmp_path / "h100-vm"
+    shutil.copytree(RECORDED / "h100-vm-2026-11-22-snapshot", snapshot)
+    gray = RECORDED / "h100-vm-2026-11-23-gray"
+    shutil.copy(gray / "nvidia-smi-compute-apps-idle.csv", snapshot / "nvidia-smi-compute-apps.csv")
+    for line in (gray / "pci-nvidia.txt").read_text().splitlines():
+        if line.startswith("/sys/"):
+            path, value = line.split("\t")
+            (snapshot / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (snapshot / path.lstrip("/")).write_text(value + "\n")
+    return snapshot
+
+
+def test_a_healthy_gpu_node_without_infiniband_is_ok_with_no_site(tmp_path):
+    out = trainctl("health", "check", "--snapshot", str(non_ib_gpu_node(tmp_path)), "--json")
+    report = json.loads(out.stdout)
+    assert out.returncode == 0, out.stdout
+    assert report["status"] == "ok"
+    ib = {c["name"]: c["reason"] for c in report["checks"] if c["name"].startswith("ib.")}
+    assert set(ib) == {"ib.ports", "ib.netdev", "ib.mtu", "ib.counters"}
+    assert set(ib.values()) == {"skipped: no InfiniBand device on this node"}
+
+
+def test_no_infiniband_device_where_the_site_declares_hca_ports_is_a_failure(tmp_path):
+    out = trainctl("health", "check", "--snapshot", str(non_ib_gpu_node(tmp_path)), "--site", "dgx-h100",
+                   "--only", "ib", "--json")
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert out.returncode == 2
+    assert {c["status"] for c in checks.values()} == {"fail"}
+    assert "the driver did not load" in checks["ib.ports"]["reason"]
+    assert "mlx5_0:1" in checks["ib.ports"]["reason"]
+
+
+def test_a_snapshot_that_did_not_copy_sysfs_cannot_tell_whether_infiniband_is_there(tmp_path):
+    snapshot = non_ib_gpu_node(tmp_path)
+    meta = json.loads((snapshot / "meta.json").read_text())
+    del meta["sysfs_files"]
+    (snapshot / "meta.json").write_text(json.dumps(meta))
+    shutil.rmtree(snapshot / "sys")
+    out = trainctl("health", "check", "--snapshot", str(snapshot), "--only", "ib.ports", "--json")
+    (check,) = json.loads(out.stdout)["checks"]
+    assert out.returncode == 3 and check["status"] == "unknown"
+    assert check["reason"].startswith("not collected")

@@ -6,7 +6,7 @@ import time
 
 from trainctl.health.collect import PROBES, binary_paths, collect_snapshot, copy_sysfs
 
-from support.replay import RECORDED, SHARED_FIXTURES, write_replay
+from support.replay import RECORDED, LIBRARY, write_replay
 
 H100 = RECORDED / "h100-vm-2026-11-22"
 
@@ -79,7 +79,7 @@ def test_sysfs_copy_follows_class_links_and_keeps_class_paths(tmp_path):
     # gcm's recorded sysfs of a real A100 node (ib4 operstate down): device paths -> contents.
     # Rebuild it as sysfs is laid out: files under /sys/bus/pci/devices, reached through the
     # /sys/class/{infiniband,net} symlinks that the collector walks.
-    tree = json.loads((SHARED_FIXTURES / "infiniband/sysfs/gcm-a100-8hca-ib4-operstate-down.json").read_text())
+    tree = json.loads((LIBRARY / "infiniband/sysfs/gcm-a100-8hca-ib4-operstate-down.json").read_text())
     root = tmp_path / "root"
     for path, contents in tree.items():
         target = root / path.lstrip("/")
@@ -119,7 +119,7 @@ def test_cpu_siblings_are_copied_from_a_real_sysfs_dump(tmp_path):
     from trainctl.health.parse.cpu_siblings import parse_thread_siblings
     from trainctl.health.snapshot import load_snapshot
 
-    dump = SHARED_FIXTURES / "cpu" / "sysfs-dumps" / "utillinux-dump-xeon-x7550-4socket-thread-siblings-split-0-32.tar.gz"
+    dump = LIBRARY / "cpu" / "sysfs-dumps" / "utillinux-dump-xeon-x7550-4socket-thread-siblings-split-0-32.tar.gz"
     with tarfile.open(dump) as archive:
         cpu_tree = [m for m in archive.getmembers() if m.name.endswith("/topology/thread_siblings_list")]
         archive.extractall(tmp_path / "root", members=cpu_tree, filter="data")
@@ -137,9 +137,9 @@ def test_sysfs_copy_takes_counters_pci_links_and_versions(tmp_path):
     from trainctl.health.parse.sysfs import parse_ttar
 
     root = tmp_path / "root"
-    ib = parse_ttar((SHARED_FIXTURES / "infiniband/sysfs/node-exporter-i40iw-no-pma-and-mlx4-class-infiniband.ttar")
+    ib = parse_ttar((LIBRARY / "infiniband/sysfs/node-exporter-i40iw-no-pma-and-mlx4-class-infiniband.ttar")
                     .read_text() + "Mode: 644\n")
-    pci = parse_ttar((SHARED_FIXTURES / "pcie/node-exporter-sysfs-nvme-current-8GTs-max-16GTs-aer-counters.ttar")
+    pci = parse_ttar((LIBRARY / "pcie/node-exporter-sysfs-nvme-current-8GTs-max-16GTs-aer-counters.ttar")
                      .read_text())
     for path, text in {**ib, **pci}.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli_runs import Ran, run_main
-from tests.support.sweeps import night
+from support.cli_runs import Ran, run_main
+from support.sweeps import night
 from trainctl.sweep.db import History
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.support.sweeps import write_site
+from support.sweeps import write_site
 
 pytestmark = pytest.mark.cluster
 SSH_TIMEOUT_S = 3

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.replay import SHARED_FIXTURES, write_replay
+from support.replay import LIBRARY, write_replay
 from support.slurm_jobs import submit, wait_for_job
 from trainctl.errors import ExternalCommandError
 from trainctl.launcher.job_show import LocalFiles, RankLog, fold_numbers, fold_tails, last_lines
@@ -23,7 +23,7 @@ from trainctl.proc import run_checked
 from trainctl.site import load_site
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
-HEALTHY_NVLINK = SHARED_FIXTURES / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 
 
 def test_numbers_fold_into_ranges():

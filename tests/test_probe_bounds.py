@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support.replay import SHARED_FIXTURES
+from support.replay import LIBRARY
 from trainctl.proc import OUTPUT_CAP_BYTES, STDERR_CAP_BYTES, STREAM_LINE_CAP, StreamedRun, run
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
-IBSTAT = SHARED_FIXTURES / "infiniband/ibstat/gpud-a100-9hca-cx6-hdr200-all-active.txt"
+IBSTAT = LIBRARY / "infiniband/ibstat/gpud-a100-9hca-cx6-hdr200-all-active.txt"
 
 
 def probe(tmp_path, name, body, mode=0o755):
@@ -217,7 +217,7 @@ def test_gate_nodes_with_broken_probes_are_unknown_apart_from_failures(devcluste
     from support.replay import write_replay
 
     tag = "31440"
-    healthy = SHARED_FIXTURES / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+    healthy = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
     made = [write_replay(devcluster.node_bin_dir("node1"), "nvidia-smi", {"nvlink -s": healthy}),
             probe(devcluster.node_bin_dir("node2"), "nvidia-smi", "\x7fELF\x02\x01\x01not really an ELF file"),
             probe(devcluster.node_bin_dir("node3"), "nvidia-smi", f"#!/bin/sh\nsetsid sleep {tag} &\nsleep {tag}\n"),

@@ -16,7 +16,7 @@ from trainctl.slurm import job_port
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
-TOPO_DIR = REPO.parent / "shared" / "fixtures" / "nvidia-smi" / "topo"
+TOPO_DIR = REPO / "tests/fixtures/library/nvidia-smi/topo"
 H200_TOPO = TOPO_DIR / "h200-8gpu-nv18-12nic-mlx5-dgx-layout.txt"
 
 # What the program sees: its environment, CPU affinity and argv.
@@ -265,7 +265,7 @@ def test_topology_from_the_gate_snapshot_unless_the_gate_probe_failed(tmp_path):
 
 EIGHT_GPU_TOPOLOGIES = ["dgx-a100-8gpu-12nic-nv12.txt", "dgx1-v100-8gpu-4nic-topo-mp-pcie-only.txt",
                         "h100-8gpu-nv18-no-nic-spaces-no-legend.txt", "h200-8gpu-nv18-12nic-mlx5-dgx-layout.txt"]
-ROCE_SOME_DOWN = REPO.parent / "shared/fixtures/infiniband/ibstat/gpud-h100-12hca-roce-eth-400-some-down-disabled.txt"
+ROCE_SOME_DOWN = REPO / "tests/fixtures/library/infiniband/ibstat/gpud-h100-12hca-roce-eth-400-some-down-disabled.txt"
 
 
 def node_environments(topo: Path, site: str, up_ports=None, part_changes=None) -> list[dict]:
@@ -332,7 +332,7 @@ def test_cores_come_from_the_gates_snapshot_then_its_lscpu_then_live_sysfs(tmp_p
     cores, source = read_cores(snapshot, sysfs_root=str(tmp_path / "no-sysfs"))
     assert len(cores) == 112 and cores[0] == {0, 112} and source.startswith("the gate's snapshot")
     # a snapshot without the sysfs copy: its lscpu, where that shows the cores (SMT off here)
-    della = REPO.parent / "shared/fixtures/cpu/princeton-della-h100-node-xeon8468-2socket-nosmt-numa-even-odd-interleaved-lscpu.txt"
+    della = REPO / "tests/fixtures/library/cpu/princeton-della-h100-node-xeon8468-2socket-nosmt-numa-even-odd-interleaved-lscpu.txt"
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "lscpu.txt").write_text(della.read_text())

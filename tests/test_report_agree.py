@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.support.sweeps import DAY, night
+from support.sweeps import DAY, night
 from trainctl.slurm import expand_hostlist
 from trainctl.sweep import render
 from trainctl.sweep.db import History

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.sweeps import DAY, night
+from support.sweeps import DAY, night
 from trainctl.sweep import render
 from trainctl.sweep.db import History
 from trainctl.sweep.model import ResultRow

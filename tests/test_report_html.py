@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sweeps import DAY, night
+from support.sweeps import DAY, night
 from trainctl.sweep.db import History
 
 REPO = Path(__file__).resolve().parents[1]

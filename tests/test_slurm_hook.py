@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import pytest
 
-from support.replay import SHARED_FIXTURES, write_replay
+from support.replay import LIBRARY, write_replay
 from trainctl.health.slurm_hook import (DRAIN, EPILOG, HEALTH_CHECK, KEEP, NONE, PROLOG, RELEASE, RESUME, SKIP,
                                         OwnDrain, Plan, exit_code, plan_action, role_from_env)
 from trainctl.cli import cli
@@ -26,7 +26,7 @@ CONTRIB = Path(__file__).resolve().parents[1] / "contrib"
 CONTRIB_CONF, CONTRIB_SCRIPT = CONTRIB / "trainctl-slurm-hook.conf", CONTRIB / "trainctl-slurm-hook.sh"
 CONTRIB_HOOK_PATH = "/etc/slurm/trainctl-slurm-hook.sh"
 DEMO_SITE = Path(__file__).resolve().parents[1] / "site-configs" / "local-demo.toml"
-HEALTHY_NVLINK = SHARED_FIXTURES / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 INACTIVE_LINKS = Path(__file__).parent / "health/fixtures/azhpc-diagnostics-73-v100-nvlink-s-links-3-5-inactive.txt"
 FAILING = [("nvlink.links", "GPU 3 (Tesla V100-SXM2-32GB): NVLink 3, 5 inactive")]
 OUR_REASON = "trainctl: nvlink.links: GPU 3 (Tesla V100-SXM2-32GB): NVLink 3, 5 inactive"

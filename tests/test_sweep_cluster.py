@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.support.sweeps import (DAY, PORTS_ACTIVE, PORTS_DOWN, TRAINCTL, slurm, stage_ibstat, trainctl,
+from support.sweeps import (DAY, PORTS_ACTIVE, PORTS_DOWN, TRAINCTL, slurm, stage_ibstat, trainctl,
                                   unstage, write_site)
 from trainctl.sweep.db import History
 

@@ -70,3 +70,19 @@ def test_units_verify(tmp_path):
     out = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "trainctl-sweep.service"),
                           str(tmp_path / "trainctl-sweep.timer")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_installed_package_prints_every_contrib_file_as_it_is_in_the_repository():
+    # a pip user has no contrib/ folder: `trainctl contrib NAME` is how the files reach them
+    shipped = sorted(p.name for p in CONTRIB.iterdir() if p.name.startswith("trainctl-"))
+    listing = subprocess.run([TRAINCTL, "contrib"], capture_output=True, text=True, timeout=60, check=True)
+    assert [line.split()[0] for line in listing.stdout.splitlines()] == shipped
+    for name in shipped:
+        out = subprocess.run([TRAINCTL, "contrib", name], capture_output=True, timeout=60, check=True)
+        assert out.stdout == (CONTRIB / name).read_bytes(), name
+
+
+def test_an_unknown_contrib_file_is_one_line_naming_the_files():
+    out = subprocess.run([TRAINCTL, "contrib", "slurm.conf"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "trainctl-slurm-hook.sh" in out.stderr

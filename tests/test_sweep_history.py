@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sweeps import DAY, night
+from support.sweeps import DAY, night
 from trainctl.errors import UsageError
 from trainctl.sweep.db import APPLICATION_ID, SCHEMA_VERSION, History
 from trainctl.sweep.model import CHECKED, NOT_SWEPT, TIMEOUT

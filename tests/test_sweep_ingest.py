@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sweeps import outcome
+from support.sweeps import outcome
 from trainctl.sweep.db import History
 from trainctl.sweep.runner import record_sweep
 

@@ -23,6 +23,8 @@ from trainctl.signals import on_stop_signal
 
 # name -> (module, attribute, one-line help). The only place a subcommand is registered.
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "contrib": ("trainctl.contrib_cli", "contrib",
+                "Print the files admins install: slurm.conf hook lines, the hook script, sweep units."),
     "dev-cluster": ("trainctl.devcluster.cli", "dev_cluster",
                     "Start, inspect and stop the local demo Slurm cluster (needs root)."),
     "drain": ("trainctl.sweep.cli", "drain",
@@ -48,6 +50,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sweep": ("trainctl.sweep.cli", "sweep",
               "Run the node checks on a partition's idle nodes (or over SSH); record the history."),
 }
+
+
+# Modules only some commands import -> the extra that installs them (pyproject.toml). A login node
+# installs plain slurm-trainctl; compute nodes, where the fabric and compute tests run, add [node].
+OPTIONAL_EXTRAS = {"torch": "node"}
 
 
 class ClosedPipe(Exception):
@@ -167,6 +174,13 @@ def _run(argv: list[str] | None) -> int:
             raise
         _error_line(str(exc))
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        extra = OPTIONAL_EXTRAS.get((exc.name or "").partition(".")[0])
+        if extra is None or debug:
+            return _internal_error(exc, debug)
+        _error_line(f"this command needs {exc.name}, which this install leaves out: "
+                    f"pip install 'slurm-trainctl[{extra}]'")
+        return EXIT_USAGE
     except Exception as exc:
         return _internal_error(exc, debug)
 

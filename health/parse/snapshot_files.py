@@ -53,6 +53,7 @@ class SnapshotMeta:
     host: str | None
     collected_at: datetime | None
     probes: dict[str, Probe]        # output file name -> how its command went
+    sysfs_files: int | None = None  # attributes copied from /sys; None: sysfs was not copied
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,9 @@ def parse_meta(text: str, *, source: str = "meta.json") -> SnapshotMeta:
                                       required=False)))
     return SnapshotMeta(host=json_field(doc, "host", str, where="meta", source=source,
                                         required=False),
-                        collected_at=_time(doc, "collected_at", source), probes=probes)
+                        collected_at=_time(doc, "collected_at", source), probes=probes,
+                        sysfs_files=json_field(doc, "sysfs_files", int, where="meta", source=source,
+                                               required=False))
 
 
 def parse_host(text: str, *, source: str = "host.json") -> HostInfo:

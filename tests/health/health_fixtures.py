@@ -29,8 +29,8 @@ from trainctl.health.parse.smi_query import parse_smi_text, parse_smi_xml
 from trainctl.health.parse.sysfs import parse_ib_sysfs, parse_ttar
 from trainctl.health.parse.topo import parse_topo
 
-# tests/health/ -> the repository -> ../shared/fixtures beside it (as in CI).
-SHARED = Path(__file__).parents[2] / ".." / "shared" / "fixtures"
+# The recorded outputs copied into the repository, each with its source in SOURCES.md.
+SHARED = Path(__file__).parents[2] / "tests" / "fixtures" / "library"
 LOCAL = Path(__file__).parent / "fixtures"
 RECORDED = Path(__file__).parents[1] / "fixtures" / "recorded"
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.replay import SHARED_FIXTURES, write_replay
+from support.replay import LIBRARY, write_replay
 from trainctl.sweep.db import History
 from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, STATUS_CODE, TIMEOUT, CheckRow,
                                   NodeOutcome, worst_label)
@@ -51,7 +51,7 @@ def night(history: History, started_at: float, nodes: dict, *, finished: bool = 
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
 DEMO_SITE = Path(__file__).resolve().parents[2] / "site-configs" / "local-demo.toml"
-IBSTAT = SHARED_FIXTURES / "infiniband" / "ibstat"
+IBSTAT = LIBRARY / "infiniband" / "ibstat"
 # The same H100 node type recorded twice (leptonai/gpud testdata, see SOURCES.md): all twelve
 # ConnectX ports Active, and with mlx5_5 and mlx5_11 `State: Down` / `Physical state: Disabled`.
 PORTS_ACTIVE = IBSTAT / "gpud-h100-12hca-cx7-ndr400-ib-plus-cx6dx-eth-all-active.txt"

@@ -10,7 +10,7 @@ network namespace (`ip netns pids`), so nothing outside the dev cluster is touch
   task that crashes or is OOM-killed;
 - `stopped`: SIGSTOP the whole node, SIGCONT on exit (a hung node: alive, silent);
 - `cpu_quota`: a cgroup v1 CFS quota on every process of the node (fail-slow compute), undone
-  on exit. See ../shared/recipes/slurm-test-cluster.md, "Fail-slow injection".
+  on exit; the kernel's CFS bandwidth control enforces it (Documentation/scheduler/sched-bwc.rst).
 
 Only DevCluster's public attributes are used (spec, base, slurm_conf, exec_argv, client_env,
 daemon_pids), so this module does not depend on how the harness is laid out inside.
