@@ -130,14 +130,16 @@ class Unavailable:
 
 
 IB_CLASS_DIR = "sys/class/infiniband/"
+IB_TOOL_OUTPUTS = ("ibstat.txt", "ibv_devinfo.txt")
 
 
 def lacks_infiniband(snapshot: Snapshot, meta: object) -> bool:
-    """True when the snapshot copied the node's sysfs and holds nothing of /sys/class/infiniband:
-    the kernel knows no InfiniBand or RoCE device there. A snapshot that did not copy sysfs
-    cannot tell, and says False."""
+    """True when the snapshot copied the node's sysfs, holds nothing of /sys/class/infiniband, and
+    no IB tool printed anything: the kernel knows no InfiniBand or RoCE device there. A snapshot
+    that did not copy sysfs cannot tell, and says False."""
     copied_sysfs = not isinstance(meta, Unavailable) and getattr(meta, "sysfs_files", None) is not None
-    return copied_sysfs and not any(path.startswith(IB_CLASS_DIR) for path in snapshot.files)
+    return (copied_sysfs and not any(path.startswith(IB_CLASS_DIR) for path in snapshot.files)
+            and not any(snapshot.files.get(output, "").strip() for output in IB_TOOL_OUTPUTS))
 
 
 class SnapshotInputs:

@@ -230,3 +230,12 @@ def test_a_snapshot_that_did_not_copy_sysfs_cannot_tell_whether_infiniband_is_th
     (check,) = json.loads(out.stdout)["checks"]
     assert out.returncode == 3 and check["status"] == "unknown"
     assert check["reason"].startswith("not collected")
+
+def test_an_ib_tool_that_lists_ports_is_believed_over_an_empty_sysfs(tmp_path):
+    # ibstat reads the devices the kernel knows: its recorded ports mean there is InfiniBand here
+    snapshot = non_ib_gpu_node(tmp_path)
+    shutil.copy(LIBRARY / "infiniband/ibstat/gpud-h100-12hca-roce-eth-400-some-down-disabled.txt",
+                snapshot / "ibstat.txt")
+    out = trainctl("health", "check", "--snapshot", str(snapshot), "--only", "ib.ports", "--json")
+    (check,) = json.loads(out.stdout)["checks"]
+    assert check["status"] == "fail" and "skipped" not in check["reason"]
