@@ -531,7 +531,7 @@ def _check_every_row(conn: sqlite3.Connection, path: Path) -> None:
                                         f"#{row[0]} recorded_at")
                 else:
                     _drain(path, row)
-    for table in ("nodes", "results"):  # host names: each distinct one once, through the primary key
+    for table in ("nodes", "results", "drains"):  # host names: each distinct one once
         for (host,) in conn.execute(f"SELECT DISTINCT host FROM {table}"):
             _host(path, host)
 

@@ -172,7 +172,7 @@ def to_markdown(report: Report, tz: datetime.tzinfo | None = None) -> str:
 
 def _lines(lines: list[str]) -> str:
     """Host names, reasons and details come from the nodes: each line escaped on its own, so a
-    newline inside a value is `\n`, never a line of its own."""
+    newline inside a value is `\\n`, never a line of its own."""
     return "".join(printable(line) + "\n" for line in lines)
 
 
