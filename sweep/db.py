@@ -213,6 +213,8 @@ class History:
         """Several nodes' outcomes and check rows in one transaction (the write lock is taken here,
         after the rows are built, and held only while SQLite writes them)."""
         nodes = list(nodes)
+        for node in nodes:  # never a row this file's verdict would call damage (names come from Slurm or --nodes)
+            check_node_name(node.host, "host")
         node_rows = [(node.host, sweep_id, node.outcome, node.status, node.slurm_state, node.detail,
                       node.duration_s, recorded_at) for node in nodes]
         result_rows = [(node.host, sweep_id, c.name, c.status, c.reason, _DETAILS_JSON(c.details), recorded_at)
@@ -232,6 +234,7 @@ class History:
 
     def record_drain(self, *, host: str, reason: str, reason_time: str, sweep_id: int, check: str,
                      drained_at: float) -> None:
+        check_node_name(host, "host")
         with self._transaction():
             self._execute("INSERT INTO drains (host, reason, reason_time, sweep_id, check_name, drained_at) "
                           "VALUES (?, ?, ?, ?, ?, ?)", (host, reason, reason_time, sweep_id, check, drained_at))
