@@ -185,7 +185,7 @@ def format_node_report(report) -> str:
         lines.append(f"  {result.status.label:<7} {result.name:<{width}}  {result.reason}")
     from trainctl.text import printable
 
-    return printable("\n".join(lines), keep_lines=True)  # the host name comes from meta.json
+    return "\n".join(printable(line) for line in lines)  # host and reasons come from files: `\n` stays in its line
 
 
 def _probe_outcome(record: dict) -> str:

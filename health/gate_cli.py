@@ -219,7 +219,10 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     minimum = minimum or wanted
     if minimum > wanted:
         raise UsageError(f"--min-nodes {minimum} is more than --nodes {wanted}")
-    hosts = expand_hostlist(hostlist)
+    from trainctl.validate import check_node_name
+
+    hosts = [check_node_name(host, "--allocated" if allocated else "SLURM_JOB_NODELIST")   # file names under DIR
+             for host in expand_hostlist(hostlist)]
     root = Path(gate_dir)
     missing = None
     if wait or deadline_s is not None:

@@ -45,6 +45,7 @@ from typing import Callable, Mapping
 
 from trainctl.errors import TrainctlError
 from trainctl.files import write_atomically
+from trainctl.validate import check_node_name
 from trainctl.slurm import (NodeState, drain_unclaimed, node_states, not_ours_any_more, resume_nodes,
                             tagged_reason)
 
@@ -141,6 +142,7 @@ class StateFile:
 
     def __init__(self, directory: str | Path, node: str):
         self.dir = Path(directory)
+        check_node_name(node, "the node name")
         self.path = self.dir / f"{node}.json"
         self._lock_path = self.dir / f"{node}.lock"
         self._fd: int | None = None
@@ -181,7 +183,11 @@ class StateFile:
 
 
 def node_name(environ: Mapping[str, str]) -> str:
-    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    """SLURMD_NODENAME, else the short host name; either names the state file (a UsageError if it
+    cannot be a node name)."""
+    if environ.get("SLURMD_NODENAME"):
+        return check_node_name(environ["SLURMD_NODENAME"], "SLURMD_NODENAME")
+    return check_node_name(socket.gethostname().split(".")[0], "the host name")
 
 
 def run_hook(*, role: str, policy, budget_s: float, state_dir: str, drain_unknown: bool,

@@ -236,11 +236,9 @@ def submit_successor(script_text: str, argv: list[str], env: dict[str, str], sub
 
 
 def write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=1)
-        handle.write("\n")
-    os.replace(tmp, path)
+    from trainctl.files import write_atomically
+
+    write_atomically(path, json.dumps(data, indent=1) + "\n")
 
 
 def _read_json(path: str) -> dict | None:

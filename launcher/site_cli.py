@@ -48,4 +48,4 @@ def show_site(name: str, as_json: bool) -> None:
     for key, value, source in rows:
         shown = json.dumps(list(value) if isinstance(value, tuple) else value)  # JSON escapes controls
         lines.append(f"{key:<{width}} = {shown}    # {'default' if source == 'default' else 'file'}")
-    click.echo(printable("\n".join(lines), keep_lines=True))
+    click.echo("\n".join(printable(line) for line in lines))  # a newline in a value stays `\n`

@@ -115,7 +115,10 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
     from trainctl.sweep.runner import SweepRequest, describe, run_sweep
 
     config, given_site = _load_site(site)
-    nodes = expand_hostlist(hostlist) if hostlist else None
+    from trainctl.validate import check_node_name
+
+    # each becomes a host of the history, which holds node names only (sweep.db._host)
+    nodes = [check_node_name(node, "--nodes") for node in expand_hostlist(hostlist)] if hostlist else None
     if fabric and via != "slurm":
         raise UsageError("--fabric needs --via slurm: the fabric test runs as one Slurm step")
     if via == "slurm" or partition or not nodes:

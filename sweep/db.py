@@ -6,23 +6,33 @@ state), `results` (one row per node, check and sweep), `drains` (what trainctl d
 the exact reason it set), and `schema_version`. The file carries SQLite's application_id, so
 a database of another program is recognised from its header and never written to.
 
-Readers open the file read-only; writers check it (header, application id, schema version,
-`PRAGMA quick_check`) through a read-only connection before opening it for writing, so a
-corrupt or foreign file is refused without a single byte of it changing.
+Every open goes through one verdict, `inspect_file`, on a read-only connection: the header and
+application id, exactly trainctl's schema objects (a foreign trigger or view is refused by name),
+the schema version. Readers then judge each row they read (`_sweep`, `_node`, `_result`,
+`_drain`); writers, before their first write, also run `PRAGMA quick_check` and judge every row
+of the file with those same functions (`_check_every_row`), so a file a report calls damaged is
+refused by a sweep with the same message, without a single byte of it changing.
+
+A new history is built whole under a temporary name and linked into place, so two first sweeps
+started together both find either nothing or a complete history.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sqlite3
 import stat
+import tempfile
 import urllib.parse
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from trainctl.errors import TrainctlError, UsageError
+from trainctl.text import printable
+from trainctl.validate import check_node_name
 from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, STATUSES, TIMEOUT, DrainRow, NodeOutcome, NodeRow,
                                    ResultRow, SweepRow)
 
@@ -121,11 +131,16 @@ class History:
     @classmethod
     def open(cls, path: str | Path, *, write: bool = False) -> History:
         path = Path(path).expanduser()
-        if not path.exists():
+        try:
+            os.stat(path)
+        except FileNotFoundError:
             if not write:
                 raise UsageError(f"no sweep history at {path}",
-                                 hint="run `trainctl sweep` first, or name the database with --db")
-            return cls._create(path)
+                                 hint="run `trainctl sweep` first, or name the database with --db") from None
+            _create(path)
+        except OSError as exc:  # a directory this user cannot enter, a file where a directory should be
+            raise UsageError(f"{path}: cannot {'write' if write else 'read'} sweep history: "
+                             f"{exc.strerror or exc}") from exc
         readonly_uri = inspect_file(path, thorough=write)
         try:
             conn = sqlite3.connect(path if write else readonly_uri, uri=not write,
@@ -137,20 +152,6 @@ class History:
             history._execute("PRAGMA journal_mode = WAL")
             history._execute(f"PRAGMA synchronous = {WAL_SYNCHRONOUS}")
         return history
-
-    @classmethod
-    def _create(cls, path: Path) -> History:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        except (OSError, sqlite3.Error) as exc:
-            raise UsageError(f"cannot create sweep history {path}: {exc}") from exc
-        # Schema and application_id first, in rollback mode: they reach the main file itself,
-        # where the next open reads the id from the header (in WAL mode they would sit in -wal).
-        conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(f"PRAGMA synchronous = {WAL_SYNCHRONOUS}")
-        return cls(conn, path, True)
 
     def close(self) -> None:
         self._conn.close()
@@ -212,6 +213,8 @@ class History:
         """Several nodes' outcomes and check rows in one transaction (the write lock is taken here,
         after the rows are built, and held only while SQLite writes them)."""
         nodes = list(nodes)
+        for node in nodes:  # never a row this file's verdict would call damage (names come from Slurm or --nodes)
+            check_node_name(node.host, "host")
         node_rows = [(node.host, sweep_id, node.outcome, node.status, node.slurm_state, node.detail,
                       node.duration_s, recorded_at) for node in nodes]
         result_rows = [(node.host, sweep_id, c.name, c.status, c.reason, _DETAILS_JSON(c.details), recorded_at)
@@ -231,6 +234,7 @@ class History:
 
     def record_drain(self, *, host: str, reason: str, reason_time: str, sweep_id: int, check: str,
                      drained_at: float) -> None:
+        check_node_name(host, "host")
         with self._transaction():
             self._execute("INSERT INTO drains (host, reason, reason_time, sweep_id, check_name, drained_at) "
                           "VALUES (?, ?, ?, ?, ?, ?)", (host, reason, reason_time, sweep_id, check, drained_at))
@@ -346,6 +350,41 @@ class History:
         return [_drain(self.path, row) for row in rows]
 
 
+def _create(path: Path) -> None:
+    """A new, empty history at `path`, or nothing if another process made one meanwhile.
+
+    Built under a temporary name in the same directory and hard-linked into place: the link
+    appears whole or not at all and never replaces a file, so a sweep started at the same moment
+    finds no file, or a complete history (never an empty or half-written file).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".new")
+        os.close(fd)
+    except OSError as exc:
+        raise UsageError(f"cannot create sweep history {path}: {exc.strerror or exc}") from exc
+    try:
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            # Schema and application_id in rollback mode: they reach the main file itself, where
+            # the next open reads the id from the header; WAL mode is then recorded in the header.
+            conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
+            conn.execute("PRAGMA journal_mode = WAL")
+        finally:
+            conn.close()  # the last connection: checkpoints and removes the temporary -wal and -shm
+        os.chmod(tmp, 0o644)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another first sweep linked its history first: this one opens that
+    except (OSError, sqlite3.Error) as exc:
+        raise UsageError(f"cannot create sweep history {path}: {exc}") from exc
+    finally:
+        for leftover in (tmp, f"{tmp}-wal", f"{tmp}-shm"):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
+
+
 def inspect_file(path: Path, *, thorough: bool) -> str:
     """Refuse (UsageError, file untouched) anything but a readable trainctl history of a known schema.
 
@@ -373,39 +412,131 @@ def inspect_file(path: Path, *, thorough: bool) -> str:
     uri = _readonly_uri(path)
     try:
         try:
-            tables, version, problems = _look_inside(uri, thorough)
+            _look_inside(uri, path, thorough)
         except sqlite3.OperationalError as exc:
             if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_READONLY_DIRECTORY", "SQLITE_CANTOPEN") \
                     or _wal_pending(path):
                 raise
             uri += "&immutable=1"
-            tables, version, problems = _look_inside(uri, thorough)
+            _look_inside(uri, path, thorough)
     except sqlite3.DatabaseError as exc:
         raise _refused(path, exc, "read") from exc
     except UnicodeDecodeError as exc:
         raise _damaged(path, f"text that is not UTF-8 ({exc.reason})") from exc
-    missing = [name for name in TABLES if name not in tables]
-    if missing:
-        raise UsageError(f"{path}: not a complete trainctl sweep history (no table {', '.join(missing)}); "
-                         "left untouched", hint="move it aside or restore a backup")
-    if problems != ["ok"]:
-        raise _damaged(path, "; ".join(problems[:3]))
-    if version != SCHEMA_VERSION:
-        raise UsageError(f"{path}: sweep history schema version {version}; this trainctl reads version "
-                         f"{SCHEMA_VERSION}", hint="use the trainctl that wrote it")
     return uri
 
 
-def _look_inside(uri: str, thorough: bool) -> tuple[set[str], object, list[str]]:
+def _look_inside(uri: str, path: Path, thorough: bool) -> None:
+    """The verdict on an open file: its schema objects, version and (`thorough`, for a writer)
+    its pages and every row. Raises UsageError; sqlite3 errors go to the caller."""
     conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
     try:
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        version = (conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
-                   if "schema_version" in tables else None)
+        objects = {(kind, name): table for kind, name, table in
+                   conn.execute("SELECT type, name, tbl_name FROM sqlite_master")}
+        tables = {name for kind, name in objects if kind == "table"}
+        missing = [name for name in TABLES if name not in tables]
+        if missing:
+            raise UsageError(f"{path}: not a complete trainctl sweep history (no table {', '.join(missing)}); "
+                             "left untouched", hint="move it aside or restore a backup")
+        foreign = sorted(objects.keys() - _expected_objects().keys()) or sorted(
+            key for key, table in objects.items() if _expected_objects()[key] != table)
+        if foreign:
+            kind, name = foreign[0]
+            raise UsageError(f"{path}: the sweep history holds a {kind} {name!r} that trainctl never creates "
+                             f"(on {objects[foreign[0]]!r}); left untouched",
+                             hint="drop it, or move the file aside and restore a backup")
+        for table in TABLES:
+            columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+            if columns != _expected_columns()[table]:
+                raise UsageError(f"{path}: the sweep history's table {table} has columns {columns}, not "
+                                 f"trainctl's {_expected_columns()[table]}; left untouched",
+                                 hint="use the trainctl that wrote it, or restore a backup")
+        version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
         problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()] if thorough else ["ok"]
-        return tables, version, problems
+        if problems != ["ok"]:
+            raise _damaged(path, "; ".join(problems[:3]))
+        if version != SCHEMA_VERSION:
+            raise UsageError(f"{path}: sweep history schema version {version}; this trainctl reads version "
+                             f"{SCHEMA_VERSION}", hint="use the trainctl that wrote it")
+        if thorough:
+            _check_every_row(conn, path)
     finally:
         conn.close()
+
+
+@functools.cache
+def _schema_in_memory() -> sqlite3.Connection:
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    conn.executescript(SCHEMA)
+    return conn
+
+
+@functools.cache
+def _expected_objects() -> dict[tuple[str, str], str]:
+    """(type, name) -> table of every schema object trainctl creates, SQLite's own indexes included."""
+    return {(kind, name): table for kind, name, table in
+            _schema_in_memory().execute("SELECT type, name, tbl_name FROM sqlite_master")}
+
+
+@functools.cache
+def _expected_columns() -> dict[str, list[str]]:
+    return {table: [row[1] for row in _schema_in_memory().execute(f"PRAGMA table_info({table})")]
+            for table in TABLES}
+
+
+# What `_check_every_row` hands to the row judges: rows of a shape trainctl never writes, and
+# every row with text outside printable ASCII (it may not be UTF-8) or long details (they may
+# nest deeper than the JSON parser goes). A cheap filter in SQL; the verdict is the judges'.
+_TIME_SQL = "typeof({0}) NOT IN ('integer', 'real') OR {0} < 0 OR {0} > " + repr(LATEST_TIME)
+_OPTIONAL_TIME_SQL = "({0} IS NOT NULL AND (" + _TIME_SQL + "))"
+
+
+def _not_text(*columns: str) -> str:
+    return " OR ".join([f"typeof({c}) != 'text'" for c in columns] + [f"({' || '.join(columns)}) GLOB '*[^ -~]*'"])
+
+
+def _quoted(values: Iterable[str]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+ROW_SUSPECTS = {
+    "sweeps": ("SELECT id, kind, started_at, finished_at, site, via, target, checks, slurm_job_id, error FROM sweeps "
+               f"WHERE {_not_text('kind', 'site', 'via', 'target', 'checks', 'slurm_job_id', 'error')} "
+               f"OR {_TIME_SQL.format('started_at')} OR {_OPTIONAL_TIME_SQL.format('finished_at')}"),
+    "nodes": ("SELECT sweep_id, host, outcome, status, slurm_state, detail, recorded_at FROM nodes "
+              f"WHERE outcome NOT IN ({_quoted(OUTCOMES)}) OR (status IS NOT NULL AND status NOT IN "
+              f"({_quoted(STATUSES)})) OR {_not_text('host', 'slurm_state', 'detail')} "
+              f"OR {_TIME_SQL.format('recorded_at')}"),
+    "results": ("SELECT sweep_id, host, check_name, status, reason, details, recorded_at FROM results "
+                f"WHERE status NOT IN ({_quoted(STATUSES)}) OR {_not_text('host', 'check_name', 'reason', 'details')} "
+                f"OR NOT json_valid(details) OR json_type(details) != 'object' OR length(details) > 1500 "
+                f"OR {_TIME_SQL.format('recorded_at')}"),
+    "drains": ("SELECT id, host, reason, reason_time, sweep_id, check_name, drained_at, closed_at, closed_how "
+               f"FROM drains WHERE {_not_text('host', 'reason', 'reason_time', 'check_name', 'closed_how')} "
+               f"OR {_TIME_SQL.format('drained_at')} OR {_OPTIONAL_TIME_SQL.format('closed_at')}"),
+}
+
+
+def _check_every_row(conn: sqlite3.Connection, path: Path) -> None:
+    """Every row judged as a reader judges the rows it reads (the same functions, so the same
+    message): the first one no trainctl could have written raises UsageError."""
+    for table, sql in ROW_SUSPECTS.items():
+        cursor = conn.execute(sql)
+        while rows := cursor.fetchmany(1000):  # a UnicodeDecodeError here: the caller calls it damage
+            for row in rows:
+                if table == "sweeps":
+                    _sweep(path, row)
+                elif table == "nodes":
+                    _node(path, row)
+                elif table == "results":
+                    _result(path, row[:6])
+                    _time(path, row[6], f"check {str(row[2])[:40]!r} of {str(row[1])[:40]!r} in sweep "
+                                        f"#{row[0]} recorded_at")
+                else:
+                    _drain(path, row)
+    for table in ("nodes", "results", "drains"):  # host names: each distinct one once
+        for (host,) in conn.execute(f"SELECT DISTINCT host FROM {table}"):
+            _host(path, host)
 
 
 def _wal_pending(path: Path) -> bool:
@@ -450,6 +581,24 @@ def _text(path: Path, value: object, what: str) -> str:
     return value
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _is_node_name(host: str) -> bool:
+    try:
+        check_node_name(host, "host")
+    except UsageError:
+        return False
+    return True
+
+
+def _host(path: Path, value: object) -> str:
+    """A host as trainctl records it: a node name from Slurm or a hostlist. One with `[`, `]`, `^`
+    or `,` never came from either, and folded into a report's hostlist it would name other nodes.
+    The message names the host alone, so every reader and writer that meets it says the same."""
+    if isinstance(value, str) and _is_node_name(value):
+        return value
+    raise _damaged(path, f"host {printable(str(value)[:60])!r} is not a node name")
+
+
 def _sweep(path: Path, row: tuple) -> SweepRow:
     sweep_id, kind, started, finished, *texts = row
     where = f"sweep #{sweep_id}"
@@ -463,26 +612,30 @@ _NODE_STATUSES = frozenset((*STATUSES, None))
 
 def _node(path: Path, row: tuple) -> NodeRow:
     sweep_id, host, outcome, status, slurm_state, detail, recorded_at = row
-    if (outcome in OUTCOMES and status in _NODE_STATUSES and type(host) is str and type(slurm_state) is str
-            and type(detail) is str and type(recorded_at) in (int, float) and 0 <= recorded_at <= LATEST_TIME):
+    if (outcome in OUTCOMES and status in _NODE_STATUSES and type(host) is str and _is_node_name(host)
+            and type(slurm_state) is str and type(detail) is str and type(recorded_at) in (int, float)
+            and 0 <= recorded_at <= LATEST_TIME):
         return NodeRow(sweep_id, host, outcome, status, slurm_state, detail, float(recorded_at))  # the usual row
-    where = f"node {str(host)[:40]!r} in sweep #{sweep_id}"
+    host = _host(path, host)
+    where = f"node {host!r} in sweep #{sweep_id}"
     if outcome not in OUTCOMES or status not in (*STATUSES, None):
         raise _damaged(path, f"{where}: outcome {outcome!r} / status {status!r} unknown")
-    return NodeRow(sweep_id, _text(path, host, where), outcome, status, _text(path, slurm_state, where),
+    return NodeRow(sweep_id, host, outcome, status, _text(path, slurm_state, where),
                    _text(path, detail, where), _time(path, recorded_at, f"{where} recorded_at"))
 
 
 def _result(path: Path, row: tuple) -> ResultRow:
     sweep_id, host, check, status, reason, details = row
-    if status in STATUSES and type(host) is str and type(check) is str and type(reason) is str:
+    if status in STATUSES and type(host) is str and _is_node_name(host) and type(check) is str \
+            and type(reason) is str:
         try:
             parsed = json.loads(details, parse_constant=_no_constant)
         except (TypeError, ValueError, RecursionError):
             parsed = None
         if isinstance(parsed, dict):
             return ResultRow(sweep_id, host, check, status, reason, parsed)  # the usual row: no message built
-    where = f"check {str(check)[:40]!r} of {str(host)[:40]!r} in sweep #{sweep_id}"
+    host = _host(path, host)
+    where = f"check {str(check)[:40]!r} of {host!r} in sweep #{sweep_id}"
     if status not in STATUSES:
         raise _damaged(path, f"{where}: status {status!r} unknown")
     try:
@@ -491,14 +644,13 @@ def _result(path: Path, row: tuple) -> ResultRow:
         parsed = None
     if not isinstance(parsed, dict):
         raise _damaged(path, f"{where}: details are not a JSON object")
-    return ResultRow(sweep_id, _text(path, host, where), _text(path, check, where), status,
-                     _text(path, reason, where), parsed)
+    return ResultRow(sweep_id, host, _text(path, check, where), status, _text(path, reason, where), parsed)
 
 
 def _drain(path: Path, row: tuple) -> DrainRow:
     drain_id, host, reason, reason_time, sweep_id, check, drained_at, closed_at, closed_how = row
     where = f"drain #{drain_id}"
-    return DrainRow(drain_id, _text(path, host, where), _text(path, reason, where), _text(path, reason_time, where),
+    return DrainRow(drain_id, _host(path, host), _text(path, reason, where), _text(path, reason_time, where),
                     sweep_id, _text(path, check, where), _time(path, drained_at, f"{where} drained_at"),
                     None if closed_at is None else _time(path, closed_at, f"{where} closed_at"),
                     _text(path, closed_how, where))

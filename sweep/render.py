@@ -97,7 +97,7 @@ def to_text(report: Report, tz: datetime.tzinfo | None = None) -> str:
     if report.drained:
         lines += ["", "DRAINED BY TRAINCTL"]
         lines += [f"  {d.host:<{width}}  since {local_time(d.drained_at, tz)}  {d.reason}" for d in report.drained]
-    return printable("\n".join(lines), keep_lines=True) + "\n"  # host names and reasons come from nodes
+    return _lines(lines)
 
 
 # ---------------------------------------------------------------- JSON
@@ -167,7 +167,13 @@ def to_markdown(report: Report, tz: datetime.tzinfo | None = None) -> str:
     if report.drained:
         lines += ["", "## Drained by trainctl", "", "| node | since | reason |", "|---|---|---|"]
         lines += [f"| {d.host} | {local_time(d.drained_at, tz)} | {_md(d.reason)} |" for d in report.drained]
-    return printable("\n".join(lines), keep_lines=True) + "\n"
+    return _lines(lines)
+
+
+def _lines(lines: list[str]) -> str:
+    """Host names, reasons and details come from the nodes: each line escaped on its own, so a
+    newline inside a value is `\\n`, never a line of its own."""
+    return "".join(printable(line) + "\n" for line in lines)
 
 
 # ---------------------------------------------------------------- HTML
@@ -187,7 +193,7 @@ margin-right:4px;border:1px solid #999}
 
 
 def _h(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(printable(str(text)), quote=True)
 
 
 def _badge(status: str) -> str:

@@ -1,8 +1,14 @@
-"""Files that readers may open at any moment: written whole or not at all."""
+"""Files that readers may open at any moment: written whole or not at all; and never at the cost
+of something that is not a file of ours.
+
+Every file trainctl writes for a reader (reports, node_exporter's textfile, the gate directory,
+the slurm-hook's state) goes through `write_atomically`.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -10,27 +16,74 @@ from trainctl.errors import UsageError
 
 
 def write_atomically(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`.
+    """Write `text` to `path`: whole or not at all where `path` is a file, straight in where it is not.
 
-    A reader (node_exporter, `gate decide` while a slow node still writes, a web server)
-    sees the old file or the new one, never half of one.
+    - A regular file, or nothing yet: a temporary file beside it, renamed over it. A reader
+      (node_exporter, `gate decide` while a slow node still writes, a web server) sees the old
+      file or the new one, never half of one.
+    - A symlink: the same, at the file it points to; the link itself stays.
+    - A device, FIFO or terminal (`/dev/null`, `/dev/stdout`, a named pipe a reader waits on),
+      directly or through symlinks: written into, like a shell's `>`. A rename would replace the
+      device node or the link (as root, `/dev/null` or the system's `/dev/stdout`) with a file.
+    - A directory: refused.
     """
     target = Path(path)
-    if target.parent.exists() and not target.parent.is_dir():
-        raise UsageError(f"cannot write {target}: {target.parent} is not a directory")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:  # a read-only or missing place is the caller's bad input, not a crash
+        found = os.stat(target)   # follows symlinks, /proc/self/fd/N included
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:       # a parent that is a file, a loop of links, no permission
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    if found is None or stat.S_ISREG(found.st_mode):
+        real = Path(os.path.realpath(target))
+        if found is not None and not _same_file(real, found):
+            # /proc/self/fd/1 when stdout is a deleted file: a name that is no path; write through it
+            _write_into(target, text)
+            return
+        _replace(real, text, shown=target)
+    elif stat.S_ISDIR(found.st_mode):
+        raise UsageError(f"cannot write {target}: it is a directory")
+    else:
+        _write_into(target, text)
+
+
+def _same_file(path: Path, found: os.stat_result) -> bool:
+    try:
+        return os.path.samestat(os.stat(path), found)
+    except OSError:
+        return False
+
+
+def _write_into(target: Path, text: str) -> None:
+    """Into an existing device, FIFO or file, without creating or replacing anything (a FIFO's
+    open waits for its reader, as a shell's `>` does)."""
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_NOCTTY)
+    except OSError as exc:  # a socket (ENXIO), a device that refuses writes
         raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from exc
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except OSError as exc:  # the disk filled up, say
-        Path(tmp).unlink(missing_ok=True)
+    except OSError as exc:  # /dev/full, a FIFO whose reader left (EPIPE)
         raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from exc
+
+
+def _replace(real: Path, text: str, *, shown: Path) -> None:
+    if real.parent.exists() and not real.parent.is_dir():
+        raise UsageError(f"cannot write {shown}: {real.parent} is not a directory")
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
+    except OSError as exc:  # a read-only or missing place is the caller's bad input, not a crash
+        raise UsageError(f"cannot write {shown}: {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, real)
+    except OSError as exc:  # the disk filled up; a directory appeared in its place meanwhile
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"cannot write {shown}: {exc.strerror or exc}") from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -14,6 +14,7 @@ from ClusterShell.RangeSet import RangeSet
 
 from trainctl.errors import ExternalCommandError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
+from trainctl.validate import check_node_name
 
 SCONTROL_TIMEOUT_S = 15.0
 
@@ -84,6 +85,9 @@ def this_node_name(environ: Mapping[str, str] = os.environ, hostname: str | None
        (`scontrol show node`) is the host name or its short form.
     3. Otherwise (no Slurm job, or nothing matched): the host name.
 
+    The name becomes a file name (the gate's DIR/nodes/NAME.json, the slurm-hook's state), so a
+    name that cannot be a node name (`../../x`) is a UsageError, whatever it came from.
+
     Quotes from the Slurm 22.05.8 man pages (https://slurm.schedmd.com/slurm.conf.html#OPT_NodeName,
     https://slurm.schedmd.com/srun.html#OPT_SLURMD_NODENAME). The node list is expanded with
     ClusterShell (expand_hostlist), which reads Slurm hostlists as `scontrol show hostnames` does,
@@ -91,19 +95,20 @@ def this_node_name(environ: Mapping[str, str] = os.environ, hostname: str | None
     """
     name = environ.get("SLURMD_NODENAME")
     if name:
-        return name
+        return check_node_name(name, "SLURMD_NODENAME")
     hostname = hostname or socket.gethostname()
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_STEP_NODELIST")
     if not nodelist:
-        return hostname
+        return check_node_name(hostname, "the host name")
     nodes = expand_hostlist(nodelist)
     names = (hostname, hostname.split(".")[0])
     for candidate in names:
         if candidate in nodes:
-            return candidate
+            return check_node_name(candidate, "the job's node list entry")
     result = run(["scontrol", "show", "node", "-o", nodelist], timeout=SCONTROL_TIMEOUT_S)
     records = parse_scontrol_oneliner(result.stdout) if result.ok else []
-    return node_for_hostname(records, names) or hostname
+    found = node_for_hostname(records, names)
+    return check_node_name(found, "scontrol's NodeName") if found else check_node_name(hostname, "the host name")
 
 
 def node_for_hostname(records: list[dict[str, str]], hostnames: tuple[str, ...]) -> str | None:

@@ -1,4 +1,5 @@
-"""One validation layer for numbers, used by the site loader and by the command-line options.
+"""One validation layer for numbers and node names, used by the site loader, the command-line
+options and everything that files something under a node's name.
 
 TOML and `float()` both accept `nan`, `inf` and 1e308, and neither knows that a timeout must
 be positive or a port at most 65535. A number that passed its type check still goes through
@@ -9,9 +10,12 @@ values (`-1`: no limit, `0`: off). The error names the key, the value and what i
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import click
+
+from trainctl.errors import UsageError
 
 DAY_S = 86400.0
 
@@ -110,6 +114,30 @@ def check_text(value: str) -> str:
     if "\x00" in value:
         raise InvalidValue("contains a NUL character, which no command line can carry")
     return value
+
+
+# slurm.conf(5), NodeName: "Typically this would be the string that "/bin/hostname -s" returns.
+# It may also be the fully qualified domain name ... or any valid domain name associated with the
+# host through the host database (/etc/hosts) or DNS" (https://slurm.schedmd.com/slurm.conf.html#OPT_NodeName).
+# So: a host name (RFC 1123: letters, digits, '-', dots between labels), plus '_', which Slurm
+# sites use and Slurm accepts; at most 253 characters, the longest DNS name (RFC 1035 2.3.4, 255
+# octets on the wire). Never a separator, `..`, NUL, a leading '-' (an option to scontrol) or any
+# hostlist character ([]^,): such a name cannot stand in SLURM_JOB_NODELIST either.
+NODE_NAME_MAX = 253
+_NODE_NAME = re.compile(r"[A-Za-z0-9_]+(?:[.-]+[A-Za-z0-9_]+)*")
+
+
+def check_node_name(name: str, source: str) -> str:
+    """`name` if it can be a Slurm node name, and so a file or directory name under a directory
+    of trainctl's (`gate node --dir`, the slurm-hook's state directory, a snapshot); else a
+    UsageError naming `source` (SLURMD_NODENAME, the host name, a hostlist)."""
+    if len(name) <= NODE_NAME_MAX and ".." not in name and _NODE_NAME.fullmatch(name):
+        return name
+    from trainctl.text import printable
+
+    shown = printable(name[:80]) + ("..." if len(name) > 80 else "")
+    raise UsageError(f"{source} '{shown}' is not a node name: Slurm node names are host names (letters, digits, "
+                     f"'-', '_', '.', at most {NODE_NAME_MAX} characters; slurm.conf(5) NodeName), never a path")
 
 
 def site_bounds(key: str) -> Bounds:
