@@ -219,7 +219,7 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     minimum = minimum or wanted
     if minimum > wanted:
         raise UsageError(f"--min-nodes {minimum} is more than --nodes {wanted}")
-    hosts = expand_hostlist(hostlist)
+    hosts = expand_hostlist(hostlist, source="--allocated" if allocated else "SLURM_JOB_NODELIST")
     root = Path(gate_dir)
     missing = None
     if wait or deadline_s is not None:

@@ -115,7 +115,7 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
     from trainctl.sweep.runner import SweepRequest, describe, run_sweep
 
     config, given_site = _load_site(site)
-    nodes = expand_hostlist(hostlist) if hostlist else None
+    nodes = expand_hostlist(hostlist, source="--nodes") if hostlist else None
     if fabric and via != "slurm":
         raise UsageError("--fabric needs --via slurm: the fabric test runs as one Slurm step")
     if via == "slurm" or partition or not nodes:
