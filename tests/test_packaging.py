@@ -25,4 +25,4 @@ def test_wheel_has_one_top_level_package_and_its_data(tmp_path):
     on_disk |= {f"trainctl/site_configs/{p.name}" for p in (REPO / "site-configs").glob("*.toml")}
     assert shipped_data == on_disk
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "trainctl = trainctl.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "trainctl = trainctl.entry:run" in zipfile.ZipFile(wheel).read(entry_points).decode()

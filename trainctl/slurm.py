@@ -14,14 +14,14 @@ from ClusterShell.RangeSet import RangeSet
 
 from trainctl.errors import ExternalCommandError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
+from trainctl.validate import MAX_NODES
 
 SCONTROL_TIMEOUT_S = 15.0
 
 
-# Slurm assumes a host range larger than 64K hosts is an error (src/common/hostlist.c, MAX_RANGE
-# "64K Hosts"); trainctl holds a whole hostlist to that, counted before anything is expanded:
-# ClusterShell builds every number of a range in memory (n[1-100000000] took 3.6 GB).
-HOSTLIST_MAX_NODES = 64 * 1024
+# Counted before anything is expanded: ClusterShell builds every number of a range in memory
+# (n[1-100000000] took 3.6 GB). The limit and its source: trainctl.validate.MAX_NODES.
+HOSTLIST_MAX_NODES = MAX_NODES
 HOSTLIST_SHOWN_CHARS = 80     # of a refused hostlist, in the error line
 
 

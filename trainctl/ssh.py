@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from trainctl.errors import ExternalCommandError, UsageError
 from trainctl.proc import OUTPUT_CAP_BYTES, POLL_S, READ_CHUNK, STDERR_CAP_BYTES, CappedOutput, RunGroup
 from trainctl.signals import stop_deferred
+from trainctl.validate import not_a_regular_file
 
 SSH_CONNECT_TIMEOUT_S = 20.0
 
@@ -103,10 +104,12 @@ def connect(user: str, host: str, port: int, *, identity: str | None, known_host
 
     quiet_paramiko()
     check_port(port, "SSH port")
-    if not os.path.isfile(known_hosts):
-        raise UsageError(f"known_hosts file {known_hosts} does not exist: host keys cannot be verified")
-    if identity is not None and not os.path.isfile(identity):
-        raise UsageError(f"identity file {identity} does not exist")
+    problem = not_a_regular_file(known_hosts)
+    if problem:
+        raise UsageError(f"known_hosts file {known_hosts} {problem}: host keys cannot be verified")
+    problem = not_a_regular_file(identity) if identity is not None else None
+    if problem:
+        raise UsageError(f"identity file {identity} {problem}")
     if identity is not None:
         _check_identity(identity)
     client = paramiko.SSHClient()
