@@ -68,6 +68,7 @@ def placement_from_slurm(environ: Mapping[str, str]) -> RankPlacement:
     layout_name = "SLURM_STEP_TASKS_PER_NODE" if environ.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
     if not environ.get(world_name) or not environ.get(layout_name):
         raise UsageError("rank-exec needs SLURM_NTASKS and SLURM_TASKS_PER_NODE (run it under srun)")
+    job_port(environ)   # checks SLURM_JOB_ID with the others, before local rank 0 says anything
     world = slurm_number(environ, world_name, least=1)
     node_rank = slurm_number(environ, "SLURM_NODEID")
     local_world = tasks_on_node(environ[layout_name], node_rank)
