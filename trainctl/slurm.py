@@ -25,19 +25,20 @@ HOSTLIST_MAX_NODES = MAX_NODES
 HOSTLIST_SHOWN_CHARS = 80     # of a refused hostlist, in the error line
 
 
-def expand_hostlist(hostlist: str, *, source: str = "hostlist") -> list[str]:
+def expand_hostlist(hostlist: str, *, source: str | None = None) -> list[str]:
     """`node[1-3,5]` -> ['node1', 'node2', 'node3', 'node5'] (Slurm order: sorted).
 
     `source` names where the hostlist came from (an option, an environment variable) in errors.
     """
+    where = f" in {source}" if source else ""
     count = count_hostlist(hostlist)
     if count > HOSTLIST_MAX_NODES:
-        raise UsageError(f"{source} {_shown(hostlist)} names {_count_text(count)} nodes, more than the "
+        raise UsageError(f"hostlist{where} {_shown(hostlist)} names {_count_text(count)} nodes, more than the "
                          f"{HOSTLIST_MAX_NODES} a hostlist may hold (Slurm's host range limit)")
     try:
         return list(NodeSet(hostlist, resolver=RESOLVER_NOGROUP))
     except (NodeSetParseError, ValueError, AssertionError, OverflowError) as exc:  # ClusterShell asserts on some
-        raise UsageError(f"bad {source} {_shown(hostlist)}: {exc or type(exc).__name__}") from exc
+        raise UsageError(f"bad hostlist{where} {_shown(hostlist)}: {exc or type(exc).__name__}") from exc
 
 
 def count_hostlist(hostlist: str) -> int:
