@@ -65,8 +65,9 @@ def check(snapshot_dir, site, partition, only, keep_dir, timeout_s, as_json):
     import tempfile
 
     from trainctl.health.node import check_node, policy_for
+    from trainctl.health.registry import parse_check_list
 
-    policy = policy_for(site, partition, tuple(only.split(",")) if only else None)
+    policy = policy_for(site, partition, parse_check_list(only) if only else None)
     if timeout_s:
         policy = dataclasses.replace(policy, probe_timeout_s=timeout_s)
     if snapshot_dir:
@@ -114,9 +115,10 @@ def slurm_hook(role, site, partition, only, budget_s, state_dir, drain_unknown, 
     import os
 
     from trainctl.health.node import policy_for
+    from trainctl.health.registry import parse_check_list
     from trainctl.health.slurm_hook import role_from_env, run_hook
 
-    policy = policy_for(site, partition, tuple(only.split(",")) if only else None)
+    policy = policy_for(site, partition, parse_check_list(only) if only else None)
     chosen = role_from_env(os.environ) if role == "auto" else role
     outcome = run_hook(role=chosen, policy=policy, budget_s=budget_s, state_dir=state_dir,
                        drain_unknown=drain_unknown)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from trainctl.validate import DAY_S, Bounds, Number
+from trainctl.validate import DAY_S, MAX_NODES, Bounds, Number
 
 
 @click.group("gate")
@@ -186,7 +186,8 @@ def _read_text(path: Path) -> str | None:
 @click.option("--partition", default=None, help="Partition of --site.")
 @click.option("--dir", "gate_dir", required=True, type=click.Path(file_okay=False, exists=True),
               help="The gate directory `gate node` wrote.")
-@click.option("--nodes", "wanted", required=True, type=click.IntRange(min=1), help="Nodes the job runs on.")
+@click.option("--nodes", "wanted", required=True, type=click.IntRange(min=1, max=MAX_NODES),
+              help="Nodes the job runs on.")
 @click.option("--min-nodes", "minimum", type=click.IntRange(min=1), default=None,
               help="Fewest healthy nodes the job accepts (default: --nodes).")
 @click.option("--allocated", default=None,
@@ -221,8 +222,8 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
         raise UsageError(f"--min-nodes {minimum} is more than --nodes {wanted}")
     from trainctl.validate import check_node_name
 
-    hosts = [check_node_name(host, "--allocated" if allocated else "SLURM_JOB_NODELIST")   # file names under DIR
-             for host in expand_hostlist(hostlist)]
+    source = "--allocated" if allocated else "SLURM_JOB_NODELIST"
+    hosts = [check_node_name(host, source) for host in expand_hostlist(hostlist, source=source)]  # file names under DIR
     root = Path(gate_dir)
     missing = None
     if wait or deadline_s is not None:

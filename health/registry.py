@@ -57,6 +57,22 @@ def all_checks() -> list[CheckSpec]:
     return sorted(_REGISTRY.values(), key=lambda spec: spec.name)
 
 
+def parse_check_list(text: str, option: str = "--only") -> tuple[str, ...]:
+    """`gpu,ib.ports` -> ("gpu", "ib.ports"); an empty entry (`,`, `gpu,,ib`) is named as one."""
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise UsageError(f"{option} {text!r}: an empty check name (nothing between two commas, or at an end)",
+                         hint="trainctl health list shows the checks and families")
+    return names
+
+
+def unknown_checks(names: Iterable[str]) -> list[str]:
+    """The names that are neither a check, a family of checks, nor "all"."""
+    specs = all_checks()
+    known = {spec.name for spec in specs} | {spec.name.split(".")[0] for spec in specs} | {"all"}
+    return sorted(set(names) - known)
+
+
 def select_checks(only: Iterable[str] | None = None) -> list[CheckSpec]:
     """Checks named in `only` (full names, or families such as "gpu"); all when None."""
     specs = all_checks()

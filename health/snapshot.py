@@ -29,13 +29,14 @@ Layout (a contract: other tools and tests write snapshots by hand; a missing fil
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.errors import ParseError, UsageError
+from trainctl.proc import OUTPUT_CAP_BYTES
 from trainctl.health.parse.counters import (parse_dcgm_nvlink_tree, parse_ib_counters, parse_nvlink_errors,
                                             parse_perfquery)
 from trainctl.health.parse.dcgm import parse_dcgm_diag
@@ -59,21 +60,64 @@ from trainctl.health.parse.versions import parse_software_sysfs
 class Snapshot:
     path: str
     files: Mapping[str, str]    # path relative to the snapshot ("sys/class/...") -> contents
+    oversized: Mapping[str, int] = field(default_factory=dict)   # known files too large to read -> bytes
+
+
+# A snapshot is read by name, each file within a cap: only the files an input below names
+# (a stray file, however large, is never opened), and no file larger than any probe writes.
+FILE_CAP_BYTES = OUTPUT_CAP_BYTES + (1 << 20)  # probe output is cut to OUTPUT_CAP_BYTES; meta/host.json are KBs
+SYSFS_FILE_CAP_BYTES = 64 << 10   # a sysfs attribute is at most one page (4 KiB) as the kernel shows it
+SNAPSHOT_CAP_BYTES = 512 << 20    # all files together: a few MB on a real node
 
 
 def load_snapshot(path: str | os.PathLike) -> Snapshot:
-    """Read every file of a snapshot directory; nothing is run or parsed here."""
+    """Read the known files of a snapshot directory, each within its cap; nothing is run or parsed here."""
     root = Path(path)
     if not root.is_dir():
         raise UsageError(f"snapshot directory not found: {root}")
-    files = {}
+    files: dict[str, str] = {}
+    oversized: dict[str, int] = {}
+    total = 0
     try:
-        for file in sorted(root.rglob("*")):
-            if file.is_file():
-                files[file.relative_to(root).as_posix()] = file.read_bytes().decode("utf-8", "replace")
+        for file in _known_files(root):
+            name = file.relative_to(root).as_posix()
+            data, size = _read_capped(file, SYSFS_FILE_CAP_BYTES if name.startswith("sys/") else FILE_CAP_BYTES)
+            if data is None:
+                oversized[name] = size
+                continue
+            total += len(data)
+            if total > SNAPSHOT_CAP_BYTES:
+                raise UsageError(f"snapshot {root}: its files hold more than {SNAPSHOT_CAP_BYTES >> 20} MiB; "
+                                 "not a snapshot trainctl wrote")
+            files[name] = data.decode("utf-8", "replace")
     except OSError as exc:
         raise UsageError(f"snapshot {root}: cannot read {exc.filename or 'a file'}: {exc.strerror or exc}") from exc
-    return Snapshot(path=str(root), files=files)
+    return Snapshot(path=str(root), files=files, oversized=oversized)
+
+
+def _known_files(root: Path) -> list[Path]:
+    """The regular files of `root` that some input reads: named files, and files under named trees."""
+    names = sorted({s.name for sources in INPUTS.values() for s in sources if isinstance(s, FileSource)})
+    trees = sorted({s.name for sources in INPUTS.values() for s in sources if isinstance(s, TreeSource)})
+    found = [root / name for name in names if (root / name).is_file()]
+    for tree in trees:
+        if any(tree.startswith(other) and tree != other for other in trees):
+            continue    # inside a wider tree that is walked anyway
+        top = root / tree
+        if top.is_dir():
+            found += sorted(file for file in top.rglob("*") if file.is_file())
+    return found
+
+
+def _read_capped(file: Path, cap: int) -> tuple[bytes | None, int]:
+    """(contents, size), or (None, size) when the file holds more than `cap` bytes. sysfs and
+    procfs report sizes that are not the contents' length: the read itself is capped too."""
+    with open(file, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > cap:
+            return None, size
+        data = handle.read(cap + 1)
+    return (None, max(size, len(data))) if len(data) > cap else (data, len(data))
 
 
 @dataclass(frozen=True)
@@ -82,6 +126,8 @@ class FileSource:
     parse: Callable[..., object]    # parse(text, source=name)
 
     def read(self, snapshot: Snapshot) -> object | None:
+        if self.name in snapshot.oversized:
+            raise _too_large(self.name, snapshot.oversized[self.name])
         text = snapshot.files.get(self.name)
         return None if text is None else self.parse(text, source=self.name)
 
@@ -92,8 +138,16 @@ class TreeSource:
     parse: Callable[[Mapping[str, str]], object]
 
     def read(self, snapshot: Snapshot) -> object | None:
+        for path, size in snapshot.oversized.items():
+            if path.startswith(self.name):
+                raise _too_large(path, size)
         tree = {path: text for path, text in snapshot.files.items() if path.startswith(self.name)}
         return self.parse(tree) if tree else None
+
+
+def _too_large(name: str, size: int) -> ParseError:
+    cap = SYSFS_FILE_CAP_BYTES if name.startswith("sys/") else FILE_CAP_BYTES
+    return ParseError(f"{size} bytes, more than the {cap} a snapshot file may hold: not read", source=name)
 
 
 # Named inputs a check can ask for: the first source the snapshot holds is used.

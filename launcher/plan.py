@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from trainctl.errors import UsageError
 from trainctl.site import PartitionConfig, SiteConfig, partition
+from trainctl.validate import MAX_NODES, InvalidValue, check_slurm_signal
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 # Set by the job script from site keys and options, by rank-exec for each rank, or by Slurm:
@@ -32,9 +33,6 @@ RANK_OUTPUT = "rank-%N-%t.out"
 # PyTorch appends the rank to this prefix for each rank's flight recorder dump.
 FLIGHT_RECORDER_PREFIX = "nccl-trace-rank-"
 # sbatch --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-# sbatch(1) --signal=[{R|B}:]<sig_num>[@sig_time]: a signal name or number, seconds 0-65535.
-SIGNAL_RE = re.compile(r"(?P<prefix>[RB]{1,2}:)?(?P<sig>(SIG)?[A-Za-z][A-Za-z0-9+-]*|\d{1,2})"
-                       r"(@(?P<time>\d{1,5}))?")
 TIME_LIMIT_RE = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}(:\d{1,2})?)?)$")
 
 
@@ -145,7 +143,8 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
     retries = site.launch.retries if request.retries is None else request.retries
     if retries < 0:
         raise UsageError(f"--retries must be 0 or more, got {retries}")
-    signal = check_signal(site.launch.signal if request.signal is None else request.signal)
+    # The site's launch.signal was checked when the site loaded, and is blamed on that key there.
+    signal = site.launch.signal if request.signal is None else check_signal(request.signal)
 
     script = request.program[0]
     python = site.launch.python or node_python
@@ -172,6 +171,9 @@ def _check_counts(request: SubmitRequest, part: PartitionConfig, partition_name:
         raise UsageError(f"--nodes must be at least 1, got {request.nodes}")
     if request.spare < 0:
         raise UsageError(f"--spare must be 0 or more, got {request.spare}")
+    if request.nodes + request.spare > MAX_NODES:
+        raise UsageError(f"--nodes {request.nodes} + --spare {request.spare} is more than the {MAX_NODES} nodes "
+                         "a Slurm hostlist holds")
     if request.min_nodes is not None and not 1 <= request.min_nodes <= request.nodes:
         raise UsageError(f"--min-nodes must be between 1 and --nodes ({request.nodes}), "
                          f"got {request.min_nodes}")
@@ -182,24 +184,11 @@ def _check_counts(request: SubmitRequest, part: PartitionConfig, partition_name:
 
 
 def check_signal(value: str) -> str:
-    """`[R:]SIG[@SECONDS]` as sbatch(1) --signal takes it, or "" for none. SIG goes to every job
-    step (the ranks), not to the batch shell: `B:` is refused, because trainctl's batch script
-    neither traps nor forwards signals, and bash ends on an untrapped USR1."""
-    if not value:
-        return ""
-    match = SIGNAL_RE.fullmatch(value)
-    if not match:
-        raise UsageError(f"--signal {value!r}: expected [R:]SIG[@SECONDS], e.g. USR1@120 "
-                         "(SIG a name such as USR1 or a number, SECONDS 0-65535)")
-    if match["prefix"] and "B" in match["prefix"]:
-        raise UsageError(f"--signal {value!r}: B: would signal only the batch shell, which runs trainctl's "
-                         "gate and srun, not your program; leave B: out so the program's ranks get it")
-    sig = match["sig"].upper().removeprefix("SIG")
-    if sig in ("KILL", "STOP", "9", "19"):
-        raise UsageError(f"--signal {value!r}: the program cannot catch {sig}; use e.g. USR1")
-    if match["time"] and int(match["time"]) > 65535:
-        raise UsageError(f"--signal {value!r}: SECONDS must be 0-65535 (sbatch(1))")
-    return value
+    """--signal as sbatch(1) takes it, or "" for none (see `trainctl.validate.check_slurm_signal`)."""
+    try:
+        return check_slurm_signal(value)
+    except InvalidValue as exc:
+        raise UsageError(f"--signal {value!r}: {exc}") from None
 
 
 def _default_job_name(script: str) -> str:

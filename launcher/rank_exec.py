@@ -33,7 +33,7 @@ from trainctl.health.parse.cpu_siblings import Cores
 from trainctl.launcher.binding import RankBinding, format_cpu_list, node_nccl_hcas, rank_bindings
 from trainctl.launcher.plan import nccl_ib_hca
 from trainctl.site import PartitionConfig
-from trainctl.slurm import job_port, this_node_name
+from trainctl.slurm import HOSTLIST_MAX_NODES, job_port, this_node_name
 
 TOPO_SNAPSHOT = "nvidia-smi-topo-m.txt"   # the file name `gate node` writes under snapshots/<host>/
 NUMA_SYSFS = "/sys/devices/system/node"
@@ -50,32 +50,79 @@ class RankPlacement:
     node_rank: int
 
 
+# Slurm keeps task ids and counts in 32-bit fields; no step has more tasks than this.
+MAX_TASKS = 2**31 - 1
+SHOWN_CHARS = 40    # of a bad variable's value, in the error line
+
+
 def placement_from_slurm(environ: Mapping[str, str]) -> RankPlacement:
-    """Where this task sits in the step, from the variables srun gives each task."""
+    """Where this task sits in the step, from the variables srun gives each task.
+
+    They are input like any other: a value that is not a number, or one that contradicts the
+    others (a rank past the world size, a node past the layout), is a UsageError naming it.
+    """
     missing = [name for name in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID") if name not in environ]
     if missing:
         raise UsageError(f"rank-exec runs as an srun task, but {', '.join(missing)} is not set")
-    world = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS")
-    layout = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
-    if not world or not layout:
+    world_name = "SLURM_STEP_NUM_TASKS" if environ.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
+    layout_name = "SLURM_STEP_TASKS_PER_NODE" if environ.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    if not environ.get(world_name) or not environ.get(layout_name):
         raise UsageError("rank-exec needs SLURM_NTASKS and SLURM_TASKS_PER_NODE (run it under srun)")
-    node_rank = int(environ["SLURM_NODEID"])
-    return RankPlacement(rank=int(environ["SLURM_PROCID"]), local_rank=int(environ["SLURM_LOCALID"]),
-                         world_size=int(world), local_world_size=tasks_on_node(layout, node_rank),
+    job_port(environ)   # checks SLURM_JOB_ID with the others, before local rank 0 says anything
+    world = slurm_number(environ, world_name, least=1)
+    node_rank = slurm_number(environ, "SLURM_NODEID")
+    local_world = tasks_on_node(environ[layout_name], node_rank)
+    rank = slurm_number(environ, "SLURM_PROCID", below=(world, world_name))
+    local_rank = slurm_number(environ, "SLURM_LOCALID", below=(local_world, f"the tasks of node {node_rank} "
+                                                                            f"in {layout_name}"))
+    return RankPlacement(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
                          node_rank=node_rank)
 
 
+def slurm_number(environ: Mapping[str, str], name: str, *, least: int = 0,
+                 below: tuple[int, str] | None = None) -> int:
+    """A task id or count from Slurm's environment: decimal digits, at least `least`, at most
+    MAX_TASKS, and less than `below` (the count it indexes, and where that came from)."""
+    text = environ[name].strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(MAX_TASKS)):
+        raise UsageError(f"{name}={_shown(environ[name])} is not a task number Slurm sets "
+                         f"(decimal, at most {MAX_TASKS})")
+    value = int(text)
+    if not least <= value <= MAX_TASKS:
+        raise UsageError(f"{name}={value} is outside {least}-{MAX_TASKS}")
+    if below is not None and value >= below[0]:
+        raise UsageError(f"{name}={value} is not below {below[0]}, the number of {below[1]}")
+    return value
+
+
 def tasks_on_node(tasks_per_node: str, node_index: int) -> int:
-    """Tasks on the `node_index`-th node from Slurm's compressed layout, e.g. `8(x2),4`."""
-    counts: list[int] = []
+    """Tasks on the `node_index`-th node from Slurm's compressed layout, e.g. `8(x2),4`.
+
+    Walked without expanding it: `8(x1000000000000)` names more nodes than a hostlist may
+    hold (HOSTLIST_MAX_NODES) and is refused, as is a count of tasks no node runs.
+    """
+    nodes = 0
+    found = None
     for item in tasks_per_node.split(","):
         match = _TASKS_PER_NODE_ITEM.fullmatch(item.strip())
-        if not match:
-            raise UsageError(f"cannot read the task layout {tasks_per_node!r}")
-        counts += [int(match[1])] * int(match[2] or 1)
-    if not 0 <= node_index < len(counts):
-        raise UsageError(f"node index {node_index} is outside the task layout {tasks_per_node!r}")
-    return counts[node_index]
+        if not match or len(match[1]) > 10 or len(match[2] or "") > 18:
+            raise UsageError(f"cannot read the task layout {_shown(tasks_per_node)}")
+        count, repeat = int(match[1]), int(match[2] or 1)
+        if not 1 <= count <= MAX_TASKS or repeat < 1:
+            raise UsageError(f"the task layout {_shown(tasks_per_node)} has {count} tasks x {repeat} nodes")
+        if found is None and node_index < nodes + repeat:
+            found = count
+        nodes += repeat
+        if nodes > HOSTLIST_MAX_NODES:
+            raise UsageError(f"the task layout {_shown(tasks_per_node)} names more than "
+                             f"{HOSTLIST_MAX_NODES} nodes (Slurm's host range limit)")
+    if found is None:
+        raise UsageError(f"node index {node_index} is outside the task layout {_shown(tasks_per_node)}")
+    return found
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= SHOWN_CHARS else value[:SHOWN_CHARS] + "...")
 
 
 def distributed_environment(placement: RankPlacement, master_addr: str, master_port: int) -> dict[str, str]:

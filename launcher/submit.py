@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from trainctl.errors import ExternalCommandError, UsageError
 from trainctl.ssh import check_port, connect
+from trainctl.validate import not_a_regular_file
 
 SBATCH_TIMEOUT_S = 60.0
 SSH_PORT = 22
@@ -64,7 +65,8 @@ def check_local_script(script: str, base_dir: Path) -> str:
     if found:
         return os.path.abspath(found)
     where = f"in {base_dir}" if "/" not in script else f"(relative to {base_dir})"
-    raise UsageError(f"script {script!r} does not exist {where}")
+    problem = not_a_regular_file(str(path))   # there, but a directory, a device or a FIFO
+    raise UsageError(f"script {script!r} {problem if problem != 'does not exist' else 'does not exist ' + where}")
 
 
 def _check_runnable(script: str, mode: int, executable: bool) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from trainctl.validate import DAY_S, Bounds, Number
+from trainctl.validate import DAY_S, SITE_BOUNDS, Bounds, Number
 
 DEFAULT_SINCE = "7d"
 SINCE_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -28,13 +28,16 @@ def _progress(message: str) -> None:
     click.echo(f"trainctl: {message}", err=True)
 
 
-def _load_site(site: str | None):
-    """(site config or None, the argument as the nodes should see it)."""
+def _load_site(site: str | None, *, runs_checks: bool = False):
+    """(site config or None, the argument as the nodes should see it); with `runs_checks`, its
+    check names are checked first (a sweep would otherwise find a misspelt one on every node)."""
     if site is None:
         return None, None
-    from trainctl.site import load_site
+    from trainctl.site import check_check_names, load_site
 
     loaded = load_site(site)
+    if runs_checks:
+        check_check_names(loaded)
     # A file is handed to the nodes by absolute path; a name they resolve themselves.
     given = str(loaded.path.resolve()) if site.endswith(".toml") or "/" in site else site
     return loaded.config, given
@@ -91,7 +94,8 @@ def _ssh_access(config):
               help="slurm: one job on the idle nodes; ssh: a parallel fan-out (nodes outside Slurm).")
 @click.option("--fabric", is_flag=True, help="Also run the pairwise fabric test (Slurm only), "
                                               "recorded per node as check fabric.allreduce.")
-@click.option("--fanout", type=click.IntRange(min=1), help="SSH: nodes at once (default: site's [sweep] fanout).")
+@click.option("--fanout", type=Number(int, SITE_BOUNDS["sweep.fanout"]),
+              help="SSH: nodes at once (default: site's [sweep] fanout).")
 @click.option("--timeout", "timeout_s", type=Number(float, Bounds(1, DAY_S)),
               help="Seconds a node's checks may take before it counts as timed out (default: site).")
 @db_option
@@ -114,11 +118,12 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
     from trainctl.sweep.db import History
     from trainctl.sweep.runner import SweepRequest, describe, run_sweep
 
-    config, given_site = _load_site(site)
+    config, given_site = _load_site(site, runs_checks=True)
     from trainctl.validate import check_node_name
 
     # each becomes a host of the history, which holds node names only (sweep.db._host)
-    nodes = [check_node_name(node, "--nodes") for node in expand_hostlist(hostlist)] if hostlist else None
+    nodes = ([check_node_name(node, "--nodes") for node in expand_hostlist(hostlist, source="--nodes")]
+             if hostlist else None)
     if fabric and via != "slurm":
         raise UsageError("--fabric needs --via slurm: the fabric test runs as one Slurm step")
     if via == "slurm" or partition or not nodes:
@@ -282,7 +287,7 @@ def resume(apply, site, timeout_s, db_path, as_json):
     from trainctl.sweep.drain import RECHECK, apply_resumes, decide_resumes, plan_resumes
     from trainctl.sweep.runner import SweepRequest, run_sweep
 
-    config, given_site = _load_site(site)
+    config, given_site = _load_site(site, runs_checks=True)
     path = _db(db_path, config)
     with History.open(path, write=False) as history:
         open_drains = history.drains(open_only=True)

@@ -10,18 +10,19 @@ from __future__ import annotations
 import base64
 import json
 import math
+import queue
 import shlex
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import ExternalCommandError, TrainctlError
-from trainctl.proc import StreamedRun, each_completed
+from trainctl.proc import POLL_S, SIGNAL_POLL_S, RunGroup, StreamedRun
 from trainctl.slurm import fold_hostlist
-from trainctl.ssh import connect
+from trainctl.ssh import Cutoff, connect, run_remote
 from trainctl.sweep.model import CHECKED, ERROR, STATUSES, TIMEOUT, CheckRow, NodeOutcome
 
 JOB_NAME = "trainctl-sweep"
@@ -233,21 +234,55 @@ class SshAccess:
 
 def collect_via_ssh(addresses: dict[str, str], command: NodeCommand, access: SshAccess, *, fanout: int,
                     states: dict[str, str]) -> Iterator[NodeOutcome]:
-    """Run the node task on each host (at its address) over SSH, `fanout` at a time."""
-    with ThreadPoolExecutor(max_workers=max(1, fanout)) as pool:
-        futures = {pool.submit(ssh_node, host, address, command, access, states.get(host, "")): host
-                   for host, address in addresses.items()}
-        for future in each_completed(futures):
+    """Run the node task on each host (at its address) over SSH, `fanout` at a time.
+
+    Each node has one deadline for all of it: connect, handshake, the task and its output
+    (`trainctl.ssh.Cutoff`). A stop signal, or the consumer stopping, cuts every session at
+    once and starts no more. The workers are daemon threads, so one stuck where no cut reaches
+    (a DNS lookup) cannot hold the process on its way out.
+    """
+    group = RunGroup()
+    todo: queue.SimpleQueue[str] = queue.SimpleQueue()
+    for host in addresses:
+        todo.put(host)
+    done: queue.SimpleQueue[NodeOutcome] = queue.SimpleQueue()
+
+    def work() -> None:
+        while not group.aborted:
             try:
-                yield future.result()
+                host = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                outcome = ssh_node(host, addresses[host], command, access, states.get(host, ""), group)
             except Exception as exc:  # one node's surprise is that node's recorded error; the sweep goes on
-                host = futures[future]
-                yield NodeOutcome(host, ERROR, slurm_state=states.get(host, ""),
-                                  detail=f"ssh {access.user}@{addresses[host]}:{access.port}: "
-                                         f"{type(exc).__name__}: {exc}")
+                outcome = NodeOutcome(host, ERROR, slurm_state=states.get(host, ""),
+                                      detail=f"ssh {access.user}@{addresses[host]}:{access.port}: "
+                                             f"{type(exc).__name__}: {exc}")
+            done.put(outcome)
+
+    workers = [threading.Thread(target=work, name=f"ssh-sweep-{n}", daemon=True)
+               for n in range(min(max(1, fanout), len(addresses)))]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in addresses:
+            # Short waits on a C queue: a stop signal is raised here within SIGNAL_POLL_S.
+            while True:
+                try:
+                    outcome = done.get(timeout=SIGNAL_POLL_S)
+                    break
+                except queue.Empty:
+                    continue
+            yield outcome
+    finally:
+        group.abort()   # nothing is in flight after the last node; after a stop signal, every session
+        for worker in workers:
+            worker.join(timeout=POLL_S)
 
 
-def ssh_node(host: str, address: str, command: NodeCommand, access: SshAccess, slurm_state: str) -> NodeOutcome:
+def ssh_node(host: str, address: str, command: NodeCommand, access: SshAccess, slurm_state: str,
+             group: RunGroup | None = None) -> NodeOutcome:
     """One node over SSH; the host key must be in known_hosts (never added, never skipped)."""
     import paramiko  # only SSH sweeps pay for importing it
 
@@ -258,26 +293,31 @@ def ssh_node(host: str, address: str, command: NodeCommand, access: SshAccess, s
                            duration_s=round(time.monotonic() - started, 3))
 
     target = f"{access.user}@{address}:{access.port}"
-    try:
-        client = connect(access.user, address, access.port, identity=access.key_path or None,
-                         known_hosts=str(access.known_hosts_path))
-    except TrainctlError as exc:  # unknown or changed host key, no key, unreachable: no verdict
-        return failed(ERROR, f"ssh {target}: {exc}")
-    try:
-        _, stdout, stderr = client.exec_command(shlex.join(command.argv()), timeout=command.deadline_s)
-        out = stdout.read().decode(errors="replace")
-        err = stderr.read().decode(errors="replace")
-        status = stdout.channel.recv_exit_status()
-    except TimeoutError:  # socket.timeout: the channel stayed silent past the deadline
-        return failed(TIMEOUT, f"no answer over SSH within {command.deadline_s:g} s ({target})")
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        return failed(ERROR, f"ssh {target}: {exc or 'connection closed'}")
-    finally:
-        client.close()
+
+    def cut_short(cutoff: Cutoff) -> NodeOutcome:
+        if cutoff.expired:
+            return failed(TIMEOUT, f"no answer over SSH within {command.deadline_s:g} s ({target})")
+        return failed(ERROR, f"ssh {target}: stopped, trainctl was interrupted")
+
+    with Cutoff(command.deadline_s, group) as cutoff:
+        try:
+            client = connect(access.user, address, access.port, identity=access.key_path or None,
+                             known_hosts=str(access.known_hosts_path), cutoff=cutoff)
+        except TrainctlError as exc:  # unknown or changed host key, no key, unreachable: no verdict
+            return cut_short(cutoff) if cutoff.stopped else failed(ERROR, f"ssh {target}: {exc}")
+        try:
+            result = run_remote(client, shlex.join(command.argv()), cutoff)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            return cut_short(cutoff) if cutoff.stopped else failed(ERROR, f"ssh {target}: {exc or 'connection closed'}")
+        finally:
+            client.close()
+    if result.cut_short:
+        return cut_short(cutoff)
     pieces = Reassembler()
-    envelopes = [e for e in map(pieces.feed, out.splitlines()) if e is not None]
+    envelopes = [e for e in map(pieces.feed, result.stdout.splitlines()) if e is not None]
     if not envelopes:
-        tail = err.strip()[-STDERR_TAIL_CHARS:]
-        return failed(ERROR, f"ssh {target}: remote command exited with status {status} and no verdict"
-                             + (f": {tail}" if tail else ""))
+        tail = result.stderr.strip()[-STDERR_TAIL_CHARS:]
+        cut = f" ({result.stdout_bytes} bytes of output, cut to its head and tail)" if result.truncated else ""
+        return failed(ERROR, f"ssh {target}: remote command exited with status {result.exit_status} and no "
+                             f"verdict{cut}" + (f": {tail}" if tail else ""))
     return outcome_from_envelope(host, envelopes[0], slurm_state)

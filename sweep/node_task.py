@@ -95,5 +95,18 @@ def interpret(result: ProcResult, timeout_s: float) -> dict:
     return {**base, "outcome": "checked", "report": report, "detail": ""}
 
 
+def run_main(argv: list[str] | None = None) -> int:
+    """`main`, with bad input from the node's environment (a hostlist no Slurm could hold in
+    SLURM_JOB_NODELIST) as one line and its exit code, which srun hands to the sweep."""
+    from trainctl.errors import TrainctlError
+    from trainctl.text import printable
+
+    try:
+        return main(argv)
+    except TrainctlError as exc:
+        print(f"trainctl node task: error: {printable(str(exc))}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main())

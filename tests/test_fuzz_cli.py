@@ -336,3 +336,75 @@ def test_any_argv(tmp_path_factory, command, words):
     ran = run(*args, cwd=tmp)
     check_answer(ran, args)
     assert digests(SNAPSHOT) == before
+
+
+# ---------------------------------------------------------------- hostlists and Slurm's environment
+
+@st.composite
+def hostlists(draw) -> str:
+    """Slurm hostlists, well-formed or not: ranges up to 10^30 wide, several bracket groups,
+    ClusterShell's operators, stray brackets and junk."""
+    number = st.one_of(st.integers(0, 99), st.integers(0, 10**30)).map(str)
+    item = st.one_of(number, st.tuples(number, number).map("-".join),
+                     st.tuples(number, number, st.integers(1, 9)).map(lambda t: f"{t[0]}-{t[1]}/{t[2]}"))
+    group = st.lists(item, min_size=1, max_size=4).map(lambda items: "[" + ",".join(items) + "]")
+    name = st.tuples(st.sampled_from(["n", "gpu", "a-b", ""]), st.lists(group, max_size=3)).map(
+        lambda parts: parts[0] + "".join(parts[1]))
+    junk = st.sampled_from(["[", "]", "[]", "n[1-", "^", "!", "&", ",", " ", "\x00", "@grp", "n[a-b]", "n[5-1]"])
+    pieces = st.lists(st.one_of(name, junk), min_size=1, max_size=4)
+    return draw(st.tuples(pieces, st.sampled_from([",", "!", "&", "^", ""])).map(lambda t: t[1].join(t[0])))
+
+
+SLURM_NUMBERS = st.one_of(st.integers(-3, 70).map(str), st.integers(0, 10**40).map(str),
+                          st.sampled_from(["", "x", "1.5", "0x10", "١", " 3", "nan", "-0", "9" * 5000]))
+TASK_LAYOUTS = st.one_of(
+    st.lists(st.tuples(st.integers(0, 10**12), st.one_of(st.none(), st.integers(0, 10**20))), min_size=1, max_size=4)
+    .map(lambda items: ",".join(f"{c}(x{r})" if r is not None else str(c) for c, r in items)),
+    st.sampled_from(["", "(x2)", "8(x", "8(x2)x", "a,b", "1,,2"]))
+
+
+def run_with_env(env: dict[str, str], *args, cwd=None) -> Ran:
+    began = time.monotonic()
+    ran = run_main(*args, env={"PATH": "/nonexistent", **env}, cwd=cwd)
+    assert time.monotonic() - began < MAX_SECONDS, (args, env)
+    return ran
+
+
+@FUZZ
+@given(hostlist=hostlists(), where=st.sampled_from(["--allocated", "SLURM_JOB_NODELIST", "--nodes"]))
+def test_any_hostlist(tmp_path_factory, hostlist, where):
+    tmp = tmp_path_factory.mktemp("hostlist")
+    if where == "--nodes":   # refused or expanded before any node is reached: --fabric needs Slurm
+        args = ("sweep", "--site", "local-demo", "--via", "ssh", "--fabric", "--nodes", hostlist, "--db", tmp / "h.db")
+        env = {}
+    else:
+        args = ("gate", "decide", "--dir", tmp, "--nodes", "1") + (("--allocated", hostlist) if where[0] == "-" else ())
+        env = {} if where[0] == "-" else {"SLURM_JOB_NODELIST": hostlist}
+    if "\x00" in hostlist and env:
+        return   # no environment can carry a NUL
+    ran = run_with_env(env, *args, cwd=tmp)
+    check_answer(ran, args)
+
+
+@FUZZ
+@given(values=st.fixed_dictionaries({}, optional={
+    "SLURM_PROCID": SLURM_NUMBERS, "SLURM_LOCALID": SLURM_NUMBERS, "SLURM_NODEID": SLURM_NUMBERS,
+    "SLURM_NTASKS": SLURM_NUMBERS, "SLURM_JOB_ID": SLURM_NUMBERS, "SLURM_TASKS_PER_NODE": TASK_LAYOUTS,
+    "SLURM_JOB_NODELIST": hostlists()}))
+def test_any_slurm_task_environment(tmp_path_factory, values):
+    tmp = tmp_path_factory.mktemp("rankenv")
+    env = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS": "1",
+           "SLURM_TASKS_PER_NODE": "1", "SLURM_JOB_ID": "7", **values}
+    if any("\x00" in value for value in env.values()):
+        return
+    # The program does not exist, so a task that passes every check ends with "cannot run" (exit 2)
+    # instead of replacing this test's process.
+    args = ("rank-exec", "--site", "local-demo", "--master-addr", "127.0.0.1", "--no-bind", "--",
+            str(tmp / "no-such-program"))
+    ran = run_with_env(env, *args, cwd=tmp)
+    event(f"exit {ran.returncode}")
+    assert ran.returncode == 2, (env, ran.stderr)
+    # local rank 0 says what binding it made ("trainctl rank-exec: ..."); then one error line
+    lines = ran.stderr.splitlines()
+    assert lines and lines[-1].startswith("trainctl: error:"), (env, ran.stderr)
+    assert all(line.startswith(("trainctl: ", "trainctl rank-exec: ")) for line in lines), (env, ran.stderr)

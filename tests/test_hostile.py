@@ -328,7 +328,11 @@ def demo_site_with(tmp_path: Path, table: str, key: str, value: str, name: str =
     ("sweep", "ssh_port", "70000"), ("partitions.gpu", "gpus_per_node", "-1"),
     ("partitions.gpu", "ib_mtu", "3000"), ("partitions.gpu", "netdev_mtu", "12"),
     ("gate", "fabric_passes", "0"), ("gate", "compute_budget_s", "-1"), ("gate", "compute_factor", "2"),
-    ("gate", "dcgm_diag_level", "7"),
+    ("gate", "dcgm_diag_level", "7"), ("gate", "probe_timeout_s", "1e-300"), ("gate", "max_retired_pages", "-2"),
+    ("gate", "max_retired_pages", "9223372036854775807"), ("partitions.gpu", "nvlink_speed_gbps", "-1"),
+    ("partitions.gpu", "nvlink_speed_gbps", "1e308"), ("partitions.gpu", "numa_nodes", "-1"),
+    ("partitions.gpu", "numa_nodes", "9223372036854775807"), ("partitions.gpu", "nvlink_links_per_gpu", "-1"),
+    ("partitions.gpu", "nvlink_links_per_gpu", "100000"),
 ])
 def test_site_numbers_out_of_range_are_refused_naming_the_key(tmp_path, table, key, value):
     site = demo_site_with(tmp_path, table, key, value)
@@ -562,7 +566,7 @@ def test_the_distribution_name_is_not_the_taken_one():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["name"] == DISTRIBUTION != "trainctl"
     assert project["description"] == SUMMARY                      # how an old install of ours is recognised
-    assert project["scripts"] == {"trainctl": "trainctl.cli:main"}
+    assert project["scripts"] == {"trainctl": "trainctl.entry:run"}  # stop signals caught before other imports
 
 
 # ---------------------------------------------------------------- as a user who is not root

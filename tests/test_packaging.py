@@ -53,7 +53,7 @@ def test_the_wheel_declares_the_command_and_leaves_torch_to_the_node_extra(dists
     wheel, _ = dists
     archive = zipfile.ZipFile(wheel)
     info = {Path(n).name: archive.read(n).decode() for n in archive.namelist() if ".dist-info/" in n}
-    assert "trainctl = trainctl.cli:main" in info["entry_points.txt"]
+    assert "trainctl = trainctl.entry:run" in info["entry_points.txt"]
     requires = [line for line in info["METADATA"].splitlines() if line.startswith("Requires-Dist: torch")]
     assert requires and all("extra == \"node\"" in line for line in requires), requires
 

@@ -1,7 +1,7 @@
-"""`python -m trainctl`: the same command as the `trainctl` script."""
+"""`python -m trainctl`: the same as the `trainctl` executable."""
 
 import sys
 
-from trainctl.cli import main
+from trainctl.entry import run  # first: it installs the stop-signal handlers before any other import
 
-sys.exit(main())
+sys.exit(run())

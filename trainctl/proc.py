@@ -29,11 +29,11 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
-from trainctl.errors import STOP_SIGNALS, ExternalCommandError
+from trainctl.errors import ExternalCommandError
 from trainctl.signals import stop_deferred
 
 STDERR_TAIL_CHARS = 2000
@@ -93,15 +93,44 @@ def resolve(binary: str, path: str | None = None) -> str | None:
 
 class RunGroup:
     """Runs that end together: `abort()` kills those in flight and refuses any started later
-    (threads that had not yet reached `run` when Ctrl-C came)."""
+    (threads that had not yet reached `run` when Ctrl-C came).
+
+    Remote reads join a group too (`closing`): what closes them (an SSH connection's `close`)
+    is called on abort, so a signal ends a sweep's SSH sessions as it ends its processes.
+    """
 
     def __init__(self) -> None:
         self.aborted = False
+        self._closers: dict[int, Callable[[], None]] = {}
         with _registry():
             _GROUPS.add(self)
 
     def abort(self) -> None:
         _abort(lambda live: live.group is self, [self])
+
+    @contextlib.contextmanager
+    def closing(self, close: Callable[[], None]) -> Iterator[None]:
+        """`close` is called if the group is aborted while the block runs (or was before it)."""
+        key = id(close)
+        with _registry():
+            self._closers[key] = close
+            aborted = self.aborted
+        if aborted:
+            close()
+        try:
+            yield
+        finally:
+            with _registry():
+                self._closers.pop(key, None)
+
+    def _close_all(self) -> None:
+        with _registry():
+            closers = list(self._closers.values())
+        for close in closers:
+            try:
+                close()
+            except Exception:  # closing what is already broken must not stop the others
+                pass
 
 
 def run(argv: list[str] | tuple[str, ...], *, timeout: float, env: dict[str, str] | None = None,
@@ -179,6 +208,8 @@ def _abort(selected, groups: list[RunGroup]) -> None:
         _kill_group(live.proc)
     if started:
         _kill_marked({live.mark for live in started})   # one walk over the processes for all
+    for group in groups:
+        group._close_all()
 
 
 _RUN_IDS = itertools.count(1)
@@ -194,7 +225,7 @@ def _registry() -> Iterator[None]:
         yield
 
 
-class _Capped:
+class CappedOutput:
     """A stream's bytes within a cap: the head and the tail, cut at line ends."""
 
     def __init__(self, cap: int, keep_head: bool):
@@ -234,8 +265,8 @@ class _LiveRun:
         self.aborted = False
         self.swept = False      # an abort already killed what carries the mark
         self.reached_eof = False
-        self.stdout = _Capped(output_cap, keep_head=True)
-        self.stderr = _Capped(STDERR_CAP_BYTES, keep_head=False)
+        self.stdout = CappedOutput(output_cap, keep_head=True)
+        self.stderr = CappedOutput(STDERR_CAP_BYTES, keep_head=False)
         self._selector = selectors.DefaultSelector()
 
     def pump(self, input_text: str | None, deadline: float) -> bool:
@@ -349,12 +380,6 @@ def each_completed(futures: Iterable[Future]) -> Iterator[Future]:
         yield from done
 
 
-def _deaf_to_stop_signals() -> None:
-    """Block Ctrl-C, SIGTERM and SIGHUP in the calling helper thread (one that starts no
-    command: a child inherits the mask), so the kernel hands them to a thread that acts."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-
-
 def run_checked(argv: list[str] | tuple[str, ...], *, timeout: float, **kwargs) -> ProcResult:
     """Like `run`, but a missing binary, a timeout or a non-zero exit raises."""
     result = run(argv, timeout=timeout, **kwargs)
@@ -376,11 +401,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
 class StreamedRun:
     """An argv run with a hard deadline whose stdout is read line by line as it comes.
 
-    Like `run` (own process group, killed whole at the deadline, never a shell), but the
-    caller reads stdout as it comes: a sweep commits each node's result the moment it arrives.
-    Bounded like `run` where it can be without cutting a stream of many nodes short: a line
-    longer than `STREAM_LINE_CAP` chars is cut there (the rest of it is read and dropped), and
-    stderr keeps its last `STDERR_CAP_BYTES`.
+    Bounded like `run`, without cutting a stream of many nodes short: its own process group,
+    killed whole at the deadline together with every process carrying its mark (a `setsid`
+    grandchild holding stdout), and reading stops there whatever still holds the pipe;
+    `abort_all()` ends it too. A line longer than `STREAM_LINE_CAP` bytes is cut there (the
+    rest of it is read and dropped), and stderr keeps its last `STDERR_CAP_BYTES`. The pipes
+    are read in `POLL_S` slices, so a stop signal reaches the caller between them.
     """
 
     def __init__(self, argv: list[str], deadline_s: float, env: dict[str, str] | None):
@@ -388,71 +414,102 @@ class StreamedRun:
         self.deadline_s = deadline_s
         self.env = env
         self.timed_out = False
-        self._stderr = ""
         self.cut_lines = 0
+        self._live: _LiveRun | None = None
+        self._start_error = ""
+        self._finished = False
 
     def __enter__(self) -> StreamedRun:
+        live = _LiveRun(f"{os.getpid()}-{next(_RUN_IDS)}-{secrets.token_hex(8)}", 0, None)
+        self._deadline = time.monotonic() + self.deadline_s
+        with _registry():
+            _LIVE.add(live)
         try:
-            self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, env=self.env, text=True, errors="replace",
-                                          start_new_session=True)
+            proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    env={**(self.env if self.env is not None else os.environ),
+                                         RUN_MARK_ENV: live.mark})
         except OSError as exc:
-            self._proc = None
+            with _registry():
+                _LIVE.discard(live)
             self._start_error = f"{self.argv[0]}: {exc.strerror}"
             return self
-        # The main thread blocks reading stdout: the helpers are deaf to stop signals so that
-        # the kernel hands a Ctrl-C to the main thread, whose read it interrupts.
-        self._ended = threading.Event()
-        threading.Thread(target=self._watch_deadline, daemon=True).start()
-        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
-        self._stderr_reader.start()
+        with _registry():
+            live.proc = proc
+        self._live = live
+        if live.aborted:    # aborted while it started
+            _kill_group(proc)
         return self
 
-    def _watch_deadline(self) -> None:
-        _deaf_to_stop_signals()
-        if not self._ended.wait(self.deadline_s):
-            self._expire()
-
-    def _read_stderr(self) -> None:
-        _deaf_to_stop_signals()
-        while chunk := self._proc.stderr.read(READ_CHUNK):
-            self._stderr = (self._stderr + chunk)[-STDERR_CAP_BYTES:]
-
     def lines(self) -> Iterator[str]:
-        if self._proc is None:
+        if self._live is None:
             return
-        while line := self._proc.stdout.readline(STREAM_LINE_CAP):
-            if not line.endswith("\n"):
-                self.cut_lines += 1
-                while (rest := self._proc.stdout.readline(STREAM_LINE_CAP)) and not rest.endswith("\n"):
-                    pass
-            yield line
-
-    def _expire(self) -> None:
-        self.timed_out = True
-        self._kill()
-
-    def _kill(self) -> None:
+        live, proc = self._live, self._live.proc
+        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+        selector = live._selector
+        for fd in (out_fd, err_fd):
+            selector.register(fd, selectors.EVENT_READ)
+        pending = bytearray()
+        dropping = False    # inside a line already cut: its rest is dropped
+        exited_at = None
         try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            while selector.get_map() and not live.aborted:
+                now = time.monotonic()
+                if now >= self._deadline:
+                    self.timed_out = True
+                    break
+                if exited_at is None and proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at >= LINGER_S:
+                    break   # a descendant holds the pipes open: it is killed in _finish()
+                for key, _ in selector.select(min(POLL_S, self._deadline - now)):
+                    data = os.read(key.fd, READ_CHUNK)
+                    if not data:
+                        selector.unregister(key.fd)
+                    elif key.fd == err_fd:
+                        live.stderr.add(data)
+                    else:
+                        pending += data
+                        while (end := pending.find(b"\n")) >= 0:
+                            line = bytes(pending[:end + 1])
+                            del pending[:end + 1]
+                            if dropping:
+                                dropping = False
+                            else:
+                                yield line.decode("utf-8", "replace")
+                        if dropping:
+                            pending.clear()
+                        elif len(pending) >= STREAM_LINE_CAP:
+                            self.cut_lines += 1
+                            yield bytes(pending[:STREAM_LINE_CAP]).decode("utf-8", "replace")
+                            pending.clear()
+                            dropping = True
+            live.reached_eof = not selector.get_map()
+            if pending and not dropping and live.reached_eof:
+                yield pending.decode("utf-8", "replace")    # a last line without its newline
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._live is None or self._finished:
+            return
+        self._finished = True
+        try:
+            self._live.finish()
+        finally:
+            with _registry():
+                _LIVE.discard(self._live)
 
     @property
     def failed(self) -> bool:
-        return self._proc is None or self._proc.returncode != 0
+        return self._live is None or self._live.proc.returncode != 0
 
     def failure(self) -> str:
-        if self._proc is None:
+        if self._live is None:
             return self._start_error
-        tail = self._stderr.strip()[-STDERR_TAIL_CHARS:]
-        return f"{self.argv[0]} exited with status {self._proc.returncode}" + (f": {tail}" if tail else "")
+        tail = self._live.stderr.text().strip()[-STDERR_TAIL_CHARS:]
+        return (f"{self.argv[0]} exited with status {self._live.proc.returncode}"
+                + (f": {tail}" if tail else ""))
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._proc is None:
-            return
-        if exc_info[0] is not None:  # the consumer stopped early (Ctrl-C): take srun down too
-            self._kill()
-        self._proc.wait()
-        self._ended.set()
-        self._stderr_reader.join(timeout=5)
+        self._finish()   # the consumer stopped early (Ctrl-C) or the stream ended: nothing is left running

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainctl.errors import ConfigError, UsageError
-from trainctl.validate import InvalidValue, check_number, check_text, site_bounds
+from trainctl.validate import InvalidValue, check_number, check_slurm_signal, check_text, shown, site_bounds
 
 BUILTIN_SITE_DIR = Path(__file__).resolve().parent / "site_configs"
 # Editable installs and the source tree keep the samples in the top-level site-configs/.
@@ -266,7 +266,9 @@ def resolve_site(name_or_file: str, dirs: list[Path] | None = None) -> Path:
 def load_site(name_or_file: str, dirs: list[Path] | None = None) -> LoadedSite:
     path = resolve_site(name_or_file, dirs)
     try:
-        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
+        # utf-8-sig: one BOM at the start is allowed; TOML files are "a valid UTF-8 encoded Unicode
+        # document", which its maintainers read as allowing an optional BOM (toml-lang/toml#437).
+        raw = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     except UnicodeDecodeError as exc:  # TOML files are UTF-8 (toml.io spec)
@@ -281,10 +283,32 @@ def load_site(name_or_file: str, dirs: list[Path] | None = None) -> LoadedSite:
         if not ENV_NAME.fullmatch(name):
             raise ConfigError(f"{path}: launch.env.{name}: not an environment variable name "
                               "(letters, digits and _, not starting with a digit)")
+    try:
+        check_slurm_signal(config.launch.signal)
+    except InvalidValue as exc:
+        raise ConfigError(f"{path}: launch.signal = {config.launch.signal!r}: {exc}") from None
     if config.default_partition not in config.partitions:
         raise ConfigError(f"{path}: default_partition = {config.default_partition!r} is not among "
                           f"[partitions.*]: {', '.join(sorted(config.partitions))}")
     return LoadedSite(config=config, path=path, explicit_keys=frozenset(explicit))
+
+
+def check_check_names(loaded: LoadedSite) -> None:
+    """gate.checks and sweep.checks name checks that exist. Checked by the commands that start
+    work elsewhere (site show, submit, sweep): a misspelt name would otherwise fail inside the
+    job, after the allocation. Not at every load: the registry imports every check module."""
+    from trainctl.health.registry import unknown_checks
+
+    for key, names in (("gate.checks", loaded.config.gate.checks), ("sweep.checks", loaded.config.sweep.checks)):
+        unknown = unknown_checks(names)
+        if unknown:
+            raise ConfigError(f"{loaded.path}: {key}: unknown check(s) "
+                              f"{', '.join(repr(name[:SHOWN_NAME_CHARS]) for name in unknown[:5])}"
+                              + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
+                              hint="trainctl health list shows the checks and families")
+
+
+SHOWN_NAME_CHARS = 60
 
 
 def partition(site: SiteConfig, name: str | None) -> tuple[str, PartitionConfig]:
@@ -369,26 +393,27 @@ def _convert(hint: Any, value: Any, path: Path, key: str, explicit: set[str]) ->
     explicit.add(key)
     if origin is tuple:
         (item_hint, _) = typing.get_args(hint)
-        if typing.get_origin(item_hint) is Literal:
-            choices = typing.get_args(item_hint)
-            if not isinstance(value, list) or not all(v in choices for v in value):
-                raise ConfigError(f"{path}: {key}: expected an array of {', '.join(map(repr, choices))}, "
-                                  f"got {value!r}")
-            return tuple(value)
-        if not isinstance(value, list) or not all(isinstance(v, item_hint) for v in value):
-            raise ConfigError(f"{path}: {key}: expected an array of {item_hint.__name__}s, "
-                              f"got {value!r}")
+        choices = typing.get_args(item_hint) if typing.get_origin(item_hint) is Literal else None
+        expected = (f"an array of {', '.join(map(repr, choices))}" if choices is not None
+                    else f"an array of {item_hint.__name__}s")
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: {key}: expected {expected}, got {_toml_type(value)} {shown(value)}")
+        bad = next((index for index, item in enumerate(value)
+                    if (item not in choices if choices is not None else not isinstance(item, item_hint))), None)
+        if bad is not None:   # the one bad item, not the whole array (which may hold 200,000)
+            raise ConfigError(f"{path}: {key}: expected {expected}, got {shown(value[bad])} at index {bad}"
+                              + (f" of {len(value)}" if len(value) > 1 else ""))
         return tuple(_site_text(path, key, v) if isinstance(v, str) else v for v in value)
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
             raise ConfigError(f"{path}: {key}: expected one of {', '.join(map(repr, choices))}, "
-                              f"got {value!r}")
+                              f"got {shown(value)}")
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        raise ConfigError(f"{path}: {key}: expected {_type_name(hint)}, got {_toml_type(value)} {value!r}")
+        raise ConfigError(f"{path}: {key}: expected {_type_name(hint)}, got {_toml_type(value)} {shown(value)}")
     if hint in (int, float):
         try:
             return check_number(value, site_bounds(key))

@@ -14,17 +14,74 @@ from ClusterShell.RangeSet import RangeSet
 
 from trainctl.errors import ExternalCommandError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
-from trainctl.validate import check_node_name
+from trainctl.validate import MAX_NODES, check_node_name
 
 SCONTROL_TIMEOUT_S = 15.0
 
 
-def expand_hostlist(hostlist: str) -> list[str]:
-    """`node[1-3,5]` -> ['node1', 'node2', 'node3', 'node5'] (Slurm order: sorted)."""
+# Counted before anything is expanded: ClusterShell builds every number of a range in memory
+# (n[1-100000000] took 3.6 GB). The limit and its source: trainctl.validate.MAX_NODES.
+HOSTLIST_MAX_NODES = MAX_NODES
+HOSTLIST_SHOWN_CHARS = 80     # of a refused hostlist, in the error line
+
+
+def expand_hostlist(hostlist: str, *, source: str | None = None) -> list[str]:
+    """`node[1-3,5]` -> ['node1', 'node2', 'node3', 'node5'] (Slurm order: sorted).
+
+    `source` names where the hostlist came from (an option, an environment variable) in errors.
+    """
+    where = f" in {source}" if source else ""
+    count = count_hostlist(hostlist)
+    if count > HOSTLIST_MAX_NODES:
+        raise UsageError(f"hostlist{where} {_shown(hostlist)} names {_count_text(count)} nodes, more than the "
+                         f"{HOSTLIST_MAX_NODES} a hostlist may hold (Slurm's host range limit)")
     try:
         return list(NodeSet(hostlist, resolver=RESOLVER_NOGROUP))
-    except NodeSetParseError as exc:
-        raise UsageError(f"bad hostlist {hostlist!r}: {exc}") from exc
+    except (NodeSetParseError, ValueError, AssertionError, OverflowError) as exc:  # ClusterShell asserts on some
+        raise UsageError(f"bad hostlist{where} {_shown(hostlist)}: {exc or type(exc).__name__}") from exc
+
+
+def count_hostlist(hostlist: str) -> int:
+    """How many names `hostlist` can expand to at most, read from its brackets alone.
+
+    Each operand (split at the top-level `,` and ClusterShell's `!&^` operators) counts the
+    product of its bracket groups' sizes; a group counts the sum of its ranges (`1-8/2` as 8).
+    An upper bound: names repeated across ranges are counted each time. Text that is not a
+    well-formed range counts as one name and is left to the parser to refuse.
+    """
+    total, depth, start = 0, 0, 0
+    for index, char in enumerate(hostlist + ","):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif depth == 0 and char in ",!&^":
+            total += _count_operand(hostlist[start:index])
+            start = index + 1
+    return total
+
+
+def _count_operand(pattern: str) -> int:
+    count = 1
+    for group in _BRACKETS.findall(pattern):
+        size = 0
+        for item in group.split(","):
+            bounds = _RANGE.fullmatch(item.strip())
+            size += abs(int(bounds[2]) - int(bounds[1])) + 1 if bounds and bounds[2] else 1
+        count *= max(size, 1)
+    return count
+
+
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?(?:/\d+)?")
+
+
+def _count_text(count: int) -> str:
+    return f"{count:,}" if count < 10**15 else f"about 10^{len(str(count)) - 1}"
+
+
+def _shown(hostlist: str) -> str:
+    return repr(hostlist if len(hostlist) <= HOSTLIST_SHOWN_CHARS else hostlist[:HOSTLIST_SHOWN_CHARS] + "...")
 
 
 def fold_hostlist(hosts: list[str]) -> str:
@@ -65,8 +122,9 @@ def parse_scontrol_oneliner(text: str) -> list[dict[str, str]]:
 
 def step_hosts(environ: Mapping[str, str] = os.environ) -> list[str]:
     """The hosts of this Slurm step (else of the job) in Slurm's order; [] outside Slurm."""
-    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
-    return expand_hostlist(nodelist) if nodelist else []
+    name = "SLURM_STEP_NODELIST" if environ.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
+    nodelist = environ.get(name)
+    return expand_hostlist(nodelist, source=name) if nodelist else []
 
 
 def this_node_name(environ: Mapping[str, str] = os.environ, hostname: str | None = None) -> str:
@@ -97,10 +155,11 @@ def this_node_name(environ: Mapping[str, str] = os.environ, hostname: str | None
     if name:
         return check_node_name(name, "SLURMD_NODENAME")
     hostname = hostname or socket.gethostname()
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_STEP_NODELIST")
+    name = "SLURM_JOB_NODELIST" if environ.get("SLURM_JOB_NODELIST") else "SLURM_STEP_NODELIST"
+    nodelist = environ.get(name)
     if not nodelist:
         return check_node_name(hostname, "the host name")
-    nodes = expand_hostlist(nodelist)
+    nodes = expand_hostlist(nodelist, source=name)
     names = (hostname, hostname.split(".")[0])
     for candidate in names:
         if candidate in nodes:
@@ -134,8 +193,11 @@ def job_port(environ: Mapping[str, str] = os.environ, offset: int = 0) -> int:
     Each job id owns two ports: offset 0 is the training job's MASTER_PORT (`rank-exec`),
     offset 1 the health gate's fabric test, so the two never collide within one job.
     """
-    job = int(environ.get("SLURM_JOB_ID", "0"))
-    return 20000 + (job * 2 + offset) % 10000
+    text = environ.get("SLURM_JOB_ID", "0").strip()
+    # Slurm job ids are 32-bit (slurm.conf MaxJobId: at most 67,043,328; array and het jobs stay below 2^32)
+    if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) >= 2**32:
+        raise UsageError(f"SLURM_JOB_ID={_shown(text)} is not a Slurm job id (decimal, below 2^32)")
+    return 20000 + (int(text) * 2 + offset) % 10000
 
 
 # ---------------------------------------------------------------- node states, drain and resume

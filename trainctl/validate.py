@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 from dataclasses import dataclass
 
 import click
@@ -18,6 +19,9 @@ import click
 from trainctl.errors import UsageError
 
 DAY_S = 86400.0
+# Slurm assumes a host range larger than 64K hosts is an error (src/common/hostlist.c: MAX_RANGE,
+# "64K Hosts"); trainctl holds a whole hostlist, and any count of nodes, to that.
+MAX_NODES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class Bounds:
         return allowed
 
 
+PROBE_TIMEOUT_MIN_S = 0.1
+
 FINITE = Bounds()
 TIMEOUT = Bounds(0, DAY_S, low_open=True)
 FRACTION = Bounds(0, 1, low_open=True)
@@ -66,11 +72,15 @@ SITE_BOUNDS: dict[str, Bounds] = {
     "gate.busbw_floor_gbps": AMOUNT,
     "gate.fabric_iters": Bounds(1, 10_000),
     "gate.fabric_timeout_s": TIMEOUT,
-    "gate.probe_timeout_s": Bounds(0, 3600, low_open=True),
+    # Below a tenth of a second no probe (nvidia-smi, ibstat) can even start: every check would be unknown.
+    "gate.probe_timeout_s": Bounds(PROBE_TIMEOUT_MIN_S, 3600),
     "gate.xid_window_hours": Bounds(0, 24 * 365 * 10),
     "gate.min_available_memory_gib": AMOUNT,
     "gate.min_shm_gib": AMOUNT,
     "gate.max_defunct_processes": Bounds(0, 1e9, sentinels=(-1,)),
+    # NVIDIA retires at most a few hundred pages per GPU (DBE/SBE page retirement; row remapping on A100+).
+    "gate.max_retired_pages": Bounds(0, 1e6, sentinels=(-1,)),
+    "gate.min_free_disk_gib.*": AMOUNT,
     "gate.max_load_per_cpu": AMOUNT,
     "gate.fabric_passes": Bounds(1, 1000),
     "gate.compute_budget_s": Bounds(0, 600, low_open=True),
@@ -92,6 +102,12 @@ SITE_BOUNDS: dict[str, Bounds] = {
     "partitions.*.netdev_mtu": Bounds(68, 65536, sentinels=(0,)),
     "partitions.*.roce_gid_index": Bounds(0, 1023, sentinels=(-1,)),
     "partitions.*.cpus_per_node": Bounds(0, 65536),
+    # Linux: MAX_NUMNODES is 1 << NODES_SHIFT, and NODES_SHIFT is at most 10 (mm/Kconfig, x86 Kconfig).
+    "partitions.*.numa_nodes": Bounds(0, 1024),
+    # nvml.h NVML_NVLINK_MAX_LINKS is 18 (H100, B200); room for parts to come, none with thousands.
+    "partitions.*.nvlink_links_per_gpu": Bounds(0, 64),
+    # `nvidia-smi nvlink -s` prints each link's GB/s: 25-50 on NVLink 3-5.
+    "partitions.*.nvlink_speed_gbps": Bounds(0, 1000),
 }
 
 
@@ -99,12 +115,45 @@ class InvalidValue(ValueError):
     """`str()` is the reason, without the key (the caller adds where the value came from)."""
 
 
+SHOWN_VALUE_CHARS = 120   # of a bad value in an error line: one bad item of a huge array is not the array
+
+
+def shown(value: object) -> str:
+    """`repr(value)`, cut to SHOWN_VALUE_CHARS with the size of what was cut said."""
+    text = repr(value)
+    if len(text) <= SHOWN_VALUE_CHARS:
+        return text
+    size = f"{len(value)} items" if isinstance(value, (list, tuple, dict)) else f"{len(text)} characters"
+    return f"{text[:SHOWN_VALUE_CHARS]}... ({size})"
+
+
+def not_a_regular_file(path: str) -> str | None:
+    """None for a regular file (or a link to one); else what `path` is instead, for an error line:
+    "does not exist", "is a directory", "is not a regular file (a character device)" ..."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror}"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+    return f"is not a regular file ({kind})"
+
+
 def check_number(value: float, bounds: Bounds = FINITE) -> float:
     """`value` if it is finite and inside `bounds`; else InvalidValue saying what is allowed."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidValue(f"got {value!r}; expected {bounds.describe()}")
+        raise InvalidValue(f"got {shown(value)}; expected {bounds.describe()}")
     if not bounds.allows(value):
-        raise InvalidValue(f"got {value!r}; expected {bounds.describe()}")
+        raise InvalidValue(f"got {shown(value)}; expected {bounds.describe()}")
     return value
 
 
@@ -141,11 +190,48 @@ def check_node_name(name: str, source: str) -> str:
 
 
 def site_bounds(key: str) -> Bounds:
-    """The bounds of a dotted site key (`partitions.gpu.ib_mtu` -> `partitions.*.ib_mtu`)."""
+    """The bounds of a dotted site key (`partitions.gpu.ib_mtu` -> `partitions.*.ib_mtu`,
+    `gate.min_free_disk_gib./scratch` -> `gate.min_free_disk_gib.*`)."""
     parts = key.split(".")
     if parts[0] == "partitions" and len(parts) == 3:
         key = f"partitions.*.{parts[2]}"
+    elif parts[0] == "gate" and len(parts) > 2:   # a table of numbers keyed by anything (a path)
+        key = f"gate.{parts[1]}.*"
     return SITE_BOUNDS.get(key, FINITE)
+
+
+# sbatch(1) --signal=[{R|B}:]<sig_num>[@sig_time]: a signal name or number, seconds 0-65535.
+SLURM_SIGNAL = re.compile(r"(?P<prefix>[RB]{1,2}:)?(?P<sig>(SIG)?[A-Za-z][A-Za-z0-9+-]*|\d{1,2})"
+                          r"(@(?P<time>\d{1,5}))?")
+
+
+def check_slurm_signal(value: str) -> str:
+    """`[R:]SIG[@SECONDS]` as sbatch(1) --signal takes it, or "" for none; InvalidValue says why not.
+
+    SIG goes to every job step (the ranks), not to the batch shell: `B:` is refused, because
+    trainctl's batch script neither traps nor forwards signals, and bash ends on an untrapped
+    USR1. SIG must be a signal this system has: a number 1 to SIGRTMAX, or a name signal(7) lists.
+    """
+    if not value:
+        return ""
+    match = SLURM_SIGNAL.fullmatch(value)
+    if not match:
+        raise InvalidValue("expected [R:]SIG[@SECONDS], e.g. USR1@120 (SIG a name such as USR1 or a number, "
+                           "SECONDS 0-65535)")
+    if match["prefix"] and "B" in match["prefix"]:
+        raise InvalidValue("B: would signal only the batch shell, which runs trainctl's gate and srun, not "
+                           "your program; leave B: out so the program's ranks get it")
+    sig = match["sig"].upper().removeprefix("SIG")
+    known = {member.name.removeprefix("SIG") for member in signal.Signals}
+    if sig.isdigit() and not 1 <= int(sig) <= signal.SIGRTMAX:
+        raise InvalidValue(f"signal number {sig} does not exist (1-{int(signal.SIGRTMAX)} here)")
+    if not sig.isdigit() and sig not in known:
+        raise InvalidValue(f"no signal named {match['sig']} (signal(7): USR1, USR2, TERM, INT ...)")
+    if sig in ("KILL", "STOP") or (sig.isdigit() and int(sig) in (signal.SIGKILL, signal.SIGSTOP)):
+        raise InvalidValue(f"the program cannot catch {sig}; use e.g. USR1")
+    if match["time"] and int(match["time"]) > 65535:
+        raise InvalidValue("SECONDS must be 0-65535 (sbatch(1))")
+    return value
 
 
 class Number(click.ParamType):
