@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_hostile import DEMO_SITE, demo_site_with, one_line, trainctl
+from test_hostile import DEMO_SITE, demo_site_with, one_line, trainctl
 from trainctl.health.snapshot import FILE_CAP_BYTES, load_snapshot
 from trainctl.slurm import HOSTLIST_MAX_NODES, count_hostlist
 

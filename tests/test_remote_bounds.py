@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.ssh_server import Behaviour, hostile_ssh_server
-from tests.test_hostile import site_file
-from tests.test_probe_bounds import probe, survivors
+from support.ssh_server import Behaviour, hostile_ssh_server
+from test_hostile import site_file
+from test_probe_bounds import probe, survivors
 from trainctl.proc import OUTPUT_CAP_BYTES
 from trainctl.sweep import collect
 from trainctl.sweep.collect import NodeCommand, SshAccess, collect_via_slurm, ssh_node
