@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from support.sweeps import night
-from tests.test_hostile import (as_nobody, digest, history_with_one_sweep, needs_root, one_line, site_file,  # noqa: F401
+from test_hostile import (as_nobody, digest, history_with_one_sweep, needs_root, one_line, site_file,  # noqa: F401
                                 trainctl, trainctl_process, world_readable_dir)
 from trainctl.sweep.db import History
 
