@@ -203,10 +203,13 @@ def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, e
         states = {name: state.label for name, state in node_states(nodes=nodes, env=env).items()}
     except TrainctlError:  # sinfo failed: weaker evidence (the job record and the probe remain)
         states = {}
+    batch_host = env.get("SLURMD_NODENAME", "")
     reachable = [node for node in nodes if in_job is None or node in in_job]
-    answered = probe_nodes(reachable, gate_dir, env) if reachable else ()
-    return Evidence("step", status, tuple(nodes), {}, in_job, states, answered,
-                    env.get("SLURMD_NODENAME", ""))
+    # The batch host is probed too, trained on or not (the gate may leave it out of the step): its
+    # answer is what shows the probe itself could start.
+    probed = reachable + ([batch_host] if batch_host and batch_host not in reachable else [])
+    answered = probe_nodes(probed, gate_dir, env) if probed else ()
+    return Evidence("step", status, tuple(nodes), {}, in_job, states, answered, batch_host)
 
 
 def probe_nodes(nodes: list[str], gate_dir: str, env: dict[str, str]) -> tuple[str, ...]:

@@ -93,6 +93,38 @@ def test_a_node_lost_during_training_is_excluded_and_the_successor_resumes(devcl
                 faults.restore_node(devcluster, victim, timeout_s=90)
 
 
+def test_a_node_lost_while_the_gate_left_the_batch_host_out_of_training_is_still_excluded(devcluster, tmp_path):
+    """The batch host fails the gate, so it holds the job but runs no rank: the probe after the step
+    must still reach it, or the retry could not tell that the probe itself works."""
+    victim = None
+    replays = {node: INACTIVE_LINKS if node == "node1" else HEALTHY_NVLINK for node in NODES}
+    with staged_nvidia_smi(devcluster, replays):
+        try:
+            result = submit(devcluster, tmp_path, "--site", "local-demo", "--nodes", "2", "--spare", "1",
+                            "--retries", "1", "--", TRAIN, "--steps", "100", "--step-time", "0.25",
+                            "--checkpoint", str(tmp_path / "ckpt" / "train.pt"), "--checkpoint-every", "5")
+            assert result.returncode == 0, result.stderr
+            first = result.stdout.strip().splitlines()[-1]
+            gate_dir = tmp_path / f"trainctl-gate-{first}"
+            wait_for_text(lambda: sorted(gate_dir.glob("rank-*.out")), r"checkpoint at step 10\b", 180)
+            output = (tmp_path / f"slurm-{first}.out").read_text()
+            job = run_checked(["scontrol", "show", "job", "-o", first], timeout=15, env=devcluster.client_env())
+            batch_host = re.search(r"BatchHost=(\S+)", job.stdout).group(1)
+            assert batch_host == "node1" and batch_host not in running_on(output), output
+            victim = running_on(output)[-1]
+            assert faults.kill_node(devcluster, victim)
+
+            wait_for_job(devcluster, first, timeout_s=120)
+            retry = json.loads((gate_dir / "retry.json").read_text())
+            assert retry["retry"] and retry["successor"], retry
+            assert victim in retry["bad_nodes"] and victim in retry["exclude"], retry
+            run_checked(["scancel", retry["successor"]], timeout=15, env=devcluster.client_env())
+            wait_for_job(devcluster, retry["successor"], timeout_s=120)
+        finally:
+            if victim:
+                faults.restore_node(devcluster, victim, timeout_s=90)
+
+
 def test_a_program_failing_on_healthy_nodes_is_not_retried(devcluster, tmp_path):
     with staged_nvidia_smi(devcluster, {node: HEALTHY_NVLINK for node in NODES}):
         result = submit(devcluster, tmp_path, "--site", "local-demo", "--nodes", "2", "--retries", "1",
