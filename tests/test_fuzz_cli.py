@@ -268,7 +268,7 @@ def test_any_history_database(tmp_path_factory, seed_history, changes, data, com
     check_answer(ran, args)
     assert digests(db) == before
     if command == "sweep" and ran.returncode == 2:  # what a report refuses, a sweep never writes into
-        from tests.test_hostile import site_file
+        from test_hostile import site_file
 
         args = ("sweep", "--site", site_file(tmp, db=db), "--via", "ssh", "--nodes", "127.0.0.9")
         swept = run(*args)
