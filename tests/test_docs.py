@@ -92,8 +92,8 @@ def test_the_checks_catch_what_they_are_for():
     assert ISSUE_REFERENCE.search("as issue 13 showed") and ISSUE_REFERENCE.search("fixed in #13")
     assert not ISSUE_REFERENCE.search("NVIDIA/nccl#1478") and not ISSUE_REFERENCE.search("since sweep #41")
     assert COMMIT_ID.search("git show 2f580fc:runner.py") and not COMMIT_ID.search("4096 nodes, deadbeef")
-    assert _commands_named("run `trainctl admin contrib` or\n```bash\n.venv/bin/trainctl health check\n```") == {
-        ("admin", "contrib"), ("health", "check")}
+    text = "run `trainctl admin contrib` or\n```bash\n.venv/bin/trainctl health check\n```"
+    assert _commands_named(text) == {("admin", "contrib"), ("health", "check")}
     assert _unknown_prefix(("admin", "contrib")) == "trainctl has no subcommand 'admin'"
     assert _unknown_prefix(("health", "chek")) == "trainctl health has no subcommand 'chek'"
     assert _unknown_prefix(("submit", "train")) is None

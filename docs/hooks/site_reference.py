@@ -80,7 +80,8 @@ def _type_name(hint: Any) -> str:
         return f"array of {_type_name(item)}s"
     if origin is dict:
         return f"table of {_type_name(typing.get_args(hint)[1])}s"
-    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(hint, getattr(hint, "__name__", str(hint)))
+    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def _default(f: dataclasses.Field) -> str:
@@ -121,5 +122,6 @@ def checks_page() -> str:
     ]
     for spec in all_checks():
         files = ", ".join(f"`{name}`" for name in spec.files) or "-"
-        lines.append(f"| `{spec.name}` | {_cell(spec.description)} | {spec.hardware or '-'} | {files} |")
+        hardware = spec.hardware or "-"
+        lines.append(f"| `{spec.name}` | {_cell(spec.description)} | {hardware} | {files} |")
     return "\n".join(lines) + "\n"
