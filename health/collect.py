@@ -1,7 +1,7 @@
 """Collect a node's health snapshot: run every probe concurrently, each with its own timeout.
 
 This is the only I/O half of the health checks. It writes a snapshot directory (the layout
-in the README is a contract: tests and other tools write snapshots by hand) that the pure
+in docs/reference/snapshot.md is a contract: tests and other tools write snapshots by hand) that the pure
 parsers and checks read later. A probe that fails, hangs, floods its output, is missing or
 cannot be executed is recorded in `meta.json`, never raised: a hung `nvidia-smi` becomes a
 check result, not a hung sweep (`trainctl.proc.run` bounds each probe's time and output).

@@ -2,7 +2,7 @@
 
 Library code raises these with the context a user needs (file, key, command, node);
 `trainctl.cli.main` is the one place that turns them into a line on stderr and an
-exit code. Exit codes, documented in the README:
+exit code. Exit codes, documented in docs/reference/exit-codes.md:
 
     0  ok                     1  warning (health)         2  failure (health) or bad input
     3  unknown (health)       4  an external command or service failed

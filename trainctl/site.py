@@ -133,14 +133,14 @@ class LaunchConfig:
     release_unused: bool = doc(
         "after the gate, shrink the job to the nodes it runs on (scontrol update NodeList=): excluded and "
         "surplus spare nodes go back to the pool while the job runs; needs Slurm to let the job's user "
-        "shrink the job (see README: Release what the job does not use)", True)
+        "shrink the job (docs: For Slurm admins, Release unused nodes)", True)
     flight_recorder_entries: int = doc(
         "PyTorch's NCCL flight recorder: collectives kept per rank (TORCH_NCCL_TRACE_BUFFER_SIZE), dumped "
         "into the gate dir when a collective times out (TORCH_NCCL_DUMP_ON_TIMEOUT); 0: off", 2000)
     retries: int = doc(
         "default for submit --retries: times a job submits its successor, excluding the bad nodes, when the "
-        "gate finds too few healthy nodes or a node is lost during training (0: never; see README: Requeue "
-        "around bad nodes)", 0)
+        "gate finds too few healthy nodes or a node is lost during training (0: never; docs: Submitting "
+        "jobs, Requeue around bad nodes)", 0)
     signal: str = doc(
         "default for submit --signal, [R:]SIG[@SECONDS]: Slurm sends SIG to the job's steps SECONDS before "
         "its time limit (#SBATCH --signal), so the program can checkpoint; empty: none", "")

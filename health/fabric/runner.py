@@ -167,7 +167,7 @@ class PeerWatch:
     Reads go through a store connection of its own (see Heartbeat). `lost` maps rank to why.
     One check of any number of ranks is one store round trip: a `multi_get` of the shared lost
     log and their heartbeat counters (rank 0 waiting for 4,096 ranks used to make two round
-    trips per rank per check; see README "At scale").
+    trips per rank per check; see docs/performance.md, "The gate at scale").
     """
 
     def __init__(self, identity: "Identity", silence_s: float, timeout_s: float):
