@@ -223,7 +223,7 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     root = Path(gate_dir)
     missing = None
     if wait or deadline_s is not None:
-        limit = deadline_s if deadline_s is not None else _site_deadline_s(site, len(hosts))
+        limit = deadline_s if deadline_s is not None else site_deadline_s(site, len(hosts))
         missing = _wait_for_reports(root, hosts, limit, _final_grace_s(site))
     node_reports = {}
     for path in sorted((root / "nodes").glob("*.json")):
@@ -277,7 +277,7 @@ CANCEL_ATTEMPTS = 10
 CANCEL_RETRY_S = 5.0
 
 
-def _site_deadline_s(site: str | None, nodes: int) -> float:
+def site_deadline_s(site: str | None, nodes: int) -> float:
     from trainctl.health.compute.gate_step import compute_deadline_s, compute_policy
     from trainctl.health.gate import gate_deadline_s
     from trainctl.site import GateConfig, load_site

@@ -16,7 +16,7 @@ import pytest
 from support.replay import LIBRARY, write_replay
 from support.slurm_jobs import submit, wait_for_job
 from trainctl.errors import ExternalCommandError
-from trainctl.launcher.job_show import LocalFiles, RankLog, fold_numbers, fold_tails, last_lines
+from trainctl.job.show import LocalFiles, RankLog, fold_numbers, fold_tails, last_lines
 from trainctl.launcher.plan import SubmitRequest, plan_job
 from trainctl.launcher.render import render_script
 from trainctl.proc import run_checked
@@ -56,11 +56,11 @@ def render_for(site_name: str, **launch) -> str:
 
 def test_rank_files_and_flight_recorder_are_per_site_and_can_be_turned_off():
     on = render_for("dgx-h100")
-    assert '--output="$gate_dir"/rank-%N-%t.out' in on
+    assert '"rank_output": true' in on
     assert 'export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$gate_dir"/nccl-trace-rank-' in on
     assert "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000" in on and "export TORCH_NCCL_DUMP_ON_TIMEOUT=1" in on
     off = render_for("dgx-h100", rank_output=False, flight_recorder_entries=0)
-    assert "rank-%N-%t.out" not in off and "TORCH_" not in off
+    assert '"rank_output": false' in off and "TORCH_" not in off
 
 
 # ---------------------------------------------------------------- a hung job on the dev cluster
@@ -139,7 +139,7 @@ def test_a_file_that_cannot_be_read_is_one_error_line_not_a_crash(tmp_path):
 
 def test_job_show_follows_the_attempts_of_a_retried_job(tmp_path):
     """Attempt files as `trainctl job retry` writes them (tests/test_retry_cluster.py makes real ones)."""
-    from trainctl.launcher.job_show import chain_lines, collect_chain
+    from trainctl.job.show import chain_lines, collect_chain
 
     first, second = tmp_path / "trainctl-gate-7", tmp_path / "trainctl-gate-8"
     first.mkdir()

@@ -138,7 +138,7 @@ def attempt_lines(slurm: dict[str, str]) -> list[str]:
 
 def chain_lines(chain: tuple[dict, ...], job_id: str) -> list[str]:
     """Each attempt of a job submitted with --retries: what it ended with and which job followed."""
-    from trainctl.launcher.retry import summary_line
+    from trainctl.job.retry import summary_line
 
     if len(chain) < 2 and not any(link.get("retry") for link in chain):
         return []
@@ -228,7 +228,7 @@ def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int
 def collect_chain(files: Files, gate_dir: str, job_id: str) -> tuple[dict, ...]:
     """Follow attempt.json back (the predecessor) and retry.json forward (the successor) through
     the sibling gate directories: every attempt of one --retries job runs in the same submit dir."""
-    from trainctl.launcher.retry import ATTEMPT_FILE, RETRY_FILE
+    from trainctl.job.retry import ATTEMPT_FILE, RETRY_FILE
 
     parent = posixpath.dirname(gate_dir.rstrip("/"))
 
