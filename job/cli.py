@@ -29,7 +29,14 @@ def job() -> None:
               help="Verify the login node's host key against this file (default: ~/.ssh/known_hosts).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
-    """The gate decision, Slurm's record and attempts, and the last lines of each rank's log.
+    """The timeline and goodput, the gate decision, Slurm's record and attempts, each rank's last lines.
+
+    The timeline is every event of every attempt's journal (trainctl-gate-JOBID/journal.jsonl),
+    from the first submit. Goodput is productive training time over the wall time since the
+    first submit; productive time is the training step's time, less the work after the last
+    checkpoint seen when a step failed (the program writes $TRAINCTL_CHECKPOINT_FILE after each
+    checkpoint; one that never does loses a failed step's whole time). The lost time is split
+    into queue, gate, restart and lost work.
 
     Ranks whose last lines are identical are folded into one group; the odd ones out come
     first, with how long before the newest write each stopped writing: in a hung job, that is
@@ -37,6 +44,7 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
     directory are listed.
     """
     import getpass
+    import time
 
     from trainctl.job.show import LocalFiles, RemoteFiles, collect_job, format_job, to_json
 
@@ -54,7 +62,8 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
     finally:
         if remote:
             files.close()
-    text = json.dumps(to_json(view, line_count), indent=1) + "\n" if as_json else format_job(view, line_count)
+    now = time.time()
+    text = json.dumps(to_json(view, line_count, now), indent=1) + "\n" if as_json else format_job(view, line_count, now)
     click.echo(text, nl=False)
 
 
