@@ -201,9 +201,12 @@ def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, e
     except TrainctlError:  # sinfo failed: weaker evidence (the job record and the probe remain)
         states = {}
     reachable = [node for node in nodes if in_job is None or node in in_job]
-    answered = probe_nodes(reachable, gate_dir, PROBE_PREFIX, env) if reachable else ()
-    return Evidence("step", status, tuple(nodes), {}, in_job, states, answered,
-                    env.get("SLURMD_NODENAME", ""))
+    batch_host = env.get("SLURMD_NODENAME", "")
+    # the batch host is probed too, even when the gate left it out of the step: a probe that
+    # does not start there (this very script's node) says nothing about the others
+    probed = reachable + ([batch_host] if reachable and batch_host and batch_host not in reachable else [])
+    answered = probe_nodes(probed, gate_dir, PROBE_PREFIX, env) if probed else ()
+    return Evidence("step", status, tuple(nodes), {}, in_job, states, answered, batch_host)
 
 
 def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[str], retries: int,

@@ -32,6 +32,7 @@ def say(line: str, *, err: bool = False) -> None:
 
 class JobRun:
     def __init__(self, plan: JobPlan, script_path: str, env: dict[str, str]):
+        from trainctl.job.policy import load_gate_policy
         from trainctl.slurm import expand_hostlist, this_node_name
 
         self.plan, self.script_path, self.env = plan, script_path, env
@@ -41,6 +42,7 @@ class JobRun:
         self.journal = Journal(os.path.join(self.gate_dir, JOURNAL_FILE))
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.facts = sv.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries)
+        self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
 
     def run(self) -> int:
         from trainctl.errors import Stopped
@@ -116,9 +118,7 @@ class JobRun:
         Path(self.gate_dir, GATE_STEP_STATUS).write_text(f"{status}\n")
 
     def _decide_timeout_s(self) -> float:
-        from trainctl.health.gate_cli import site_deadline_s
-
-        return site_deadline_s(self.plan.site_ref, len(self.facts.allocated)) + DECIDE_MARGIN_S
+        return self.policy.deadline_s(len(self.facts.allocated)) + DECIDE_MARGIN_S
 
     def _journal_submit_time(self) -> None:
         """When Slurm took this job (for the queue time in `job show`)."""
@@ -236,7 +236,7 @@ def run_job(plan: JobPlan, script_path: str, env: dict[str, str]) -> int:
                if not env.get(name)]
     if missing:
         raise UsageError(f"job run runs as a Slurm batch script: {', '.join(missing)} not set")
-    from trainctl.health.gate_cli import ignore_checkpoint_signals
+    from trainctl.job.gate_cli import ignore_checkpoint_signals
 
     ignore_checkpoint_signals()
     return JobRun(plan, script_path, env).run()

@@ -99,3 +99,11 @@ def submit_successor(script_text: str, argv: list[str], env: dict[str, str], sub
 
     result = run_checked(argv, timeout=SBATCH_TIMEOUT_S, input_text=script_text, cwd=submit_dir, env=env)
     return parse_parsable(result.stdout)[0]
+
+
+def comment_job(job_id: str, text: str, env: dict[str, str]) -> ProcResult:
+    return run(["scontrol", "update", f"JobId={job_id}", f"Comment={text}"], timeout=SLURM_CMD_TIMEOUT_S, env=env)
+
+
+def cancel_job(job_id: str, env: dict[str, str]) -> ProcResult:
+    return run(["scancel", job_id], timeout=SLURM_CMD_TIMEOUT_S, env=env)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from support.replay import LIBRARY, write_replay
-from trainctl.health.gate import BeatWatch, decide, format_report
+from trainctl.job.gate import decide, format_report
+from trainctl.job.sentinel import BeatWatch
 from trainctl.proc import run
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))

@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                     "Start, inspect and stop the local demo Slurm cluster (needs root)."),
     "drain": ("trainctl.sweep.cli", "drain",
               "Drain the nodes that failed the newest sweep (tagged reason; never others' drains)."),
-    "gate": ("trainctl.health.gate_cli", "gate",
+    "gate": ("trainctl.job.gate_cli", "gate",
              "Inside a job: check every allocated node, then choose the healthy ones for srun."),
     "health": ("trainctl.health.cli", "health",
                "Node health: collect a snapshot, check it, list the checks."),
