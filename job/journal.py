@@ -122,17 +122,25 @@ def goodput(attempts: list[list[dict]], now: float) -> Goodput | None:
 
 
 def timeline_lines(attempts: list[tuple[str, list[dict]]], start: float) -> list[str]:
-    """One line per event, at its offset from the chain's first submit (or first event)."""
-    lines = []
+    """One line per event, at its offset from the chain's first submit (or first event), in time
+    order; a submit is shown when Slurm took the job, not when the job journaled it."""
+    timed = []
     for job_id, events in attempts:
         for event in events:
-            offset = event["t"] - start
-            lines.append(f"  +{_clock(offset)} job {job_id}: {describe(event)}")
-    return lines
+            when = event.get("submitted_t") if event["event"] == "submitted" else event["t"]
+            if isinstance(when, (int, float)):
+                timed.append((when, job_id, event))
+    return [f"  +{_clock(when - start)} job {job_id}: {describe(event)}"
+            for when, job_id, event in sorted(timed, key=lambda item: item[0])]
 
 
 def describe(event: dict) -> str:
     kind = event["event"]
+    if kind == "node_verdict":
+        reasons = "; ".join(event.get("reasons") or [])
+        return f"{event.get('node')} {event.get('verdict')}" + (f": {reasons}" if reasons else "")
+    if kind == "submitted":
+        return "submitted to Slurm"
     detail = {key: value for key, value in event.items() if key not in ("t", "at", "event") and not key.endswith("_t")}
     text = {"job_start": "job started", "gate_start": "gate started", "node_verdict": "node verdict",
             "gate_end": "gate ended", "released": "released unused nodes", "training_start": "training step started",

@@ -183,7 +183,7 @@ def test_job_show_prints_the_chains_timeline_and_goodput_from_the_journals(tmp_p
                      (200, "job_end", {"status": 0})])
     view = collect_job(LocalFiles(), "8", str(second), 5)
     text = format_job(view, 5, now=10_000)
-    assert "  +0:00:10 job 7: job started: attempt 1" in text
+    assert text.index("  +0:00:00 job 7: submitted to Slurm") < text.index("  +0:00:10 job 7: job started: attempt 1")
     assert "  +0:00:50 job 7: checkpoint seen" in text and "  +0:01:50 job 8: training step ended: status 0" in text
     # productive: 110-140 and 170-200 of 110 s; lost: queue 10+8, gate 10+10, restart 2, lost work 10
     assert "goodput: 54.5% (0:01:00 productive of 0:01:50 since the first submit)" in text
