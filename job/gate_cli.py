@@ -1,4 +1,4 @@
-"""`trainctl gate node|decide`: the health gate a job script runs before its real `srun`."""
+"""`trainctl gate node|decide|sentinel`: the health gate the job's supervisor runs before the training step."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from trainctl.validate import DAY_S, Bounds, Number
 def gate() -> None:
     """The in-job health gate: check every allocated node, then choose the healthy ones.
 
-    A job script runs `srun --ntasks-per-node=1 trainctl gate node --dir D` on all its
-    nodes, then `trainctl gate decide --dir D --nodes N` on the batch host, and starts the
-    real job on the nodes that decide prints. `trainctl submit` writes such scripts.
+    The job's supervisor (`trainctl job run`, which the scripts `trainctl submit` writes hand
+    over to) runs `srun --ntasks-per-node=1 trainctl gate node --dir D` on all its nodes, then
+    `trainctl gate decide --dir D --nodes N` on the batch host, and starts the real job on the
+    nodes that decide prints.
     """
 
 
@@ -204,7 +205,7 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     return 0
 
 
-GATE_STEP_STATUS = "gate-step.status"  # written by the job script when the gate's srun returns
+GATE_STEP_STATUS = "gate-step.status"  # written by the supervisor when the gate's srun returns
 FINAL_MARKER = ".final"                # DIR/nodes/HOST.final: that node's report is final
 WAIT_POLL_S = 0.2
 

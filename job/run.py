@@ -15,11 +15,11 @@ from pathlib import Path
 
 from trainctl.job import supervisor as sv
 from trainctl.job import slurm_actions as slurm
+from trainctl.job.gate_cli import GATE_STEP_STATUS   # read by `gate decide --wait`: the gate step is over
 from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal
 from trainctl.launcher.plan import JobPlan
 from trainctl.proc import run
 
-GATE_STEP_STATUS = "gate-step.status"   # read by `gate decide --wait`: the gate step is over
 GATE_STEP_GRACE_S = 5.0                 # the gate step ends by itself just after the decision, unless a node is lost
 DECIDE_MARGIN_S = 60.0                  # beyond decide's own deadline, before it counts as hung
 STEP_POLL_S = 2.0                       # how often the training step's checkpoint file is looked at
