@@ -2,6 +2,7 @@
 
 import dataclasses
 import difflib
+import json
 import os
 import subprocess
 import sys
@@ -263,6 +264,11 @@ def test_the_job_is_shrunk_to_the_chosen_nodes_and_later_steps_see_the_new_size(
     assert sentinel_starts(tmp_path) == 2
     _, job_step = srun_steps(tmp_path)
     assert job_step[:2] == ["--nodelist=node[1,4-5]", "--nodes=3"]
+    journal = [json.loads(line) for line in (tmp_path / "trainctl-gate-81" / "journal.jsonl").read_text().splitlines()]
+    assert [event["event"] for event in journal] == ["job_start", "gate_start", "gate_end", "released",
+                                                     "training_start", "step_end", "job_end"]
+    assert journal[3]["holds"] == "node[1,4-5]" and journal[5]["status"] == 0
+    assert all(a["t"] <= b["t"] for a, b in zip(journal, journal[1:]))
 
 
 def test_the_batch_host_stays_in_the_job_when_the_gate_left_it_out(tmp_path):
