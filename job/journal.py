@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,16 +33,24 @@ class Journal:
     def __init__(self, path: str, clock=time.time):
         self.path = path
         self.clock = clock
+        self.failed = False
 
     def add(self, event: str, **fields) -> dict:
+        """Append `event`; a journal that cannot be written (a full quota) never ends the job: one warning."""
         now = self.clock()
         entry = {"t": round(now, 3), "at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
                  "event": event, **fields}
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, (json.dumps(entry) + "\n").encode())
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, (json.dumps(entry) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self.failed:
+                print(f"trainctl: warning: cannot write the journal {self.path}: {exc.strerror or exc}",
+                      file=sys.stderr, flush=True)
+            self.failed = True
         return entry
 
 

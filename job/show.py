@@ -180,8 +180,8 @@ def format_job(view: JobView, line_count: int, now: float) -> str:
     lines = [f"job {view.job_id}{f' ({name})' if name else ''}: gate directory {view.gate_dir}"]
     lines += attempt_lines(view.slurm)
     lines += chain_lines(view.chain, view.job_id)
-    lines += timeline_and_goodput(view, now)[0]
     lines += gate_summary(view.decision)
+    lines += timeline_and_goodput(view, now)[0]
     if not view.ranks:
         lines.append("ranks: no rank-<node>-<rank>.out files (the job step did not start, or the site "
                      "sets launch.rank_output = false: see slurm-<id>.out)")

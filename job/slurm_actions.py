@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
+from trainctl.errors import ExternalCommandError
 from trainctl.proc import ProcResult, run, run_checked
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
 
@@ -26,7 +27,10 @@ PROBE_TIMEOUT_S = 45.0              # srun gives up on an unreachable slurmd aft
 
 def start_step(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
     """A job step in the background; its srun writes to the job's output, as the batch script's would."""
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+    except OSError as exc:   # no srun on this PATH, say: the machine's, not a bug
+        raise ExternalCommandError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
 
 
 def wait_step(step: subprocess.Popen, poll_s: float, on_poll: Callable[[], None] = lambda: None) -> int:

@@ -157,3 +157,10 @@ def test_goodput_of_a_running_job_counts_up_to_now_and_a_step_without_checkpoint
                                               (55, "job_end", {"status": 9})])
     result = goodput([failed], now=999)
     assert result.productive_s == 0 and result.lost_s["lost_work"] == 40 and result.ratio == 0
+
+
+def test_a_journal_that_cannot_be_written_warns_once_and_never_ends_the_job(tmp_path, capsys):
+    journal = Journal(str(tmp_path / "no-such-dir" / "journal.jsonl"), clock=lambda: 5.0)
+    assert journal.add("job_start")["t"] == 5.0
+    journal.add("gate_start")
+    assert capsys.readouterr().err.count("cannot write the journal") == 1
