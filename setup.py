@@ -1,6 +1,6 @@
 """Package discovery for the folder mapping in pyproject.toml.
 
-The design keeps launcher/, health/, sweep/, templates/, site-configs/ and contrib/ at the top of
+The design keeps launcher/, health/, sweep/, job/, templates/, site-configs/ and contrib/ at the top of
 the repository, installed as subpackages of `trainctl`. pyproject.toml's `packages.find` cannot
 map several folders into one namespace, and a hand-written list let a new subpackage go missing
 from the wheel. So every package is found here from the tree: a folder with an `__init__.py`
@@ -16,6 +16,7 @@ ROOTS = {
     "trainctl.launcher": "launcher",
     "trainctl.health": "health",
     "trainctl.sweep": "sweep",
+    "trainctl.job": "job",
     "trainctl.templates": "templates",
     "trainctl.site_configs": "site-configs",
     "trainctl.contrib": "contrib",

@@ -10,7 +10,8 @@ With `--checkpoint PATH` rank 0 saves the step, model and optimizer state to PAT
 has Slurm send before the time limit), and every rank resumes from PATH when it exists
 (`resumed from step K`): a successor job (`submit --retries`) continues where its predecessor
 stopped. Each rank's data stream is replayed up to step K, so a resumed run ends with the
-same parameters as one that was never interrupted.
+same parameters as one that was never interrupted. After each checkpoint it writes the step to
+the file named by TRAINCTL_CHECKPOINT_FILE, when set: how trainctl's journal learns what work is safe.
 
     trainctl submit --site local-demo --nodes 2 --spare 2 -- examples/train_ddp.py
     trainctl submit --site local-demo --nodes 2 --spare 1 --retries 1 --signal USR1@120 -- \
@@ -114,6 +115,11 @@ def save_checkpoint(path: str, step: int, model: torch.nn.Module, optimizer: tor
     temporary = f"{path}.tmp"
     torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, temporary)
     os.replace(temporary, path)
+    # Tell trainctl's supervisor: work up to here is safe (its journal and `trainctl job show`'s goodput).
+    seen = os.environ.get("TRAINCTL_CHECKPOINT_FILE")
+    if seen:
+        with open(seen, "w") as handle:
+            handle.write(f"step {step}\n")
 
 
 if __name__ == "__main__":

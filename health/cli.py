@@ -199,22 +199,6 @@ def _probe_outcome(record: dict) -> str:
     return outcome
 
 
-SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """nccl-tests style sizes: 1M = 1048576 bytes, 64K, 1G, or a plain byte count."""
-    text = text.strip().upper().removesuffix("B")
-    unit = text[-1:] if text[-1:] in SIZE_UNITS else ""
-    number = text[: len(text) - len(unit)]
-    if not number.isdigit() or int(number) == 0:
-        raise click.BadParameter(f"{text!r} is not a size like 1M, 64M or 1048576")
-    size = int(number) * SIZE_UNITS[unit]
-    if size % 4:
-        raise click.BadParameter(f"{text!r}: sizes are float32 buffers, so a multiple of 4 bytes")
-    return size
-
-
 @health.command("compute")
 @click.option("--budget", "budget_s", type=Number(float, Bounds(0.1, 600)), default=1.5, show_default=True,
               help="Seconds per GPU, warm-up included (all GPUs run at once).")
@@ -289,12 +273,13 @@ def fabric(sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floo
     from trainctl.errors import EXIT_EXTERNAL
     from trainctl.health.fabric.runner import end_process
 
+    from trainctl.health.fabric.options import FabricOverrides, fabric_policy, run_fabric
+
     try:
-        report = run_fabric_from_cli_options(
+        report = run_fabric(fabric_policy(site, partition), FabricOverrides(
             sizes=sizes, iters=iters, passes=passes, warmup=warmup, timeout_s=timeout_s,
-            join_timeout_s=join_timeout_s, factor=factor, floor_gbps=floor_gbps, site=site, partition=partition,
-            master_addr=master_addr, port=port, no_intra=no_intra, local_procs=local_procs,
-            rails=rails)
+            join_timeout_s=join_timeout_s, factor=factor, floor_gbps=floor_gbps, no_intra=no_intra,
+            local_procs=local_procs, rails=rails), master_addr=master_addr, port=port)
     except DistError as exc:  # rank 0's store gone or silent past the deadline: the machine, not a bug
         click.echo(f"trainctl: error: fabric test ended: the coordinator's store: {' '.join(str(exc).split())[:300]}",
                    err=True)
@@ -313,63 +298,6 @@ def fabric(sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floo
     code = exit_status(report).exit_code
     end_process(code)
     return code
-
-
-def run_fabric_from_cli_options(*, sizes=None, iters=None, passes=None, warmup=2, timeout_s=None,
-                                join_timeout_s=None, factor=None, floor_gbps=None, site=None, partition=None,
-                                master_addr=None, port=None, no_intra=False, local_procs=0,
-                                rails=None) -> dict | None:
-    """This rank's part of the fabric test with the site's policy; rank 0 returns the report."""
-    import os
-    import signal
-
-    # The CLI turns SIGTERM/SIGHUP into a clean stop, but a Python handler waits while torch
-    # blocks in native code: here they kill at once, as Slurm expects (no probe runs now).
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-
-    policy = _fabric_policy(site, partition)
-    options, factor, floor_gbps = _fabric_options(policy, sizes, iters, passes, warmup, timeout_s,
-                                                  join_timeout_s, factor, floor_gbps, no_intra, local_procs, rails)
-    from trainctl.health.fabric.runner import identity_from_env, run_node
-
-    identity = identity_from_env(os.environ, master_addr, port)
-    return run_node(identity, options, straggler_factor=factor, floor_gbps=floor_gbps)
-
-
-def _fabric_policy(site: str | None, partition: str | None):
-    if site is None:
-        return None
-    from trainctl.site import load_site, partition as pick_partition
-
-    config = load_site(site).config
-    _, part = pick_partition(config, partition)
-    return config.gate, part
-
-
-def _fabric_options(policy, sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floor_gbps,
-                    no_intra, local_procs, rails=None):
-    from trainctl.health.fabric.runner import FabricOptions
-
-    gate, part = policy if policy else (None, None)
-    size_list = sizes.split(",") if sizes else (list(gate.fabric_sizes) if gate else ["1M", "64M"])
-    timeout = timeout_s or (gate.fabric_timeout_s if gate else 120.0)
-    options = FabricOptions(
-        sizes=tuple(parse_size(s) for s in size_list),
-        iters=iters or (gate.fabric_iters if gate else 5),
-        passes=passes or (gate.fabric_passes if gate else 1),
-        warmup=warmup,
-        timeout_s=timeout,
-        join_timeout_s=join_timeout_s or timeout / 4,
-        op_timeout_s=timeout / 4,
-        local_procs=local_procs,
-        socket_ifname=part.socket_ifname if part else None,
-        intra=not no_intra,
-        rails=rails if rails is not None else (part.fabric_rails if part else ()),
-    )
-    chosen_factor = factor or (gate.straggler_factor if gate else 0.7)
-    floor = floor_gbps if floor_gbps is not None else (gate.busbw_floor_gbps if gate else 0.0)
-    return options, chosen_factor, floor or None
 
 
 def _rail_devices(text: str | None) -> tuple[str, ...] | None:

@@ -33,11 +33,18 @@ def policy_for(site: str | None, partition: str | None, only: tuple[str, ...] | 
     `in_gate`: the node is about to run a job, so a process already on a GPU fails it.
     """
     if site is None:
-        return NodePolicy(NodeExpectations(gpu_processes_fail=in_gate), only, {}, DEFAULT_PROBE_TIMEOUT_S)
+        return node_policy(None, None, only, in_gate)
     from trainctl.site import load_site, partition as pick_partition
 
     config = load_site(site).config
     _, part = pick_partition(config, partition)
+    return node_policy(config, part, only, in_gate)
+
+
+def node_policy(config, part, only: tuple[str, ...] | None, in_gate: bool = False) -> NodePolicy:
+    """The policy from a site already loaded (`config` None: no site), for callers that load it once."""
+    if config is None:
+        return NodePolicy(NodeExpectations(gpu_processes_fail=in_gate), only, {}, DEFAULT_PROBE_TIMEOUT_S)
     site_checks = None if "all" in config.gate.checks else tuple(config.gate.checks)
     expectations = dataclasses.replace(from_site(part, config.gate), gpu_processes_fail=in_gate)
     return NodePolicy(expectations, only or site_checks, dict(config.probes), config.gate.probe_timeout_s)

@@ -115,6 +115,31 @@ class JobPlan:
                 "signal": self.signal or None,
                 "environment": {setting.name: setting.shown for setting in self.environment}}
 
+    def to_document(self) -> dict:
+        """Every field, for `trainctl job run --plan` (the job script carries it)."""
+        document = {name: getattr(self, name) for name in JOB_PLAN_FIELDS}
+        document["sbatch_options"] = [list(option) for option in self.sbatch_options]
+        document["environment"] = [list(setting) for setting in self.environment]
+        return {"format": PLAN_FORMAT} | document
+
+    @classmethod
+    def from_document(cls, document: dict) -> JobPlan:
+        """The plan `to_document` wrote; UsageError naming what is wrong with any other."""
+        if not isinstance(document, dict) or document.get("format") != PLAN_FORMAT:
+            raise UsageError(f"not a trainctl job plan of format {PLAN_FORMAT}")
+        try:
+            fields = {name: document[name] for name in JOB_PLAN_FIELDS}
+            fields["sbatch_options"] = tuple(SbatchOption(*option) for option in document["sbatch_options"])
+            fields["environment"] = tuple(EnvSetting(*setting) for setting in document["environment"])
+            fields["program"], fields["command"] = tuple(fields["program"]), tuple(fields["command"])
+        except (KeyError, TypeError) as exc:
+            raise UsageError(f"job plan: missing or malformed field {exc}") from None
+        return cls(**fields)
+
+
+PLAN_FORMAT = 1
+JOB_PLAN_FIELDS = tuple(JobPlan.__dataclass_fields__)
+
 
 def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, node_python: str,
              command: tuple[str, ...], version: str) -> JobPlan:

@@ -14,6 +14,7 @@ without a filter is a render error, not an injection. Values go to three places:
 from __future__ import annotations
 
 import functools
+import json
 import re
 from pathlib import Path
 
@@ -127,12 +128,25 @@ def _comment_filter(text: str) -> ShellText:
     return ShellText(text)
 
 
+PLAN_END = "TRAINCTL_PLAN"   # the job script's here-document of the plan ends at this line
+
+
+def _plan_json_filter(plan: JobPlan) -> ShellText:
+    """The plan for `trainctl job run`, as the body of a quoted here-document: bash reads it
+    literally, and no line of JSON (every string in quotes, control characters escaped) can be
+    the line that ends it."""
+    text = json.dumps(plan.to_document(), indent=1, ensure_ascii=False)
+    if PLAN_END in text.split("\n"):
+        raise ValueError(f"a line of the plan is {PLAN_END}: it cannot be written as a here-document")
+    return ShellText(text)
+
+
 def _only_filtered(value: object) -> object:
     """Jinja `finalize`: every `{{ ... }}` must have gone through one of the filters above."""
     if isinstance(value, ShellText) or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     raise TypeError(f"unfiltered value {value!r} in {TEMPLATE}: pass it through q, words, "
-                    "options, directive, env_name or comment")
+                    "options, directive, env_name, comment or plan_json")
 
 
 class _BestEffortBytecodeCache(jinja2.FileSystemBytecodeCache):
@@ -161,5 +175,5 @@ def template_environment() -> jinja2.Environment:
         keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, bytecode_cache=_bytecode_cache())
     environment.filters.update(q=_quote_filter, words=_words_filter, options=_options_filter,
                                directive=_directive_filter, env_name=_env_name_filter,
-                               comment=_comment_filter)
+                               comment=_comment_filter, plan_json=_plan_json_filter)
     return environment

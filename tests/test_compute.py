@@ -7,10 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from trainctl.health.compute.gate_step import ComputePolicy, judge_gate_dir, run_for_gate
+from trainctl.site import GateConfig
+from trainctl.job.gate_compute import ComputePolicy, judge_gate_dir, run_for_gate
 from trainctl.health.compute.judge import (FAILED, NOT_JUDGED, OK, SLOW, GpuFigures, figures_from_report,
                                            judge, node_reasons)
-from trainctl.health.gate import decide, format_report
+from trainctl.job.gate import decide, format_report
 
 H100 = "NVIDIA H100 80GB HBM3"
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
@@ -90,7 +91,7 @@ def test_measuring_this_cpu_gives_figures_and_the_gate_writes_and_judges_them(tm
     for host, scale in (("node2", 1.0), ("node3", 0.4), ("node4", 1.0)):
         copy = dict(stored, host=host, devices=[dict(device, tflops=device["tflops"] * scale)])
         (tmp_path / "compute" / f"{host}.json").write_text(json.dumps(copy))
-    verdicts, reasons = judge_gate_dir(tmp_path, ComputePolicy())
+    verdicts, reasons = judge_gate_dir(tmp_path, ComputePolicy.from_gate(GateConfig()))
     assert set(reasons) == {"node3"} and reasons["node3"][0].startswith("compute fail-slow: CPU: matmul")
     healthy = {h: {"host": h, "status": "ok", "checks": []} for h in ("node1", "node2", "node3", "node4")}
     # without a fabric report node1 (its coordinator) is left out too
@@ -102,7 +103,7 @@ def test_measuring_this_cpu_gives_figures_and_the_gate_writes_and_judges_them(tm
 
 
 def test_a_node_not_ready_when_the_turns_start_gets_no_turn_and_delays_no_one(tmp_path, monkeypatch):
-    import trainctl.health.compute.gate_step as gate_step
+    import trainctl.job.gate_compute as gate_step
 
     monkeypatch.setattr(gate_step, "turn_limit_s", lambda budget_s: 0.3)
     (tmp_path / "compute").mkdir()
@@ -117,7 +118,7 @@ def test_a_node_not_ready_when_the_turns_start_gets_no_turn_and_delays_no_one(tm
 
 
 def test_without_node_0s_order_the_others_go_in_rank_order_and_a_missing_turn_is_skipped(tmp_path, monkeypatch):
-    import trainctl.health.compute.gate_step as gate_step
+    import trainctl.job.gate_compute as gate_step
 
     monkeypatch.setattr(gate_step, "turn_limit_s", lambda budget_s: 0.2)
     monkeypatch.setattr(gate_step, "ORDER_GRACE_S", 0.3)

@@ -136,11 +136,10 @@ def test_rail_identity_numbers_node_n_rail_r_as_rank_n_times_r_plus_r():
 
 
 def test_rails_come_from_the_site_unless_given():
-    from trainctl.health.cli import _fabric_options, _fabric_policy
+    from trainctl.health.fabric.options import FabricOverrides, fabric_options, fabric_policy
 
     def rails(site, given=None):
-        options, _, _ = _fabric_options(_fabric_policy(site, None), None, None, None, 2, None, None, None, None,
-                                        False, 0, given)
+        options, _, _ = fabric_options(fabric_policy(site, None), FabricOverrides(rails=given))
         return options.rails
 
     assert rails("dgx-h100") == DGX_RAILS

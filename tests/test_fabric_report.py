@@ -1,9 +1,9 @@
 """The fabric verdict as a pure function of what ranks sent back (no torch, no network)."""
 
 import pytest
-import click
 
-from trainctl.health.cli import parse_size
+from trainctl.errors import UsageError
+from trainctl.health.fabric.options import parse_size
 from trainctl.health.fabric.report import build_report, pair_figures, retest_rounds
 
 SIZES = (1 << 20, 16 << 20)
@@ -96,7 +96,7 @@ def test_sizes_parse_like_nccl_tests(text, size):
 
 @pytest.mark.parametrize("text", ["0", "1X", "", "M", "6"])
 def test_bad_sizes_are_rejected(text):
-    with pytest.raises(click.BadParameter):
+    with pytest.raises(UsageError):
         parse_size(text)
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from support.replay import LIBRARY, write_replay
-from trainctl.health.gate import BeatWatch, decide, format_report
+from trainctl.job.gate import decide, format_report
+from trainctl.job.sentinel import BeatWatch
 from trainctl.proc import run
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
@@ -397,3 +398,22 @@ def test_sentinel_with_an_unwritable_log_is_one_line_and_exit_2(tmp_path):
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("trainctl: error: cannot write the sentinel's log") and out.stderr.count("\n") == 1
+
+
+def test_gate_decide_reads_the_site_once(tmp_path, monkeypatch):
+    """The site is loaded into one GatePolicy that travels: deadline, grace, compute, [gate], drains."""
+    from click.testing import CliRunner
+
+    import trainctl.site as site_module
+    from trainctl.errors import GateFailed
+    from trainctl.job.gate_cli import gate
+
+    loads = []
+    real_load = site_module.load_site
+    monkeypatch.setattr(site_module, "load_site", lambda *args, **kwargs: loads.append(args) or real_load(*args, **kwargs))
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "gate-step.status").write_text("0\n")   # the gate step is over: decide does not wait
+    result = CliRunner().invoke(gate, ["decide", "--site", "local-demo", "--dir", str(tmp_path), "--nodes", "1",
+                                       "--allocated", "n1", "--wait"], standalone_mode=False)
+    assert isinstance(result.exception, GateFailed)   # n1 never reported
+    assert loads == [("local-demo",)]

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import ConfigError
-from trainctl.health.gate import decide
+from trainctl.job.gate import decide
 from trainctl.site import load_site
 from trainctl.slurm import REASON_MAX_BYTES, SINFO_FORMAT, parse_sinfo_states
 from trainctl.sweep.db import History
 from trainctl.sweep.drain import RECHECK, plan_resumes
-from trainctl.sweep.gate_drain import plan_gate_drains
+from trainctl.job.gate_drain import plan_gate_drains
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
 DEMO_SITE = Path(__file__).resolve().parents[1] / "site-configs" / "local-demo.toml"

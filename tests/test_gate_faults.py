@@ -25,8 +25,8 @@ from support.replay import LIBRARY, write_replay
 from support.slurm_jobs import TERMINAL_STATES, submit
 from trainctl.devcluster import faults
 from trainctl.devcluster.processes import log_tails
-from trainctl.health.compute.gate_step import compute_deadline_s, compute_policy
-from trainctl.health.gate import gate_deadline_s
+from trainctl.job.gate_compute import ComputePolicy, compute_deadline_s
+from trainctl.job.gate import gate_deadline_s
 from trainctl.proc import run, run_checked
 from trainctl.site import load_site
 from trainctl.slurm import job_port, parse_scontrol_oneliner
@@ -216,7 +216,7 @@ def test_a_node_lost_during_the_gate_is_left_out_and_the_job_completes(devcluste
     # the training step starts within the gate's deadline + 10 s (the bound the site promises)
     gate = load_site("local-demo").config.gate
     deadline = gate_deadline_s(gate.probe_timeout_s, gate.fabric_timeout_s,
-                               compute_deadline_s(compute_policy("local-demo"), 4))
+                               compute_deadline_s(ComputePolicy.from_gate(gate), 4))
     assert outcome["job_start_to_training_s"] < deadline + 10, outcome
 
 
@@ -236,7 +236,7 @@ def test_a_node_dead_before_the_compute_turns_delays_no_one(devcluster, tmp_path
     assert sorted(p.stem for p in (gate_dir / "compute").glob("*.json")) == ["node1", "node2", "node3"]
     gate = load_site(str(site)).config.gate
     deadline = gate_deadline_s(gate.probe_timeout_s, gate.fabric_timeout_s,
-                               compute_deadline_s(compute_policy(str(site)), 4))
+                               compute_deadline_s(ComputePolicy.from_gate(gate), 4))
     assert outcome["job_start_to_training_s"] < deadline + 10, outcome
 
 

@@ -4,7 +4,7 @@ import json
 
 from support.replay import LIBRARY
 from test_gate import fabric_report
-from trainctl.health.gate import decide
+from trainctl.job.gate import decide
 from trainctl.health.node import NodePolicy, counter_growth
 from trainctl.health.expectations import NodeExpectations
 from trainctl.health.parse.counters import parse_perfquery

@@ -16,7 +16,7 @@ import pytest
 from support.replay import LIBRARY, write_replay
 from support.slurm_jobs import submit, wait_for_job
 from trainctl.errors import ExternalCommandError
-from trainctl.launcher.job_show import LocalFiles, RankLog, fold_numbers, fold_tails, last_lines
+from trainctl.job.show import LocalFiles, RankLog, fold_numbers, fold_tails, last_lines
 from trainctl.launcher.plan import SubmitRequest, plan_job
 from trainctl.launcher.render import render_script
 from trainctl.proc import run_checked
@@ -56,11 +56,11 @@ def render_for(site_name: str, **launch) -> str:
 
 def test_rank_files_and_flight_recorder_are_per_site_and_can_be_turned_off():
     on = render_for("dgx-h100")
-    assert '--output="$gate_dir"/rank-%N-%t.out' in on
+    assert '"rank_output": true' in on
     assert 'export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$gate_dir"/nccl-trace-rank-' in on
     assert "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000" in on and "export TORCH_NCCL_DUMP_ON_TIMEOUT=1" in on
     off = render_for("dgx-h100", rank_output=False, flight_recorder_entries=0)
-    assert "rank-%N-%t.out" not in off and "TORCH_" not in off
+    assert '"rank_output": false' in off and "TORCH_" not in off
 
 
 # ---------------------------------------------------------------- a hung job on the dev cluster
@@ -139,7 +139,7 @@ def test_a_file_that_cannot_be_read_is_one_error_line_not_a_crash(tmp_path):
 
 def test_job_show_follows_the_attempts_of_a_retried_job(tmp_path):
     """Attempt files as `trainctl job retry` writes them (tests/test_retry_cluster.py makes real ones)."""
-    from trainctl.launcher.job_show import chain_lines, collect_chain
+    from trainctl.job.show import chain_lines, collect_chain
 
     first, second = tmp_path / "trainctl-gate-7", tmp_path / "trainctl-gate-8"
     first.mkdir()
@@ -158,3 +158,36 @@ def test_job_show_follows_the_attempts_of_a_retried_job(tmp_path):
         "submitted job 8 excluding node3",
         "  job 8 (this job): attempt 2: no retry recorded (still running, or it ended without one)"]
     assert chain_lines(collect_chain(LocalFiles(), str(tmp_path / "trainctl-gate-9"), "9"), "9") == []
+
+
+def test_job_show_prints_the_chains_timeline_and_goodput_from_the_journals(tmp_path):
+    from trainctl.job.show import collect_job, format_job, to_json
+
+    first, second = tmp_path / "trainctl-gate-7", tmp_path / "trainctl-gate-8"
+    first.mkdir()
+    second.mkdir()
+    (first / "retry.json").write_text(json.dumps({"job_id": "7", "attempt": 1, "retries": 1, "reason": "lost",
+                                                  "bad_nodes": {}, "exclude": [], "successor": "8", "retry": True}))
+    (second / "attempt.json").write_text(json.dumps({"job_id": "8", "attempt": 2, "previous_job": "7"}))
+
+    def journal(directory, events):
+        (directory / "journal.jsonl").write_text("".join(json.dumps({"t": t, "event": e, **f}) + "\n"
+                                                         for t, e, f in events) + "{torn")
+
+    journal(first, [(100, "job_start", {"attempt": 1}), (100.5, "submitted", {"submitted_t": 90}),
+                    (110, "training_start", {"nodes": "node[1-2]"}), (140, "checkpoint", {"checkpoint_t": 140}),
+                    (150, "step_end", {"status": 1, "training_start_t": 110, "last_checkpoint_t": 140}),
+                    (155, "job_end", {"status": 1})])
+    journal(second, [(160, "job_start", {"attempt": 2}), (160.5, "submitted", {"submitted_t": 152}),
+                     (170, "training_start", {}), (200, "step_end", {"status": 0, "training_start_t": 170}),
+                     (200, "job_end", {"status": 0})])
+    view = collect_job(LocalFiles(), "8", str(second), 5)
+    text = format_job(view, 5, now=10_000)
+    assert text.index("  +0:00:00 job 7: submitted to Slurm") < text.index("  +0:00:10 job 7: job started: attempt 1")
+    assert "  +0:00:50 job 7: checkpoint seen" in text and "  +0:01:50 job 8: training step ended: status 0" in text
+    # productive: 110-140 and 170-200 of 110 s; lost: queue 10+8, gate 10+10, restart 2, lost work 10
+    assert "goodput: 54.5% (0:01:00 productive of 0:01:50 since the first submit)" in text
+    assert "  lost: queue 0:00:18, gate 0:00:20, restart 0:00:02, lost work 0:00:10" in text
+    data = to_json(view, 5, now=10_000)
+    assert data["goodput"]["goodput"] == pytest.approx(60 / 110, abs=1e-4)
+    assert [link["job_id"] for link in data["timeline"]] == ["7", "8"] and len(data["timeline"][1]["events"]) == 5

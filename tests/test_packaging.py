@@ -17,7 +17,8 @@ import trainctl
 REPO = Path(__file__).resolve().parents[1]
 # The folders the wheel maps into the `trainctl` namespace (setup.py's ROOTS).
 ROOTS = {"trainctl": "trainctl", "launcher": "trainctl/launcher", "health": "trainctl/health",
-         "sweep": "trainctl/sweep", "templates": "trainctl/templates", "site-configs": "trainctl/site_configs",
+         "sweep": "trainctl/sweep", "job": "trainctl/job",
+         "templates": "trainctl/templates", "site-configs": "trainctl/site_configs",
          "contrib": "trainctl/contrib"}
 
 

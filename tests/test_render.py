@@ -2,6 +2,7 @@
 
 import dataclasses
 import difflib
+import json
 import os
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def test_a_cpu_job_requests_no_gpus_and_runs_ranks_unbound(tmp_path):
                                                   gpus_per_node=0)))
     check_shell(script, tmp_path)
     assert "--gpus-per-node" not in script and "#SBATCH --ntasks-per-node=1" in script
-    assert "--no-bind" in script and "--cpu-bind=none" not in script
+    assert '"bind": false' in script and '"tasks_per_node": 1' in script
 
 
 def test_values_not_safe_in_sbatch_lines_go_on_sbatch_argv():
@@ -189,7 +190,9 @@ def run_with_standins(tmp_path: Path, request: SubmitRequest, job_id: str, *, re
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(tmp_path),
                SLURM_JOB_ID=job_id, SLURM_JOB_NUM_NODES=str(plan.allocated_nodes),
                SLURM_JOB_NODELIST=f"node[1-{plan.allocated_nodes}]", SLURMD_NODENAME="node1")
-    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+    script_path = tmp_path / "job.sh"   # as slurmd runs it: a file, whose path is the script's $0
+    script_path.write_text(script)
+    result = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, env=env, cwd=tmp_path,
                             timeout=60)
     return plan, result
 
@@ -261,6 +264,11 @@ def test_the_job_is_shrunk_to_the_chosen_nodes_and_later_steps_see_the_new_size(
     assert sentinel_starts(tmp_path) == 2
     _, job_step = srun_steps(tmp_path)
     assert job_step[:2] == ["--nodelist=node[1,4-5]", "--nodes=3"]
+    journal = [json.loads(line) for line in (tmp_path / "trainctl-gate-81" / "journal.jsonl").read_text().splitlines()]
+    assert [event["event"] for event in journal] == ["job_start", "gate_start", "gate_end", "released",
+                                                     "training_start", "step_end", "job_end"]
+    assert journal[3]["holds"] == "node[1,4-5]" and journal[5]["status"] == 0
+    assert all(a["t"] <= b["t"] for a, b in zip(journal, journal[1:]))
 
 
 def test_the_batch_host_stays_in_the_job_when_the_gate_left_it_out(tmp_path):
@@ -299,8 +307,8 @@ def test_release_unused_off_renders_no_resize():
     request = GOLDEN_REQUESTS["local-demo"]
     script = render_script(plan_job(site, request, node_trainctl=NODE_TRAINCTL, node_python=NODE_PYTHON,
                                     command=("trainctl",), version="0"))
-    assert "scontrol update" not in script and "release_unused_nodes" not in script
-    assert "scontrol update JobId=" in render_script(plan_for(request))
+    assert '"release_unused": false' in script and "go back to Slurm" not in script
+    assert '"release_unused": true' in render_script(plan_for(request))
 
 
 def test_too_few_healthy_nodes_stop_the_script_with_the_gates_line(tmp_path):

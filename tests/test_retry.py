@@ -1,15 +1,15 @@
 """Requeue around bad nodes, without Slurm: the pure retry decision, what the successor's sbatch
-gets, submit's --retries/--signal, and the rendered script calling `trainctl job retry`."""
+gets, submit's --retries/--signal, and the plan the job script hands to the supervisor."""
 
 import subprocess
 
 import pytest
 
 from trainctl.errors import UsageError
-from trainctl.launcher.plan import SubmitRequest, check_signal, plan_job
+from trainctl.launcher.plan import JobPlan, SubmitRequest, check_signal, plan_job
 from trainctl.launcher.render import render_script
-from trainctl.launcher.retry import (Attempt, Evidence, attempt_from_environment, decide_retry, gate_bad_nodes,
-                                     successor_argv, successor_environment, summary_line, record)
+from trainctl.job.retry import (Attempt, Evidence, attempt_from_environment, decide_retry, gate_bad_nodes,
+                                successor_argv, successor_environment, summary_line, record)
 from trainctl.site import load_site
 
 NODES = ("node1", "node3")
@@ -131,9 +131,9 @@ def test_retries_and_signal_reach_the_script(tmp_path):
     plan = _plan(retries=2, signal="USR1@120", job_name="a b")
     script = render_script(plan)
     assert "#SBATCH --signal=USR1@120" in script.splitlines()
-    assert '--retries 2' in script and '--script "$0" -- \'--job-name=a b\'' in script
-    assert 'retry_around_bad_nodes gate "$status" "$SLURM_JOB_NODELIST"' in script
-    assert script.rstrip().endswith('exit "$step_status"')
+    assert '"retries": 2' in script and "at most 2 times" in script
+    assert ' job run --script "$0" --plan - <<' in script  # a retry submits $0 again
+    assert JobPlan.from_document(plan.to_document()) == plan
     (tmp_path / "job.sh").write_text(script)
     subprocess.run(["bash", "-n", str(tmp_path / "job.sh")], check=True, timeout=30)
     subprocess.run(["shellcheck", str(tmp_path / "job.sh")], check=True, timeout=60)
@@ -141,7 +141,7 @@ def test_retries_and_signal_reach_the_script(tmp_path):
 
 def test_no_retries_no_retry_code():
     script = render_script(_plan(retries=0, signal=""))
-    assert "job retry" not in script and "--signal" not in script and "step_status" not in script
+    assert '"retries": 0' in script and "submitted again" not in script and "--signal" not in script
 
 
 def test_negative_retries_refused():

@@ -125,8 +125,8 @@ def test_local_submit_sends_the_script_on_stdin_and_prints_the_job_id(tmp_path):
     assert json.loads((tmp_path / "bin" / "sbatch.argv.json").read_text()) == [
         "--parsable", "--job-name=it's $(x)"]
     submitted = (tmp_path / "bin" / "sbatch.stdin").read_text()
-    # the same script as the dry run, but for the command line in its header
-    assert submitted.replace(" --dry-run", "", 1).splitlines()[4:] == dry.stdout.splitlines()[4:]
+    # the same script as the dry run, but for the command line in its header and in its plan
+    assert submitted.splitlines()[4:] == [line for line in dry.stdout.splitlines()[4:] if line != '  "--dry-run",']
     assert "# Command: trainctl submit --site local-demo --nodes 2 --spare 1 --job-name 'it'\"'\"'s $(x)' " \
            f"-- {TRAIN_DDP} --steps 3" in submitted
 
@@ -163,7 +163,8 @@ def test_a_bare_script_name_runs_the_file_the_check_found(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["plan"]["program"] == [str(run_sh), "x"]
-    assert report["script"].rstrip().endswith(f"-- {run_sh} x")
+    plan_text = report["script"].split("<<'TRAINCTL_PLAN'\n", 1)[1].rsplit("TRAINCTL_PLAN", 1)[0]
+    assert json.loads(plan_text)["program"] == [str(run_sh), "x"]   # what the job's supervisor runs
     # a command found on PATH runs as the file found there
     on_path = json.loads(submit(tmp_path, "--site", "local-demo", "--nodes", "1", "--dry-run", "--json",
                                 "--", "sbatch").stdout)

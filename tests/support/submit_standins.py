@@ -1,7 +1,7 @@
 """Stand-ins for the job-script tests of `trainctl submit`.
 
-The script's own shell logic (quoting, the gate's two steps, the hand-over to rank-exec)
-is what these tests check, so the commands around it are replaced by small scripts that
+The job's own logic (quoting, the supervisor's gate steps, the release, the hand-over to
+rank-exec) is what these tests check, so the commands around it are replaced by small scripts that
 record what they were given: `sbatch` (argv and the script on stdin), `srun` (one local
 task) and the gate half of `trainctl` (answers from environment variables; the real gate
 has tests of its own). `rank-exec` is always the real one.
@@ -96,7 +96,7 @@ def write_squeue(bin_dir: Path) -> Path:
 
 
 def write_trainctl(path: Path, *, log: Path, decision: str = "", failure: str = "") -> Path:
-    """`trainctl` whose `gate node`/`gate decide` answer as told; `rank-exec` is the real one.
+    """`trainctl` whose `gate node`/`gate decide` answer as told; `job run` and `rank-exec` are the real ones.
 
     Every gate call appends a line to `log` (the node's name and the arguments). `gate decide`
     prints `decision` (nodes, newline, master address), or, if `failure` is set, prints that
@@ -119,7 +119,7 @@ case "${{1:-}} ${{2:-}}" in
         exit 2
     fi
     printf '%s\\n' {shlex.quote(decision)};;
-  "rank-exec "*)
+  "rank-exec "*|"job run")
     exec {shlex.quote(REAL_TRAINCTL)} "$@";;
   *)
     echo "stand-in trainctl: unexpected arguments: $*" >&2

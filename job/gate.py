@@ -39,24 +39,9 @@ STARTUP_MARGIN_S = 15.0
 
 def gate_deadline_s(probe_timeout_s: float, fabric_timeout_s: float, compute_s: float = 0.0) -> float:
     """How long the gate may take as a whole: node checks, the compute test (`compute_s`, see
-    `compute.gate_step.compute_deadline_s`), then the fabric test, plus margins."""
+    `job.gate_compute.compute_deadline_s`), then the fabric test, plus margins."""
     return (probe_timeout_s + PROBE_KILL_SLACK_S + compute_s + fabric_timeout_s + FABRIC_WATCHDOG_SLACK_S
             + STARTUP_MARGIN_S)
-
-
-@dataclass
-class BeatWatch:
-    """Silence of a heartbeat seen as a value that changes (a counter in a file): silent once
-    the value has not changed for `silence_s` of the watcher's own clock (no clock skew)."""
-    silence_s: float
-    last: str | None = None
-    since: float | None = None
-
-    def silent(self, beat: str | None, now: float) -> bool:
-        if self.since is None or beat != self.last:
-            self.last, self.since = beat, now
-            return False
-        return now - self.since >= self.silence_s
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""Requeue around bad nodes: `trainctl job retry`, run by the job script when the gate or the
+"""Requeue around bad nodes: the job's supervisor (or `trainctl job retry`), when the gate or the
 training step failed, decides whether the job submits its successor and submits it.
 
 Collect (`collect_evidence`: the job's record, the nodes' Slurm states, a probe step that
-tells which nodes still start a task) -> decide (`decide_retry`, pure) -> act (`submit_successor`:
+tells which nodes still start a task; Slurm's commands run in `slurm_actions`) -> decide
+(`decide_retry`, pure) -> act (`retry_around_bad_nodes`:
 sbatch with the same script, `--exclude` the bad nodes, `--dependency=afterany:` this job, a
 `--comment` naming the attempt; `retry.json` in this job's gate directory and `attempt.json`
 in the successor's, so `trainctl job show` can follow the chain).
@@ -27,7 +28,6 @@ from typing import Literal
 ATTEMPT_FILE = "attempt.json"       # in a successor's gate dir: its attempt number and predecessor
 RETRY_FILE = "retry.json"           # in a failed attempt's gate dir: what was decided and done
 PROBE_PREFIX = "alive-"             # the probe step's per-node output files in the gate dir
-PROBE_TIMEOUT_S = 45.0              # srun gives up on an unreachable slurmd after MessageTimeout (10 s)
 # Slurm states (sinfo %T, suffix removed; scontrol State= flags) that mean the node is gone.
 LOST_STATES = ("down", "fail", "failing", "not_responding", "unknown", "future", "power_down")
 # sbatch reads these SLURM_ variables as input (sbatch(1) INPUT ENVIRONMENT VARIABLES); every
@@ -187,55 +187,63 @@ def summary_line(rec: dict) -> str:
 
 def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, env: dict[str, str]) -> Evidence:
     from trainctl.errors import TrainctlError
-    from trainctl.proc import run
-    from trainctl.slurm import SCONTROL_TIMEOUT_S, expand_hostlist, node_states, parse_scontrol_oneliner
+    from trainctl.job.slurm_actions import job_record, probe_nodes
+    from trainctl.slurm import expand_hostlist, node_states
 
     job_id = env["SLURM_JOB_ID"]
     decision = _read_json(posixpath.join(gate_dir, "decision.json"))
     if phase == "gate":
         return Evidence("gate", status, tuple(nodes), gate_bad_nodes(decision))
-    record_text = run(["scontrol", "show", "job", "-o", job_id], timeout=SCONTROL_TIMEOUT_S, env=env)
-    job: dict[str, str] = {}
-    for part in parse_scontrol_oneliner(record_text.stdout if record_text.ok else ""):
-        job.update(part)
+    job = job_record(job_id, env)
     in_job = tuple(expand_hostlist(job["NodeList"])) if job.get("NodeList") else None
     try:
         states = {name: state.label for name, state in node_states(nodes=nodes, env=env).items()}
     except TrainctlError:  # sinfo failed: weaker evidence (the job record and the probe remain)
         states = {}
-    batch_host = env.get("SLURMD_NODENAME", "")
     reachable = [node for node in nodes if in_job is None or node in in_job]
-    # The batch host is probed too, trained on or not (the gate may leave it out of the step): its
-    # answer is what shows the probe itself could start.
-    probed = reachable + ([batch_host] if batch_host and batch_host not in reachable else [])
-    answered = probe_nodes(probed, gate_dir, env) if probed else ()
+    batch_host = env.get("SLURMD_NODENAME", "")
+    # the batch host is probed too, even when the gate left it out of the step: a probe that
+    # does not start there (this very script's node) says nothing about the others
+    probed = reachable + ([batch_host] if reachable and batch_host and batch_host not in reachable else [])
+    answered = probe_nodes(probed, gate_dir, PROBE_PREFIX, env) if probed else ()
     return Evidence("step", status, tuple(nodes), {}, in_job, states, answered, batch_host)
 
 
-def probe_nodes(nodes: list[str], gate_dir: str, env: dict[str, str]) -> tuple[str, ...]:
-    """Nodes on which a one-task-per-node step still starts: slurmstepd creates the task's output
-    file before the task runs, so a node without its file did not start one."""
-    from trainctl.proc import run
-    from trainctl.slurm import fold_hostlist
+def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[str], retries: int,
+                           script_path: str, sbatch_options: tuple[str, ...], env: dict[str, str]) -> dict:
+    """Collect, decide and (when decided) submit the successor; record it all in retry.json, in the
+    successor's attempt.json and in report.txt. Returns the record (`summary_line` says it)."""
+    from trainctl.errors import TrainctlError
+    from trainctl.job.slurm_actions import submit_successor
 
-    for name in os.listdir(gate_dir):
-        if name.startswith(PROBE_PREFIX):
-            os.unlink(os.path.join(gate_dir, name))
-    count = len(nodes)
-    run(["srun", "--overlap", "--job-name=trainctl-probe", f"--nodelist={fold_hostlist(nodes)}",
-         f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-         "--input=none", f"--output={gate_dir}/{PROBE_PREFIX}%N.out", "true"],
-        timeout=PROBE_TIMEOUT_S, env=env)
-    present = set(os.listdir(gate_dir))
-    return tuple(node for node in nodes if f"{PROBE_PREFIX}{node}.out" in present)
-
-
-def submit_successor(script_text: str, argv: list[str], env: dict[str, str], submit_dir: str) -> str:
-    from trainctl.launcher.submit import SBATCH_TIMEOUT_S, parse_parsable
-    from trainctl.proc import run_checked
-
-    result = run_checked(argv, timeout=SBATCH_TIMEOUT_S, input_text=script_text, cwd=submit_dir, env=env)
-    return parse_parsable(result.stdout)[0]
+    job_id = env["SLURM_JOB_ID"]
+    attempt = attempt_from_environment(env, job_id, retries)
+    evidence = collect_evidence(phase, status, nodes, gate_dir, env)
+    decision = decide_retry(attempt, evidence)
+    successor = error = None
+    if decision.retry:
+        argv = successor_argv(attempt, decision, sbatch_options)
+        try:
+            with open(script_path) as handle:
+                script_text = handle.read()
+            successor = submit_successor(script_text, argv, successor_environment(env, attempt, decision),
+                                         env.get("SLURM_SUBMIT_DIR") or os.getcwd())
+        except (OSError, TrainctlError) as exc:
+            error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    rec = record(attempt, evidence, decision, successor, error)
+    write_json(os.path.join(gate_dir, RETRY_FILE), rec)
+    if successor:
+        next_dir = os.path.join(os.path.dirname(os.path.abspath(gate_dir)), f"trainctl-gate-{successor}")
+        os.makedirs(next_dir, exist_ok=True)
+        write_json(os.path.join(next_dir, ATTEMPT_FILE), {
+            "job_id": successor, "attempt": decision.next_attempt, "retries": retries,
+            "previous_job": job_id, "excluded": list(decision.exclude)})
+    try:
+        with open(os.path.join(gate_dir, "report.txt"), "a") as report:
+            report.write(f"\nretry: {summary_line(rec)}\n")
+    except OSError:
+        pass
+    return rec
 
 
 def write_json(path: str, data: dict) -> None:

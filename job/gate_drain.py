@@ -12,8 +12,8 @@ looked at right before. Where the job's user lacks Slurm operator rights the rep
 sweep history as a sweep of kind "gate" when the job can write it, so `trainctl resume`
 treats it like its own; otherwise the report says it is not recorded.
 
-Planning is pure (`plan_gate_drains`); `drain_excluded` does the Slurm calls. It lives with
-the sweeps because its drains go into their history; `trainctl gate decide` calls it.
+Planning is pure (`plan_gate_drains`); `drain_excluded` does the Slurm calls and records the
+drains in the sweep history (trainctl.sweep); `trainctl gate decide` calls it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Mapping
 
 from trainctl.errors import PrivilegeError, TrainctlError
-from trainctl.health.gate import Decision
+from trainctl.job.gate import Decision
 
 NO_RIGHTS = "not drained: no operator rights"
 
@@ -69,14 +69,12 @@ def plan_gate_drains(decision: Decision, node_reports: Mapping[str, dict], fabri
     return drains
 
 
-def drain_excluded(site: str | None, decision: Decision, node_reports: Mapping[str, dict],
+def drain_excluded(site: str | None, config, decision: Decision, node_reports: Mapping[str, dict],
                    fabric: dict | None, environ: Mapping[str, str], clock=time.time) -> list[GateDrain]:
-    """Drain what the site's `[gate] drain_on` asks for; never raises for Slurm or rights."""
-    if site is None:
+    """Drain what the site's `[gate] drain_on` asks for (`config`: the site, loaded; None: no site);
+    never raises for Slurm or rights."""
+    if site is None or config is None:
         return []
-    from trainctl.site import load_site
-
-    config = load_site(site).config
     if not config.gate.drain_on:
         return []
     job_id = environ.get("SLURM_JOB_ID", "?")

@@ -1,4 +1,5 @@
-"""`trainctl job show JOBID`: the gate's decision, Slurm's record of the job, and the end of each rank's log.
+"""`trainctl job show JOBID`: the chain's timeline and goodput (from the journals), the gate's decision,
+Slurm's record of the job, and the end of each rank's log.
 
 A hung job's ranks usually all stop at the same line but one: the rank that did not reach
 the collective everyone else waits in. So each rank's last lines are compared and folded:
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trainctl.errors import ExternalCommandError, UsageError
+from trainctl.job.journal import JOURNAL_FILE, Goodput, goodput, goodput_lines, parse_journal, timeline_lines
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
 
@@ -72,6 +74,7 @@ class JobView:
     ranks: tuple[RankLog, ...]
     flight_dumps: tuple[str, ...]  # file names of the flight recorder's per-rank dumps
     chain: tuple[dict, ...] = ()   # submit --retries: each attempt's job id and retry.json, first to last
+    journals: tuple[tuple[str, tuple[dict, ...]], ...] = ()   # (job id, its journal's events), first to last
 
 
 # ---------------------------------------------------------------- pure
@@ -138,7 +141,7 @@ def attempt_lines(slurm: dict[str, str]) -> list[str]:
 
 def chain_lines(chain: tuple[dict, ...], job_id: str) -> list[str]:
     """Each attempt of a job submitted with --retries: what it ended with and which job followed."""
-    from trainctl.launcher.retry import summary_line
+    from trainctl.job.retry import summary_line
 
     if len(chain) < 2 and not any(link.get("retry") for link in chain):
         return []
@@ -154,12 +157,31 @@ def chain_lines(chain: tuple[dict, ...], job_id: str) -> list[str]:
     return lines
 
 
-def format_job(view: JobView, line_count: int) -> str:
+def chain_start(journals: tuple[tuple[str, tuple[dict, ...]], ...]) -> float | None:
+    """The first submit of the chain (else its first event): where its wall time starts."""
+    times = [event.get("submitted_t") if event["event"] == "submitted" else event["t"]
+             for _, events in journals for event in events]
+    times = [t for t in times if isinstance(t, (int, float))]
+    return min(times) if times else None
+
+
+def timeline_and_goodput(view: JobView, now: float) -> tuple[list[str], Goodput | None]:
+    start = chain_start(view.journals)
+    if start is None:
+        return ["timeline: no journal.jsonl (a job script from an older trainctl, or the job has not started)"], None
+    result = goodput([list(events) for _, events in view.journals], now)
+    lines = ["timeline (from the first submit):"]
+    lines += timeline_lines([(job, list(events)) for job, events in view.journals], start)
+    return lines + (goodput_lines(result) if result else []), result
+
+
+def format_job(view: JobView, line_count: int, now: float) -> str:
     name = view.slurm.get("JobName", "")
     lines = [f"job {view.job_id}{f' ({name})' if name else ''}: gate directory {view.gate_dir}"]
     lines += attempt_lines(view.slurm)
     lines += chain_lines(view.chain, view.job_id)
     lines += gate_summary(view.decision)
+    lines += timeline_and_goodput(view, now)[0]
     if not view.ranks:
         lines.append("ranks: no rank-<node>-<rank>.out files (the job step did not start, or the site "
                      "sets launch.rank_output = false: see slurm-<id>.out)")
@@ -183,8 +205,11 @@ def format_job(view: JobView, line_count: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_json(view: JobView, line_count: int) -> dict:
+def to_json(view: JobView, line_count: int, now: float) -> dict:
+    result = timeline_and_goodput(view, now)[1]
     return {"job_id": view.job_id, "gate_dir": view.gate_dir, "slurm": view.slurm, "decision": view.decision,
+            "timeline": [{"job_id": job, "events": list(events)} for job, events in view.journals],
+            "goodput": result.to_json() if result else None,
             "lines": line_count, "flight_recorder_dumps": list(view.flight_dumps),
             "attempts": [{"job_id": link["job_id"], "retry": link.get("retry")} for link in view.chain],
             "groups": [{"ranks": list(g.ranks), "nodes": list(g.nodes), "tail": list(g.tail),
@@ -221,14 +246,19 @@ def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int
             ranks.append(RankLog(int(match["rank"]), match["node"], last_lines(text, line_count), mtime,
                                  slurm_notes(text)))
     dumps = tuple(sorted(name for name, _ in entries if name.startswith(FLIGHT_RECORDER_PREFIX)))
+    chain = collect_chain(files, gate_dir, job_id)
+    parent = posixpath.dirname(gate_dir.rstrip("/"))
+    journals = tuple((link["job_id"], tuple(parse_journal(files.read(
+        posixpath.join(parent, f"trainctl-gate-{link['job_id']}", JOURNAL_FILE), JSON_MAX_BYTES) or "")))
+        for link in chain)
     return JobView(job_id, gate_dir, slurm, decision, tuple(sorted(ranks, key=lambda r: r.rank)), dumps,
-                   collect_chain(files, gate_dir, job_id))
+                   chain, journals)
 
 
 def collect_chain(files: Files, gate_dir: str, job_id: str) -> tuple[dict, ...]:
     """Follow attempt.json back (the predecessor) and retry.json forward (the successor) through
     the sibling gate directories: every attempt of one --retries job runs in the same submit dir."""
-    from trainctl.launcher.retry import ATTEMPT_FILE, RETRY_FILE
+    from trainctl.job.retry import ATTEMPT_FILE, RETRY_FILE
 
     parent = posixpath.dirname(gate_dir.rstrip("/"))
 

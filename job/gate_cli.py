@@ -1,4 +1,4 @@
-"""`trainctl gate node|decide`: the health gate a job script runs before its real `srun`."""
+"""`trainctl gate node|decide|sentinel`: the health gate the job's supervisor runs before the training step."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from trainctl.validate import DAY_S, MAX_NODES, Bounds, Number
 def gate() -> None:
     """The in-job health gate: check every allocated node, then choose the healthy ones.
 
-    A job script runs `srun --ntasks-per-node=1 trainctl gate node --dir D` on all its
-    nodes, then `trainctl gate decide --dir D --nodes N` on the batch host, and starts the
-    real job on the nodes that decide prints. `trainctl submit` writes such scripts.
+    The job's supervisor (`trainctl job run`, which the scripts `trainctl submit` writes hand
+    over to) runs `srun --ntasks-per-node=1 trainctl gate node --dir D` on all its nodes, then
+    `trainctl gate decide --dir D --nodes N` on the batch host, and starts the real job on the
+    nodes that decide prints.
     """
 
 
@@ -34,28 +35,30 @@ def node(site, partition, gate_dir, no_fabric):
     Writes DIR/nodes/HOST.json and DIR/snapshots/HOST/; rank 0 of the step also writes
     DIR/fabric.json. The verdict is in those files: this exits 0 unless it could not run.
     """
-    from trainctl.health.node import check_node, counter_growth, policy_for
+    from trainctl.health.node import check_node, counter_growth, node_policy
+    from trainctl.job.policy import load_gate_policy
     from trainctl.slurm import this_node_name
 
     ignore_checkpoint_signals()
     root = Path(gate_dir)
     host = this_node_name()  # the name `gate decide` finds in SLURM_JOB_NODELIST
-    policy = policy_for(site, partition, None, in_gate=True)
+    gate_policy = load_gate_policy(site, partition)
+    policy = node_policy(gate_policy.config, gate_policy.partition, None, in_gate=True)
     report = check_node(root / "snapshots" / host, policy, collect=True)
     _write_json(root / "nodes" / f"{host}.json", report.to_json())
     click.echo(f"gate: {host} node checks {report.status.label}", err=True)
-    _run_compute(root, host, site)
+    _run_compute(root, host, gate_policy.compute)
     world = int(os.environ.get("SLURM_NTASKS", "1"))
     if no_fabric or world < 2:
         _write_final_marker(root, host)
         return 0
     from torch.distributed import DistError
 
-    from trainctl.health.cli import run_fabric_from_cli_options
+    from trainctl.health.fabric.options import run_fabric
     from trainctl.health.fabric.runner import end_process
 
     try:
-        fabric = run_fabric_from_cli_options(site=site, partition=partition)
+        fabric = run_fabric(gate_policy.fabric)
     except DistError as exc:  # c10d's store errors: rank 0's node (the store's host) is gone
         click.echo(f"gate: {host}: fabric test ended: lost the coordinator's store: "
                    f"{' '.join(str(exc).split())[:300]}", err=True)
@@ -79,10 +82,9 @@ def _write_final_marker(root: Path, host: str) -> None:
     _write_json(root / "nodes" / f"{host}{FINAL_MARKER}", {"host": host})
 
 
-def _run_compute(root: Path, host: str, site: str | None) -> None:
-    from trainctl.health.compute.gate_step import compute_policy, run_for_gate
+def _run_compute(root: Path, host: str, policy) -> None:
+    from trainctl.job.gate_compute import run_for_gate
 
-    policy = compute_policy(site)
     if not policy.enabled:
         return
     rank = int(os.environ.get("SLURM_PROCID", "0"))
@@ -112,56 +114,9 @@ def sentinel(gate_dir, silence_s, log_file):
     srun writes a task's --output file itself, on the batch host: when that host dies, what the
     sentinel says is lost just when it matters. Hence --log.
     """
-    import time
+    from trainctl.job.sentinel import watch_batch_host
 
-    from trainctl.health.gate import BeatWatch
-
-    if log_file:
-        _write_output_to(Path(log_file))
-    beat_file = Path(gate_dir) / BATCH_HOST_BEAT
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        from trainctl.errors import UsageError
-        raise UsageError("gate sentinel runs inside a Slurm job (no SLURM_JOB_ID)")
-    ignore_checkpoint_signals()
-    click.echo(f"trainctl: sentinel of job {job_id}: watching {beat_file} (silent after {silence_s:g} s)", err=True)
-    watch = BeatWatch(silence_s)
-    while not watch.silent(_read_text(beat_file), time.monotonic()):
-        time.sleep(SENTINEL_POLL_S)
-    why = f"trainctl: batch host lost: no heartbeat in {beat_file} for {silence_s:g} s; job cancelled"
-    click.echo(why, err=True)
-    return _cancel_job(job_id, why)
-
-
-def _write_output_to(path: Path) -> None:
-    """Point this process's stdout and stderr at `path` (appended), at the file descriptor level."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as exc:
-        from trainctl.errors import UsageError
-        raise UsageError(f"cannot write the sentinel's log {path}: {exc.strerror}") from None
-    for target in (1, 2):
-        os.dup2(fd, target)
-    os.close(fd)
-
-
-def _cancel_job(job_id: str, why: str) -> int:
-    """Comment and scancel the job; scancel is retried (bounded) until Slurm accepts it."""
-    import time
-
-    from trainctl.proc import run
-
-    env = dict(os.environ)
-    run(["scontrol", "update", f"JobId={job_id}", f"Comment={why}"], timeout=SLURM_CMD_TIMEOUT_S, env=env)
-    for attempt in range(1, CANCEL_ATTEMPTS + 1):
-        result = run(["scancel", job_id], timeout=SLURM_CMD_TIMEOUT_S, env=env)
-        if result.ok:
-            return 0
-        click.echo(f"trainctl: scancel {job_id} failed (attempt {attempt} of {CANCEL_ATTEMPTS}): "
-                   f"{result.describe_failure()}", err=True)
-        if attempt < CANCEL_ATTEMPTS:
-            time.sleep(CANCEL_RETRY_S)
-    return 4
+    return watch_batch_host(Path(gate_dir), silence_s, Path(log_file) if log_file else None)
 
 
 def ignore_checkpoint_signals() -> None:
@@ -172,13 +127,6 @@ def ignore_checkpoint_signals() -> None:
 
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_IGN)
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()  # open() revalidates an NFS client's cached attributes
-    except OSError:
-        return None
 
 
 @gate.command("decide")
@@ -211,7 +159,8 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     one line (nodes folded by cause, at most 300 characters); the detail is in report.txt.
     """
     from trainctl.errors import GateFailed, UsageError
-    from trainctl.health.gate import decide, format_report
+    from trainctl.job.gate import decide, format_report
+    from trainctl.job.policy import load_gate_policy
     from trainctl.slurm import expand_hostlist, fold_hostlist, node_address
 
     hostlist = allocated or os.environ.get("SLURM_JOB_NODELIST")
@@ -224,31 +173,30 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
 
     source = "--allocated" if allocated else "SLURM_JOB_NODELIST"
     hosts = [check_node_name(host, source) for host in expand_hostlist(hostlist, source=source)]  # file names under DIR
+    policy = load_gate_policy(site, partition)
     root = Path(gate_dir)
     missing = None
     if wait or deadline_s is not None:
-        limit = deadline_s if deadline_s is not None else _site_deadline_s(site, len(hosts))
-        missing = _wait_for_reports(root, hosts, limit, _final_grace_s(site))
+        limit = deadline_s if deadline_s is not None else policy.deadline_s(len(hosts))
+        missing = _wait_for_reports(root, hosts, limit, policy.final_grace_s)
     node_reports = {}
     for path in sorted((root / "nodes").glob("*.json")):
         report = _read_json(path)
         if report is not None:
             node_reports[report.get("host", path.stem)] = report
     fabric = _read_json(root / "fabric.json")
-    from trainctl.health.compute.gate_step import compute_policy, judge_gate_dir
+    from trainctl.job.gate_compute import judge_gate_dir
 
-    compute_verdicts, compute_reasons = judge_gate_dir(root, compute_policy(site))
-    gate_policy = _site_gate(site)
+    compute_verdicts, compute_reasons = judge_gate_dir(root, policy.compute)
     decision = decide(hosts, node_reports, fabric, wanted, minimum, missing=missing,
-                      unknown_policy=gate_policy.unknown if gate_policy else "exclude",
-                      compute_reasons=compute_reasons,
-                      odd_node_fails=bool(gate_policy) and gate_policy.odd_node_out == "fail")
+                      unknown_policy=policy.gate.unknown, compute_reasons=compute_reasons,
+                      odd_node_fails=policy.gate.odd_node_out == "fail")
     text = format_report(decision, fabric, compute_verdicts)
     if site:
         text = f"site {site}{f' partition {partition}' if partition else ''}\n" + text
-    from trainctl.sweep.gate_drain import drain_excluded  # the site's [gate] drain_on; never fails the gate
+    from trainctl.job.gate_drain import drain_excluded  # the site's [gate] drain_on; never fails the gate
 
-    drains = drain_excluded(site, decision, node_reports, fabric, os.environ)
+    drains = drain_excluded(site, policy.config, decision, node_reports, fabric, os.environ)
     text += "".join(f"{drain.line()}\n" for drain in drains)
     _write_json(root / "decision.json", decision.to_json() | {"drains": [d.to_json() for d in drains],
                                                                "compute": [v.to_json() for v in compute_verdicts]})
@@ -261,42 +209,9 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     return 0
 
 
-def _site_gate(site: str | None):
-    """The site's `[gate]` table; None without a site (the defaults apply)."""
-    if site is None:
-        return None
-    from trainctl.site import load_site
-
-    return load_site(site).config.gate
-
-
-GATE_STEP_STATUS = "gate-step.status"  # written by the job script when the gate's srun returns
+GATE_STEP_STATUS = "gate-step.status"  # written by the supervisor when the gate's srun returns
 FINAL_MARKER = ".final"                # DIR/nodes/HOST.final: that node's report is final
-BATCH_HOST_BEAT = "batch-host.beat"    # a counter the job script rewrites every 2 s
 WAIT_POLL_S = 0.2
-FINAL_MARGIN_S = 5.0
-SENTINEL_POLL_S = 1.0
-SLURM_CMD_TIMEOUT_S = 30.0
-CANCEL_ATTEMPTS = 10
-CANCEL_RETRY_S = 5.0
-
-
-def _site_deadline_s(site: str | None, nodes: int) -> float:
-    from trainctl.health.compute.gate_step import compute_deadline_s, compute_policy
-    from trainctl.health.gate import gate_deadline_s
-    from trainctl.site import GateConfig, load_site
-
-    gate = load_site(site).config.gate if site else GateConfig()
-    return gate_deadline_s(gate.probe_timeout_s, gate.fabric_timeout_s,
-                           compute_deadline_s(compute_policy(site), nodes))
-
-
-def _final_grace_s(site: str | None) -> float:
-    """How long after the fabric report a live node may take to re-read its error counters."""
-    from trainctl.site import GateConfig, load_site
-
-    gate = load_site(site).config.gate if site else GateConfig()
-    return gate.probe_timeout_s + FINAL_MARGIN_S
 
 
 def _wait_for_reports(root: Path, hosts: list[str], limit_s: float, final_grace_s: float) -> str:

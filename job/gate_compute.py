@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.files import write_atomically
-from trainctl.health.compute.judge import (DEFAULT_COMPUTE_FACTOR, GpuVerdict, deadline_for, figures_from_report,
-                                           judge, node_reasons)
+from trainctl.health.compute.judge import GpuVerdict, deadline_for, figures_from_report, judge, node_reasons
+from trainctl.site import GateConfig
 
 TURN_POLL_S = 0.05
 ORDER_GRACE_S = 2.0  # node 0 writes the order at the end of slot 0; a little more for a shared filesystem
@@ -25,23 +25,18 @@ ORDER_GRACE_S = 2.0  # node 0 writes the order at the end of slot 0; a little mo
 
 @dataclass(frozen=True)
 class ComputePolicy:
-    enabled: bool = True
-    budget_s: float = 1.5
-    factor: float = DEFAULT_COMPUTE_FACTOR
-    floor_tflops: float = 0.0
-    floor_copy_gbps: float = 0.0
-    in_turns: bool = False
+    """The site's `[gate] compute*` keys (`from_gate`; without a site, GateConfig's defaults)."""
+    enabled: bool
+    budget_s: float
+    factor: float
+    floor_tflops: float
+    floor_copy_gbps: float
+    in_turns: bool
 
-
-def compute_policy(site: str | None) -> ComputePolicy:
-    """The site's `[gate] compute*` keys; the defaults without a site."""
-    if site is None:
-        return ComputePolicy()
-    from trainctl.site import load_site
-
-    gate = load_site(site).config.gate
-    return ComputePolicy(gate.compute, gate.compute_budget_s, gate.compute_factor, gate.compute_floor_tflops,
-                         gate.compute_floor_copy_gbps, gate.compute_in_turns)
+    @classmethod
+    def from_gate(cls, gate: GateConfig) -> ComputePolicy:
+        return cls(gate.compute, gate.compute_budget_s, gate.compute_factor, gate.compute_floor_tflops,
+                   gate.compute_floor_copy_gbps, gate.compute_in_turns)
 
 
 def turn_limit_s(budget_s: float) -> float:

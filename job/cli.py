@@ -1,0 +1,92 @@
+"""`trainctl job run` (the supervisor, inside the job script) and `trainctl job show` (after or
+during a job: its timeline and goodput, what the gate decided and where each rank stopped)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+
+@click.group("job")
+def job() -> None:
+    """A job trainctl submitted: run its life (inside the job), or look at it afterwards."""
+
+
+@job.command("show")
+@click.argument("job_id")
+@click.option("--dir", "gate_dir", help="The job's gate directory (default: trainctl-gate-JOBID in the job's "
+                                        "working directory, as Slurm reports it).")
+@click.option("--lines", "line_count", type=click.IntRange(1, 200), default=5, show_default=True,
+              help="Last lines of each rank's log.")
+@click.option("--remote", metavar="[USER@]HOST[:PORT]",
+              help="Read it on the login node over SSH (SFTP and scontrol there); "
+                   "keys and host keys as for submit.")
+@click.option("--identity", type=click.Path(dir_okay=False),
+              help="Private key for --remote (default: ssh-agent).")
+@click.option("--known-hosts", type=click.Path(dir_okay=False),
+              help="Verify the login node's host key against this file (default: ~/.ssh/known_hosts).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
+    """The timeline and goodput, the gate decision, Slurm's record and attempts, each rank's last lines.
+
+    The timeline is every event of every attempt's journal (trainctl-gate-JOBID/journal.jsonl),
+    from the first submit. Goodput is productive training time over the wall time since the
+    first submit; productive time is the training step's time, less the work after the last
+    checkpoint seen when a step failed (the program writes $TRAINCTL_CHECKPOINT_FILE after each
+    checkpoint; one that never does loses a failed step's whole time). The lost time is split
+    into queue, gate, restart and lost work.
+
+    Ranks whose last lines are identical are folded into one group; the odd ones out come
+    first, with how long before the newest write each stopped writing: in a hung job, that is
+    usually the rank everyone else is waiting for. NCCL flight recorder dumps in the gate
+    directory are listed.
+    """
+    import getpass
+    import time
+
+    from trainctl.job.show import LocalFiles, RemoteFiles, collect_job, format_job, to_json
+
+    if remote:
+        from trainctl.launcher.submit import parse_remote
+        from trainctl.ssh import connect
+
+        target = parse_remote(remote, getpass.getuser())
+        files = RemoteFiles(connect(target.user, target.host, target.port, identity=identity,
+                                    known_hosts=known_hosts or os.path.expanduser("~/.ssh/known_hosts")))
+    else:
+        files = LocalFiles()
+    try:
+        view = collect_job(files, job_id, gate_dir, line_count)
+    finally:
+        if remote:
+            files.close()
+    now = time.time()
+    text = json.dumps(to_json(view, line_count, now), indent=1) + "\n" if as_json else format_job(view, line_count, now)
+    click.echo(text, nl=False)
+
+
+@job.command("run")
+@click.option("--plan", "plan_file", required=True, type=click.File("r"),
+              help="The job plan `trainctl submit` wrote into the job script ('-': stdin).")
+@click.option("--script", "script_path", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="The batch script itself (its $0): a retry submits it again.")
+def run_command(plan_file, script_path):
+    """Inside the batch script: run the job's life, gate -> release -> training -> retry or end.
+
+    The supervisor trainctl's job scripts hand over to. It runs the health gate step on every
+    node and `gate decide`, gives back the nodes the job does not use, runs the training step
+    on the chosen nodes and, with submit --retries, submits the successor around bad nodes.
+    Every event goes to trainctl-gate-JOBID/journal.jsonl (`trainctl job show`). Exits with
+    the status of the step that ended the job.
+    """
+    from trainctl.errors import UsageError
+    from trainctl.job.run import run_job
+    from trainctl.launcher.plan import JobPlan
+
+    try:
+        document = json.loads(plan_file.read())
+    except ValueError as exc:
+        raise UsageError(f"--plan: not JSON: {exc}") from None
+    return run_job(JobPlan.from_document(document), script_path, dict(os.environ))

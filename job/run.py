@@ -1,0 +1,245 @@
+"""`trainctl job run`: the supervisor on the batch host, from the gate to the end of the job.
+
+It drives `supervisor.advance` (pure) and takes each action it returns through
+`slurm_actions`, writing every event to the journal. It prints what the job script used to
+print, on the job's stdout and stderr, in the same words.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+
+from trainctl.job import supervisor as sv
+from trainctl.job import slurm_actions as slurm
+from trainctl.job.gate_cli import GATE_STEP_STATUS   # read by `gate decide --wait`: the gate step is over
+from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal
+from trainctl.launcher.plan import JobPlan
+from trainctl.proc import run
+
+GATE_STEP_GRACE_S = 5.0                 # the gate step ends by itself just after the decision, unless a node is lost
+DECIDE_MARGIN_S = 60.0                  # beyond decide's own deadline, before it counts as hung
+STEP_POLL_S = 2.0                       # how often the training step's checkpoint file is looked at
+
+
+def say(line: str, *, err: bool = False) -> None:
+    stream = sys.stderr if err else sys.stdout
+    print(line, file=stream, flush=True)  # flushed: the steps' srun write to the same file
+
+
+class JobRun:
+    def __init__(self, plan: JobPlan, script_path: str, env: dict[str, str]):
+        from trainctl.job.policy import load_gate_policy
+        from trainctl.slurm import expand_hostlist, this_node_name
+
+        self.plan, self.script_path, self.env = plan, script_path, env
+        self.job_id = env["SLURM_JOB_ID"]
+        self.gate_dir = str(Path(env["SLURM_SUBMIT_DIR"]) / f"trainctl-gate-{self.job_id}")
+        os.makedirs(self.gate_dir, exist_ok=True)
+        self.journal = Journal(os.path.join(self.gate_dir, JOURNAL_FILE))
+        allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
+        self.facts = sv.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries)
+        self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
+
+    def run(self) -> int:
+        from trainctl.errors import Stopped
+
+        try:
+            return self._run()
+        except Stopped as exc:  # scancel or the time limit: the end is journaled, then the CLI reports it
+            self.journal.add("job_end", status=128 + exc.signum, cause=f"stopped by signal {exc.signum}")
+            raise
+
+    def _run(self) -> int:
+        from trainctl.job.retry import ENV_ATTEMPT, ENV_EXCLUDE
+
+        attempt = self.env.get(ENV_ATTEMPT, "1")
+        if self.plan.retries:
+            excluding = self.env.get(ENV_EXCLUDE, "")
+            say(f"trainctl: attempt {attempt} of {self.plan.retries + 1}"
+                + (f", excluding {excluding}" if excluding else ""))
+        self.journal.add("job_start", attempt=int(attempt) if attempt.isdigit() else attempt,
+                         nodes=list(self.facts.allocated), batch_host=self.facts.batch_host)
+        self.sentinel = self._start_sentinel() if len(self.facts.allocated) > 1 else None
+        state, action = sv.advance(self.facts, sv.JobState(), sv.Started())
+        while not isinstance(action, sv.Finish):
+            if isinstance(action, sv.RunGate):
+                event = self._gate()
+            elif isinstance(action, sv.Release):
+                event = self._release(action)
+            elif isinstance(action, sv.RunTraining):
+                event = self._train(action)
+            else:
+                event = self._retry(action)
+            state, action = sv.advance(self.facts, state, event)
+        self.journal.add("job_end", status=action.status)
+        return action.status
+
+    # ------------------------------------------------------------ the gate
+
+    def _gate(self) -> sv.Event:
+        self.journal.add("gate_start")
+        step = slurm.start_step(sv.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"])),
+                                self.env)
+        watcher = threading.Thread(target=self._write_gate_status, args=(step,), daemon=True)
+        watcher.start()
+        self._journal_submit_time()
+        result = run(sv.decide_argv(self.plan, self.gate_dir), timeout=self._decide_timeout_s(), env=self.env)
+        sys.stderr.write(result.stderr)   # the report, or the one line saying which nodes failed
+        sys.stderr.flush()
+        watcher.join(GATE_STEP_GRACE_S)
+        if watcher.is_alive():   # a lost node's task never returns: end what is left of the step
+            slurm.cancel_steps(self.job_id, sv.GATE_STEP, self.env)
+        self._journal_verdicts()
+        if not result.ok:
+            status = result.returncode if result.returncode is not None else 4
+            self.journal.add("gate_end", status=status, why=result.describe_failure())
+            say(f"trainctl: not starting the job: gate decide exited with status {status} "
+                f"(report: {self.gate_dir}/report.txt)", err=True)
+            return sv.GateRefused(status)
+        decided = sv.parse_decision(result.stdout)
+        if decided is None:
+            self.journal.add("gate_end", status=2, why="no nodes and MASTER_ADDR printed")
+            say(f"trainctl: gate decide did not print the nodes and MASTER_ADDR: {result.stdout!r}", err=True)
+            return sv.GateRefused(2, retryable=False)
+        from trainctl.slurm import expand_hostlist
+
+        job_nodes, master_addr = decided
+        chosen = tuple(expand_hostlist(job_nodes))
+        self.journal.add("gate_end", status=0, chosen=list(chosen), master_addr=master_addr)
+        say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
+        return sv.GateDecided(job_nodes, chosen, master_addr)
+
+    def _write_gate_status(self, step) -> None:
+        status = slurm.wait_step(step, STEP_POLL_S)
+        try:
+            Path(self.gate_dir, GATE_STEP_STATUS).write_text(f"{status}\n")
+        except OSError:  # decide then waits for its deadline instead: slower, not wrong
+            pass
+
+    def _decide_timeout_s(self) -> float:
+        return self.policy.deadline_s(len(self.facts.allocated)) + DECIDE_MARGIN_S
+
+    def _journal_submit_time(self) -> None:
+        """When Slurm took this job (for the queue time in `job show`)."""
+        submitted = slurm.job_record(self.job_id, self.env).get("SubmitTime", "")
+        try:
+            when = datetime.fromisoformat(submitted).timestamp()  # scontrol prints local time
+        except ValueError:
+            return
+        self.journal.add("submitted", submitted_t=when)
+
+    def _journal_verdicts(self) -> None:
+        from trainctl.job.retry import _read_json
+
+        decision = _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
+        chosen = set(decision.get("chosen", []))
+        excluded = {item.get("host"): item.get("reasons", []) for item in decision.get("excluded", [])}
+        for node in decision.get("allocated", []):
+            verdict = "chosen" if node in chosen else "excluded" if node in excluded else "healthy, not needed"
+            self.journal.add("node_verdict", node=node, verdict=verdict, reasons=excluded.get(node, []))
+
+    # ------------------------------------------------------------ the release
+
+    def _release(self, action: sv.Release) -> sv.Event:
+        if action.move_sentinel:
+            slurm.cancel_steps(self.job_id, sv.SENTINEL_STEP, self.env)
+        result, resize = slurm.shrink_job(self.job_id, action.keep, self.gate_dir, self.env)
+        output = " ".join((result.stdout + result.stderr).split()) if not result.timed_out \
+            else result.describe_failure()
+        if not result.ok:
+            say(f"trainctl: warning: the job keeps all its nodes: scontrol update NodeList={action.keep}: {output}",
+                err=True)
+        elif resize is None:
+            say(f"trainctl: warning: released the unused nodes, but scontrol wrote no "
+                f"{self.gate_dir}/slurm_job_{self.job_id}_resize.sh: {output}", err=True)
+        else:
+            exported, unset = sv.parse_resize_script(resize)
+            for name in unset:
+                self.env.pop(name, None)
+            self.env.update(exported)
+            say(f"trainctl: released the nodes the job does not use; it now holds {self.env.get('SLURM_JOB_NODELIST')}")
+            self.journal.add("released", holds=self.env.get("SLURM_JOB_NODELIST", ""))
+        count = self.env.get("SLURM_JOB_NUM_NODES", "")
+        return sv.Resized(int(count) if count.isdigit() else len(self.facts.allocated))
+
+    # ------------------------------------------------------------ the training step
+
+    def _train(self, action: sv.RunTraining) -> sv.Event:
+        if action.start_sentinel:
+            self.sentinel = self._start_sentinel()
+        if self.plan.rank_output:
+            say(f"trainctl: each rank's output: {self.gate_dir}/rank-<node>-<rank>.out "
+                f"(trainctl job show {self.job_id})")
+        checkpoint = os.path.join(self.gate_dir, CHECKPOINT_FILE)
+        env = dict(self.env, **{CHECKPOINT_ENV: checkpoint})
+        started = self.journal.add("training_start", nodes=action.job_nodes,
+                                   master_addr=action.master_addr)["t"]
+        seen = CheckpointWatch(checkpoint, started)
+        step = slurm.start_step(sv.training_argv(self.plan, action, self.gate_dir), env)
+        status = slurm.wait_step(step, STEP_POLL_S, lambda: seen.poll(self.journal))
+        seen.poll(self.journal)
+        self.journal.add("step_end", status=status, cause="completed" if status == 0 else f"exit status {status}",
+                         training_start_t=started, last_checkpoint_t=seen.last)
+        return sv.StepEnded(status)
+
+    def _start_sentinel(self):
+        return slurm.start_step(sv.sentinel_argv(self.plan, self.gate_dir), self.env)
+
+    # ------------------------------------------------------------ retry around bad nodes
+
+    def _retry(self, action: sv.Retry) -> sv.Event:
+        from trainctl.errors import TrainctlError
+        from trainctl.job import retry as retrying
+        from trainctl.launcher.render import split_sbatch_options
+
+        _, on_argv = split_sbatch_options(self.plan.sbatch_options)
+        try:
+            rec = retrying.retry_around_bad_nodes(self.gate_dir, action.phase, action.status, list(action.nodes),
+                                                  self.plan.retries, self.script_path,
+                                                  tuple(option.argv for option in on_argv), self.env)
+        except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed
+            say(f"trainctl: warning: could not decide on a retry: {exc}", err=True)
+            self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")
+            return sv.RetryHandled()
+        say("trainctl: " + retrying.summary_line(rec))
+        self.journal.add("retry", retry=rec["retry"], reason=rec["reason"], successor=rec["successor"],
+                         bad_nodes=sorted(rec["bad_nodes"]), exclude=rec["exclude"])
+        return sv.RetryHandled()
+
+
+class CheckpointWatch:
+    """The program's checkpoints, as it reports them: it writes the file named by
+    TRAINCTL_CHECKPOINT_FILE after each one (what it writes is its business: a step number, say)."""
+
+    def __init__(self, path: str, since: float):
+        self.path = path
+        self.since = since
+        self.last: float | None = None
+
+    def poll(self, journal: Journal) -> None:
+        try:
+            written = os.stat(self.path).st_mtime
+        except OSError:
+            return
+        if written > self.since and (self.last is None or written > self.last):
+            self.last = written
+            with open(self.path, errors="replace") as handle:
+                note = handle.read(200).strip()
+            journal.add("checkpoint", checkpoint_t=written, note=" ".join(note.split()))
+
+
+def run_job(plan: JobPlan, script_path: str, env: dict[str, str]) -> int:
+    from trainctl.errors import UsageError
+
+    missing = [name for name in ("SLURM_JOB_ID", "SLURM_SUBMIT_DIR", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES")
+               if not env.get(name)]
+    if missing:
+        raise UsageError(f"job run runs as a Slurm batch script: {', '.join(missing)} not set")
+    from trainctl.job.gate_cli import ignore_checkpoint_signals
+
+    ignore_checkpoint_signals()
+    return JobRun(plan, script_path, env).run()

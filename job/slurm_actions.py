@@ -1,0 +1,113 @@
+"""Every Slurm action the job's supervisor takes, through Slurm's own commands (srun, squeue,
+scancel, scontrol, sbatch), each bounded.
+
+Commands that answer (squeue, scancel, scontrol, sbatch, the probe step) run through
+`trainctl.proc.run` with a timeout. Job steps are the job's own work: the training step runs
+until the program ends or Slurm ends it at the job's time limit; the gate step is ended by
+`cancel_steps` once the gate has decided; the sentinel lives as long as the job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from trainctl.errors import ExternalCommandError
+from trainctl.proc import ProcResult, run, run_checked
+from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
+
+SLURM_CMD_TIMEOUT_S = 30.0
+RESIZE_TIMEOUT_S = 60.0
+SBATCH_TIMEOUT_S = 60.0
+PROBE_TIMEOUT_S = 45.0              # srun gives up on an unreachable slurmd after MessageTimeout (10 s)
+
+
+def start_step(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """A job step in the background; its srun writes to the job's output, as the batch script's would."""
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+    except OSError as exc:   # no srun on this PATH, say: the machine's, not a bug
+        raise ExternalCommandError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+
+
+def wait_step(step: subprocess.Popen, poll_s: float, on_poll: Callable[[], None] = lambda: None) -> int:
+    """Wait for a step, calling `on_poll` every `poll_s`; its exit status as a shell reports it."""
+    while True:
+        try:
+            status = step.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            on_poll()
+            continue
+        return 128 - status if status < 0 else status   # killed by signal N: 128 + N
+
+
+def end_step(step: subprocess.Popen) -> None:
+    """srun ends its step's tasks when it gets SIGTERM (srun(1), SIGNALS AND ESCAPE SEQUENCES)."""
+    if step.poll() is None:
+        step.send_signal(signal.SIGTERM)
+
+
+def cancel_steps(job_id: str, name: str, env: dict[str, str]) -> None:
+    """scancel every step of this job named `name` (slurmctld kills it on every node that still answers)."""
+    listed = run(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"],
+                 timeout=SLURM_CMD_TIMEOUT_S, env=env)
+    for line in listed.stdout.splitlines() if listed.ok else []:
+        step_id, _, step_name = line.strip().partition(" ")
+        if step_name == name:
+            run(["scancel", "--quiet", step_id], timeout=SLURM_CMD_TIMEOUT_S, env=env)
+
+
+def shrink_job(job_id: str, keep: str, gate_dir: str, env: dict[str, str]) -> tuple[ProcResult, str | None]:
+    """`scontrol update JobId= NodeList=` (scontrol(1): "Change the nodes allocated to a running job
+    to shrink its size"), run in the gate directory, where scontrol writes slurm_job_<id>_resize.sh.
+    Returns scontrol's result and that script's text (None when it wrote none)."""
+    result = run(["scontrol", "update", f"JobId={job_id}", f"NodeList={keep}"], timeout=RESIZE_TIMEOUT_S,
+                 env=env, cwd=gate_dir)
+    script = Path(gate_dir) / f"slurm_job_{job_id}_resize.sh"
+    try:
+        return result, script.read_text() if result.ok else None
+    except OSError:
+        return result, None
+
+
+def job_record(job_id: str, env: dict[str, str]) -> dict[str, str]:
+    """`scontrol show job -o` as {key: value}; empty when scontrol failed."""
+    result = run(["scontrol", "show", "job", "-o", job_id], timeout=SCONTROL_TIMEOUT_S, env=env)
+    record: dict[str, str] = {}
+    for part in parse_scontrol_oneliner(result.stdout if result.ok else ""):
+        record.update(part)
+    return record
+
+
+def probe_nodes(nodes: list[str], gate_dir: str, prefix: str, env: dict[str, str]) -> tuple[str, ...]:
+    """Nodes on which a one-task-per-node step still starts: slurmstepd creates the task's output
+    file before the task runs, so a node without its file did not start one."""
+    for name in os.listdir(gate_dir):
+        if name.startswith(prefix):
+            os.unlink(os.path.join(gate_dir, name))
+    count = len(nodes)
+    run(["srun", "--overlap", "--job-name=trainctl-probe", f"--nodelist={fold_hostlist(nodes)}",
+         f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+         "--input=none", f"--output={gate_dir}/{prefix}%N.out", "true"],
+        timeout=PROBE_TIMEOUT_S, env=env)
+    present = set(os.listdir(gate_dir))
+    return tuple(node for node in nodes if f"{prefix}{node}.out" in present)
+
+
+def submit_successor(script_text: str, argv: list[str], env: dict[str, str], submit_dir: str) -> str:
+    """sbatch the successor (the script on stdin); its job id."""
+    from trainctl.launcher.submit import parse_parsable
+
+    result = run_checked(argv, timeout=SBATCH_TIMEOUT_S, input_text=script_text, cwd=submit_dir, env=env)
+    return parse_parsable(result.stdout)[0]
+
+
+def comment_job(job_id: str, text: str, env: dict[str, str]) -> ProcResult:
+    return run(["scontrol", "update", f"JobId={job_id}", f"Comment={text}"], timeout=SLURM_CMD_TIMEOUT_S, env=env)
+
+
+def cancel_job(job_id: str, env: dict[str, str]) -> ProcResult:
+    return run(["scancel", job_id], timeout=SLURM_CMD_TIMEOUT_S, env=env)
