@@ -12,10 +12,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from trainctl.errors import UsageError
+from trainctl.errors import ConfigError, UsageError
 from trainctl.health.snapshot import INPUTS
 from trainctl.health.status import CheckResult, Finding
+
+if TYPE_CHECKING:
+    from trainctl.site import LoadedSite
 
 
 @dataclass(frozen=True)
@@ -85,3 +89,19 @@ def select_checks(only: Iterable[str] | None = None) -> list[CheckSpec]:
         raise UsageError(f"unknown check(s): {', '.join(sorted(unknown))}",
                          hint="trainctl health list shows them")
     return [s for s in specs if s.name in wanted or s.name.split(".")[0] in wanted]
+
+
+SHOWN_NAME_CHARS = 60
+
+
+def check_site_check_names(loaded: LoadedSite) -> None:
+    """gate.checks and sweep.checks name checks that exist. Checked by the commands that start
+    work elsewhere (site show, submit, sweep): a misspelt name would otherwise fail inside the
+    job, after the allocation. Not at every load: the registry imports every check module."""
+    for key, names in (("gate.checks", loaded.config.gate.checks), ("sweep.checks", loaded.config.sweep.checks)):
+        unknown = unknown_checks(names)
+        if unknown:
+            raise ConfigError(f"{loaded.path}: {key}: unknown check(s) "
+                              f"{', '.join(repr(name[:SHOWN_NAME_CHARS]) for name in unknown[:5])}"
+                              + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
+                              hint="trainctl health list shows the checks and families")

@@ -33,10 +33,11 @@ def list_sites(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: key -> {value, source}.")
 def show_site(name: str, as_json: bool) -> None:
     """Print every setting of site NAME (a name or a .toml path) and where it came from."""
-    from trainctl.site import check_check_names, flatten, load_site
+    from trainctl.health.registry import check_site_check_names
+    from trainctl.site import flatten, load_site
 
     loaded = load_site(name)
-    check_check_names(loaded)
+    check_site_check_names(loaded)
     rows = [(key, value, loaded.source_of(key)) for key, value in flatten(loaded.config)]
     if as_json:
         click.echo(json.dumps({key: {"value": list(value) if isinstance(value, tuple) else value,

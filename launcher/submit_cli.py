@@ -71,12 +71,13 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     from trainctl.errors import UsageError
     from trainctl.launcher.plan import SubmitRequest, plan_job
     from trainctl.launcher.render import command_line, render_script, sbatch_argv
-    from trainctl.site import check_check_names, load_site
+    from trainctl.health.registry import check_site_check_names
+    from trainctl.site import load_site
     from trainctl.launcher.submit import check_local_script, parse_remote
 
     _refuse_undecodable(ctx.meta["trainctl.raw_args"])
     loaded = load_site(site)
-    check_check_names(loaded)
+    check_site_check_names(loaded)
     target = None
     if remote is not None:
         login = remote or loaded.config.login_host

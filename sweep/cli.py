@@ -33,11 +33,12 @@ def _load_site(site: str | None, *, runs_checks: bool = False):
     check names are checked first (a sweep would otherwise find a misspelt one on every node)."""
     if site is None:
         return None, None
-    from trainctl.site import check_check_names, load_site
+    from trainctl.health.registry import check_site_check_names
+    from trainctl.site import load_site
 
     loaded = load_site(site)
     if runs_checks:
-        check_check_names(loaded)
+        check_site_check_names(loaded)
     # A file is handed to the nodes by absolute path; a name they resolve themselves.
     given = str(loaded.path.resolve()) if site.endswith(".toml") or "/" in site else site
     return loaded.config, given

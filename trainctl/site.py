@@ -293,24 +293,6 @@ def load_site(name_or_file: str, dirs: list[Path] | None = None) -> LoadedSite:
     return LoadedSite(config=config, path=path, explicit_keys=frozenset(explicit))
 
 
-def check_check_names(loaded: LoadedSite) -> None:
-    """gate.checks and sweep.checks name checks that exist. Checked by the commands that start
-    work elsewhere (site show, submit, sweep): a misspelt name would otherwise fail inside the
-    job, after the allocation. Not at every load: the registry imports every check module."""
-    from trainctl.health.registry import unknown_checks
-
-    for key, names in (("gate.checks", loaded.config.gate.checks), ("sweep.checks", loaded.config.sweep.checks)):
-        unknown = unknown_checks(names)
-        if unknown:
-            raise ConfigError(f"{loaded.path}: {key}: unknown check(s) "
-                              f"{', '.join(repr(name[:SHOWN_NAME_CHARS]) for name in unknown[:5])}"
-                              + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
-                              hint="trainctl health list shows the checks and families")
-
-
-SHOWN_NAME_CHARS = 60
-
-
 def partition(site: SiteConfig, name: str | None) -> tuple[str, PartitionConfig]:
     chosen = name or site.default_partition
     if chosen not in site.partitions:
