@@ -29,15 +29,18 @@ from trainctl.sweep.model import ERROR, TIMEOUT
 
 REPO = Path(__file__).resolve().parents[1]
 # trainctl in its own interpreter, with the node task's start-up margin set from the test, and
-# its peak RSS written out at the end (ru_maxrss: KiB on Linux).
+# its peak RSS written out at the end.
 RUN = """
-import os, resource, sys
+import os, sys
 import trainctl.sweep.collect
 trainctl.sweep.collect.STARTUP_MARGIN_S = float(os.environ["TEST_STARTUP_MARGIN_S"])
 from trainctl.cli import main
 code = main(sys.argv[1:])
+# VmHWM, this process's own peak: ru_maxrss would carry the parent's peak across fork and exec
+# (Linux keeps the larger in the signal struct), which is pytest's, hundreds of MiB late in a run
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 with open(os.environ["TEST_PEAK_FILE"], "w") as out:
-    out.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    out.write(str(int(hwm.split()[1]) * 1024))
 sys.exit(code)
 """
 
