@@ -205,10 +205,6 @@ class History:
         with self._transaction():
             self._execute("UPDATE sweeps SET slurm_job_id = ? WHERE id = ?", (job_id, sweep_id))
 
-    def record_node(self, sweep_id: int, node: NodeOutcome, recorded_at: float) -> None:
-        """One node's outcome and its check rows, committed together."""
-        self.record_nodes(sweep_id, [node], recorded_at)
-
     def record_nodes(self, sweep_id: int, nodes: Iterable[NodeOutcome], recorded_at: float) -> None:
         """Several nodes' outcomes and check rows in one transaction (the write lock is taken here,
         after the rows are built, and held only while SQLite writes them)."""

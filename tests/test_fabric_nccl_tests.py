@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from trainctl.errors import ParseError
 from trainctl.health.fabric.bandwidth import Collective, algbw_gbps, busbw_gbps
-from trainctl.health.fabric.nccl_tests import NcclTestsOutput, parse_nccl_tests_output
+from support.nccl_tests import NcclTestsOutput, parse_nccl_tests_output
 
 NCCL_TESTS = Path(__file__).resolve().parent / "fixtures" / "library" / "nccl-tests"
 

@@ -88,6 +88,10 @@ def test_a_node_lost_during_training_is_excluded_and_the_successor_resumes(devcl
                                    env=devcluster.client_env()).stdout
             assert "submit --retries: 2 jobs, one per attempt, linked by job id:" in shown, shown
             assert f"  job {first}: attempt 1 of 2 (job {first}): a node was lost during training ({victim}" in shown
+            # the chain's timeline from both jobs' journals, and its goodput
+            assert re.search(rf"\+\d+:\d\d:\d\d job {first}: training step ended", shown), shown
+            assert re.search(rf"\+\d+:\d\d:\d\d job {second}: training step ended: status 0", shown), shown
+            assert re.search(r"goodput: \d+\.\d% \(\S+ productive of \S+ since the first submit\)", shown), shown
         finally:
             if victim:
                 faults.restore_node(devcluster, victim, timeout_s=90)

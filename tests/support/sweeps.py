@@ -40,8 +40,7 @@ def outcome(host: str, spec) -> NodeOutcome:
 def night(history: History, started_at: float, nodes: dict, *, finished: bool = True, kind: str = "sweep") -> int:
     sweep_id = history.start_sweep(kind=kind, started_at=started_at, site="test", via="slurm", target="gpu",
                                    checks="all")
-    for host, spec in nodes.items():
-        history.record_node(sweep_id, outcome(host, spec), started_at + 1)
+    history.record_nodes(sweep_id, [outcome(host, spec) for host, spec in nodes.items()], started_at + 1)
     if finished:
         history.finish_sweep(sweep_id, started_at + 60)
     return sweep_id

@@ -1,4 +1,6 @@
-"""Parse the result table that nccl-tests' `all_reduce_perf` (and its siblings) print.
+"""Parse the result table that nccl-tests' `all_reduce_perf` (and its siblings) print: the tests'
+oracle for trainctl's own bandwidth formulas (health/fabric/bandwidth.py), checked against what
+nccl-tests printed on real machines.
 
 Pure: text in, rows out. Handles the layouts seen in real logs:
 - the modern table (`root` column, `#wrong`) and the old one (no `root`, an `error` column);
