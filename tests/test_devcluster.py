@@ -23,7 +23,8 @@ from trainctl.devcluster.cluster import (ClusterSpec, DevCluster, gres_conf_text
                                         mounts_under, parse_link_mtu, parse_sinfo_node_states,
                                         parse_tbf_rate_bits, pid_alive, slurm_conf_text,
                                         spec_for_instance, sshd_config_text, task_prolog_text)
-from trainctl.errors import PrivilegeError, UsageError
+from trainctl.devcluster.slurm_root import check_root, host_binds
+from trainctl.errors import ExternalCommandError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
 
 
@@ -111,6 +112,14 @@ def test_sshd_config_sets_slurm_conf_and_the_pitfall_options():
     assert settings["AuthorizedKeysFile"] == "/tmp/dc-x/ssh/authorized_keys"
 
 
+def test_sshd_sessions_of_a_cluster_on_a_slurm_root_find_its_clients_first():
+    lines = conf_lines(sshd_config_text("/tmp/dc-x/ssh", "/tmp/dc-x/slurm.conf", "/tmp/dc-x/slurm-bin"))
+    session_env = dict(item.split("=", 1) for item in dict(line.split(" ", 1) for line in lines)["SetEnv"].split())
+    assert session_env["SLURM_CONF"] == "/tmp/dc-x/slurm.conf"
+    assert session_env["PATH"].split(":")[0] == "/tmp/dc-x/slurm-bin"
+    assert "/usr/bin" in session_env["PATH"].split(":")
+
+
 def test_known_hosts_pins_the_host_key_for_every_node_address(tmp_path):
     key = paramiko.RSAKey.generate(1024)
     known_hosts = tmp_path / "known_hosts"
@@ -160,6 +169,9 @@ def test_rails_get_their_own_interface_bridge_veth_and_subnet():
     ({"rails": 0}, "rails must be"),
     ({"rails": 5}, "rails must be"),
     ({"subnet": "10.77.250", "rails": 2}, "no room for 2 rails"),
+    ({"slurm": "23.02"}, "Slurm '23.02' is not one the dev cluster runs"),
+    ({"slurm": "24.11", "slurm_root": "relative/root"}, "relative/root"),
+    ({"slurm": "24.11", "root_binds": ("/data with space",)}, "/data with space"),
 ])
 def test_spec_validation_names_the_bad_setting(changes, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -169,6 +181,37 @@ def test_spec_validation_names_the_bad_setting(changes, message):
 def test_spec_round_trips_through_its_state_file_form():
     spec = ClusterSpec(nodes=2, mtus={"node2": 1500}, rates={"node1": "1gbit"})
     assert ClusterSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    on_root = ClusterSpec(slurm="24.11", root_binds=("/data",))
+    assert ClusterSpec.from_dict(json.loads(json.dumps(on_root.to_dict()))) == on_root
+
+
+def test_the_instance_slurm_comes_from_the_environment_and_the_option_wins(monkeypatch):
+    monkeypatch.delenv("TRAINCTL_DEVCLUSTER_SLURM", raising=False)
+    assert spec_for_instance(2).slurm == "system" and not spec_for_instance(2).uses_root
+    monkeypatch.setenv("TRAINCTL_DEVCLUSTER_SLURM", "24.11")
+    assert spec_for_instance(2).slurm == "24.11" and spec_for_instance(0).uses_root
+    assert spec_from_options(4, "/tmp/dc-x", (), ()).slurm == "24.11"
+    assert spec_from_options(4, "/tmp/dc-x", (), (), slurm="system").slurm == "system"
+    monkeypatch.setenv("TRAINCTL_DEVCLUSTER_SLURM", "25.11")
+    with pytest.raises(UsageError, match="TRAINCTL_DEVCLUSTER_SLURM: Slurm '25.11'"):
+        spec_for_instance(2)
+
+
+def test_the_slurm_root_sees_tmp_and_trainctls_python_but_never_replaces_its_own_system():
+    binds = host_binds(("/data", "/data/sub", "/usr/local/share"),
+                       python_prefix="/work/repo/.venv", python_base="/root/.pyenv/versions/3.11.7")
+    # the venv's checkout covers the venv; nested and system directories are left out
+    assert binds == ["/data", "/root/.pyenv/versions/3.11.7", "/tmp", "/work/repo"]
+    assert host_binds(python_prefix="/usr", python_base="/usr") == ["/tmp"]
+
+
+def test_a_cluster_on_a_root_that_is_not_built_says_how_to_build_it(tmp_path):
+    with pytest.raises(ExternalCommandError, match="is not built") as raised:
+        check_root("24.11", str(tmp_path))
+    assert "scripts/setup --slurm 24.11" in raised.value.hint
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/trainctl-slurm-root").write_text("24.11 24.11.5\n")
+    check_root("24.11", str(tmp_path))
 
 
 def test_mtu_and_rate_options_become_the_spec():
@@ -274,6 +317,31 @@ def test_cluster_is_up_with_four_idle_nodes_and_live_daemons(devcluster):
         ("node1", address("node1"), 1500, None, True), ("node2", address("node2"), 9000, None, True),
         ("node3", address("node3"), 9000, None, True), ("node4", address("node4"), 9000, None, True)]
     json.dumps(status.as_dict())  # `status --json` relies on it
+
+
+def expected_slurm_version(cluster: DevCluster) -> str:
+    """`slurm-wlm X.Y.Z` of the Slurm the cluster was asked for."""
+    if cluster.spec.uses_root:
+        release = (Path(cluster.spec.slurm_root) / "etc/trainctl-slurm-root").read_text().split()[1]
+        assert release.startswith(f"{cluster.spec.slurm}."), release
+        return f"slurm-wlm {release}"
+    return run_checked([devcluster_processes.binary("slurmd"), "-V"], timeout=15).stdout.strip()
+
+
+@pytest.mark.cluster
+def test_daemons_clients_and_job_steps_all_run_the_slurm_asked_for(devcluster, tmp_path):
+    expected = expected_slurm_version(devcluster)
+    client = run_checked(["scontrol", "--version"], timeout=15, env=devcluster.client_env())
+    assert client.stdout.strip() == expected
+    tasks = by_task(srun(devcluster, "-N4", "-l", "scontrol", "--version"))
+    assert tasks == {i: expected for i in range(4)}
+    batch = run_checked(["sbatch", "--wait", "-N2", "-o", str(tmp_path / "out"), "--wrap",
+                         "srun -l sinfo --version"], timeout=60, env=devcluster.client_env(), cwd=tmp_path)
+    assert batch.returncode == 0
+    assert by_task((tmp_path / "out").read_text()) == {0: expected, 1: expected}
+    release = expected.split()[-1]
+    for log in ("slurmctld", *(f"slurmd-{node}" for node in devcluster.spec.node_names)):
+        assert f"version {release} started" in (devcluster.log_dir / f"{log}.log").read_text()
 
 
 @pytest.mark.cluster
@@ -468,7 +536,7 @@ def teardown_spec() -> ClusterSpec:
     beside = spec_for_instance()
     return ClusterSpec(nodes=2, base_dir=f"{beside.base_dir}-teardown",
                        subnet=f"10.78.{beside.subnet.split('.')[2]}", prefix=f"{beside.prefix}x",
-                       slurmctld_port=beside.slurmctld_port + 2, gpus_per_node=2)
+                       slurmctld_port=beside.slurmctld_port + 2, gpus_per_node=2, slurm=beside.slurm)
 
 
 TEARDOWN_SPEC = teardown_spec()
