@@ -23,7 +23,8 @@ from trainctl.devcluster.cluster import (ClusterSpec, DevCluster, gres_conf_text
                                         mounts_under, parse_link_mtu, parse_sinfo_node_states,
                                         parse_tbf_rate_bits, pid_alive, slurm_conf_text,
                                         spec_for_instance, sshd_config_text, task_prolog_text)
-from trainctl.devcluster.slurm_root import check_root, host_binds
+from trainctl.devcluster.slurm_root import check_root, host_binds, write_client_wrappers
+from trainctl.devcluster.spec import Layout
 from trainctl.errors import ExternalCommandError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
 
@@ -203,6 +204,18 @@ def test_the_slurm_root_sees_tmp_and_trainctls_python_but_never_replaces_its_own
     # the venv's checkout covers the venv; nested and system directories are left out
     assert binds == ["/data", "/root/.pyenv/versions/3.11.7", "/tmp", "/work/repo"]
     assert host_binds(python_prefix="/usr", python_base="/usr") == ["/tmp"]
+
+
+def test_job_commands_refuse_a_directory_the_slurm_root_cannot_see(tmp_path):
+    layout = Layout(ClusterSpec(base_dir=str(tmp_path / "dc"), slurm="24.11"))
+    layout.base.mkdir()
+    write_client_wrappers(layout)
+    elsewhere = tmp_path / "elsewhere"   # not below <base>/root: the root does not see it
+    elsewhere.mkdir()
+    srun = subprocess.run([str(layout.slurm_bin_dir / "srun"), "-N1", "hostname"], cwd=elsewhere,
+                          capture_output=True, text=True, timeout=10)
+    assert srun.returncode == 1
+    assert srun.stderr.startswith(f"srun: {elsewhere} is not visible inside the dev cluster's Slurm root")
 
 
 def test_a_cluster_on_a_root_that_is_not_built_says_how_to_build_it(tmp_path):

@@ -104,6 +104,10 @@ class DevCluster:
         """`argv` run inside `node`'s network, UTS and mount namespaces, in the caller's cwd."""
         return self.layout.exec_argv(node, argv)
 
+    def slurmd_argv(self, node: str) -> list[str]:
+        """The command that starts `node`'s slurmd (the cluster's Slurm, inside the node)."""
+        return slurm_daemons.slurmd_argv(self.layout, node)
+
     def env(self) -> dict[str, str]:
         """Environment additions for Slurm clients (sinfo, srun, sbatch ...) of this cluster:
         with a Slurm root, PATH starts with the wrappers that run the root's clients."""

@@ -155,8 +155,7 @@ def restore_node(cluster, node: str, timeout_s: float = RESTORE_TIMEOUT_S) -> No
     """
     cont_node(cluster, node)
     if cluster.daemon_pids().get(f"slurmd-{node}") is None:
-        run_checked(cluster.exec_argv(node, ["slurmd", "-N", node, "-f", str(cluster.slurm_conf)]),
-                    timeout=CMD_TIMEOUT_S, env=_sbin_env())
+        run_checked(cluster.slurmd_argv(node), timeout=CMD_TIMEOUT_S)
     deadline = time.monotonic() + timeout_s
     while True:
         state = _slurm_state(cluster, node)
@@ -217,11 +216,6 @@ def _jobs_on(cluster, node: str) -> list[str]:
 def _slurm_state(cluster, node: str) -> str:
     result = run(["sinfo", "-h", "-n", node, "-o", "%T"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
     return result.stdout.strip() if result.ok else ""
-
-
-def _sbin_env() -> dict[str, str]:
-    # slurmd lives in sbin, which a non-login root shell may not have on PATH
-    return {**os.environ, "PATH": f"{os.environ.get('PATH', '')}:/usr/local/sbin:/usr/sbin:/sbin"}
 
 
 def _signal(pids: list[int], sig: int) -> list[int]:

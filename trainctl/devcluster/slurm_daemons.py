@@ -164,6 +164,11 @@ def daemon_argv(layout: Layout, daemon: str, args: list[str]) -> list[str]:
     return [binary(daemon), *args]
 
 
+def slurmd_argv(layout: Layout, node: str) -> list[str]:
+    """`node`'s slurmd, started inside its namespaces."""
+    return layout.exec_argv(node, daemon_argv(layout, "slurmd", ["-N", node, "-f", str(layout.slurm_conf)]))
+
+
 def start_slurm(layout: Layout) -> None:
     """munged with a fresh key, slurmctld, then one slurmd per node inside its namespaces."""
     key = layout.base / "munge.key"
@@ -177,8 +182,7 @@ def start_slurm(layout: Layout) -> None:
         f"--log-file={layout.log_dir}/munged.log", f"--seed-file={layout.run_dir}/munged.seed"]))
     _start(layout, "slurmctld", daemon_argv(layout, "slurmctld", ["-f", str(layout.slurm_conf)]))
     for node in layout.spec.node_names:
-        _start(layout, f"slurmd-{node}", layout.exec_argv(
-            node, daemon_argv(layout, "slurmd", ["-N", node, "-f", str(layout.slurm_conf)])))
+        _start(layout, f"slurmd-{node}", slurmd_argv(layout, node))
 
 
 def _start(layout: Layout, daemon: str, argv: list[str]) -> int:
