@@ -17,6 +17,7 @@ import paramiko
 import pytest
 
 from trainctl.cli import main
+from trainctl.devcluster import faults
 from trainctl.devcluster import processes as devcluster_processes
 from trainctl.devcluster.cli import parse_node_assignments, spec_from_options
 from trainctl.devcluster.cluster import (ClusterSpec, DevCluster, gres_conf_text, known_hosts_text,
@@ -616,6 +617,17 @@ def test_extra_slurm_conf_lines_are_appended_checked_and_kept_in_the_state_file(
     for bad in ("HealthCheckInterval=5\nProlog=/x", "# a comment", "=5"):
         with pytest.raises(UsageError, match="extra slurm.conf line"):
             ClusterSpec(extra_slurm_conf=(bad,)).validate()
+
+
+@pytest.mark.parametrize("reason, slurms_own", [
+    ("Kill task failed", True),                            # Slurm up to 24.11
+    ("Kill task failed (JobId=12 StepId=0)", True),        # Slurm 25.05 and later
+    ("Kill task failed by hand", False),
+    ("trainctl: Kill task failed", False),
+    ("Not responding", False),
+])
+def test_slurms_unkillable_step_drain_is_recognised_in_every_wording(reason, slurms_own):
+    assert faults.is_unkillable_step_reason(reason) is slurms_own
 
 
 def test_a_step_slurm_cannot_kill_leaves_a_process_record_reported_once(tmp_path):

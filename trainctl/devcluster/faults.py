@@ -175,6 +175,9 @@ def restore_node(cluster, node: str, timeout_s: float = RESTORE_TIMEOUT_S) -> No
         time.sleep(0.2)
 
 
+# Slurm 25.05 appends the step: "Kill task failed (JobId=J StepId=S)" (CHANGELOG/slurm-25.05.md,
+# 25.05.0rc1: 'Add "(JobId=%u StepId=%u) suffix to node drain reason when setting it to
+# 'Kill task failed'"); earlier releases set the bare text.
 UNKILLABLE_STEP_REASON = "Kill task failed"
 
 
@@ -187,10 +190,16 @@ def resume_unkillable_drains(cluster) -> list[str]:
     """
     listing = run(["sinfo", "-h", "-N", "-o", "%N|%E"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
     drained = sorted({line.split("|", 1)[0] for line in listing.stdout.splitlines()
-                      if line.partition("|")[2].strip() == UNKILLABLE_STEP_REASON})
+                      if is_unkillable_step_reason(line.partition("|")[2].strip())})
     for node in drained:
         _scontrol_update(cluster, node, "state=resume")
     return drained
+
+
+def is_unkillable_step_reason(reason: str) -> bool:
+    """Slurm's own drain for a step that outlived its kill, in any release's wording."""
+    return reason == UNKILLABLE_STEP_REASON or (
+        reason.startswith(f"{UNKILLABLE_STEP_REASON} (JobId=") and reason.endswith(")"))
 
 
 def new_unkillable_step_records(cluster) -> list[str]:
