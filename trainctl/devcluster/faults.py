@@ -188,12 +188,18 @@ def resume_unkillable_drains(cluster) -> list[str]:
     A fault test that kills one node can leave another node's gate step slow to die; Slurm's
     answer is that drain, which would fail every later test for want of nodes.
     """
-    listing = run(["sinfo", "-h", "-N", "-o", "%N|%E"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
-    drained = sorted({line.split("|", 1)[0] for line in listing.stdout.splitlines()
-                      if is_unkillable_step_reason(line.partition("|")[2].strip())})
-    for node in drained:
+    listing = run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
+    drained = set()
+    for line in listing.stdout.splitlines():
+        node, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        # only drained ones: Slurm 23.11-25.11 without slurmdbd leave the reason on a resumed node
+        # (trainctl.slurm.IN_SERVICE_STATES)
+        if state.startswith("drain") and is_unkillable_step_reason(reason.strip()):
+            drained.add(node)
+    for node in sorted(drained):
         _scontrol_update(cluster, node, "state=resume")
-    return drained
+    return sorted(drained)
 
 
 def is_unkillable_step_reason(reason: str) -> bool:
