@@ -17,6 +17,7 @@ import paramiko
 import pytest
 
 from trainctl.cli import main
+from trainctl.devcluster import cluster as devcluster_cluster
 from trainctl.devcluster import faults
 from trainctl.devcluster import processes as devcluster_processes
 from trainctl.devcluster.cli import parse_node_assignments, spec_from_options
@@ -116,7 +117,8 @@ def test_sshd_config_sets_slurm_conf_and_the_pitfall_options():
 
 def test_sshd_sessions_of_a_cluster_on_a_slurm_root_find_its_clients_first():
     lines = conf_lines(sshd_config_text("/tmp/dc-x/ssh", "/tmp/dc-x/slurm.conf", "/tmp/dc-x/slurm-bin"))
-    session_env = dict(item.split("=", 1) for item in dict(line.split(" ", 1) for line in lines)["SetEnv"].split())
+    settings = dict(line.split(" ", 1) for line in lines)
+    session_env = dict(item.split("=", 1) for item in settings["SetEnv"].split())
     assert session_env["SLURM_CONF"] == "/tmp/dc-x/slurm.conf"
     assert session_env["PATH"].split(":")[0] == "/tmp/dc-x/slurm-bin"
     assert "/usr/bin" in session_env["PATH"].split(":")
@@ -226,6 +228,15 @@ def test_a_cluster_on_a_root_that_is_not_built_says_how_to_build_it(tmp_path):
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc/trainctl-slurm-root").write_text("24.11 24.11.5\n")
     check_root("24.11", str(tmp_path))
+
+
+def test_up_on_a_root_that_is_not_built_touches_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(devcluster_cluster, "check_prerequisites", lambda: None)  # root or not
+    spec = ClusterSpec(base_dir=str(tmp_path / "dc"), prefix="tq", slurm="24.11",
+                       slurm_root=str(tmp_path / "none"))
+    with pytest.raises(ExternalCommandError, match="is not built"):
+        DevCluster(spec).up()
+    assert not (tmp_path / "dc").exists() and not os.path.exists("/sys/class/net/tqbr0")
 
 
 def test_mtu_and_rate_options_become_the_spec():
@@ -673,8 +684,6 @@ def test_a_killed_node_gives_none_of_its_processes_a_moment_to_act_on_another_de
     # a dead node's processes die together: srun's shepherd must not see srun die, and no
     # process may be woken by SIGHUP/SIGCONT as a stopped, orphaned process group would be
     from types import SimpleNamespace
-
-    from trainctl.devcluster import faults
 
     marker = tmp_path / "acted"
     parent = subprocess.Popen([sys.executable, "-c", SHEPHERD, str(marker)])

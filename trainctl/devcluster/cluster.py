@@ -128,6 +128,8 @@ class DevCluster:
         """
         say = progress or (lambda _message: None)
         check_prerequisites()
+        if self.spec.uses_root:
+            slurm_root.check_root(self.spec.slurm, self.spec.slurm_root)
         start = time.monotonic()
         self._lock(lock_wait_s)
         try:

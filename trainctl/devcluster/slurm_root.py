@@ -24,7 +24,7 @@ from typing import Callable
 from trainctl.devcluster.processes import CMD_TIMEOUT_S, binary
 from trainctl.devcluster.spec import DEFAULT_SLURM_ROOT, ROOT_SLURMS, Layout
 from trainctl.errors import ExternalCommandError, UsageError
-from trainctl.proc import run, run_checked
+from trainctl.proc import resolve, run, run_checked
 
 DEBIAN_SUITE = {"24.11": "trixie"}
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -42,7 +42,8 @@ CLIENT_COMMANDS = ("sbatch", "srun", "salloc", "scontrol", "squeue", "sinfo", "s
                    "sattach", "sstat", "sprio", "sdiag")
 CWD_COMMANDS = ("sbatch", "srun", "salloc")   # the caller's directory becomes the job's
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/var", "/boot")
-BUILD_HINT = "build it once: scripts/setup --slurm {slurm} (or trainctl dev-cluster build-root --slurm {slurm})"
+BUILD_HINT = ("build it once: scripts/setup --slurm {slurm} "
+              "(or trainctl dev-cluster build-root --slurm {slurm})")
 
 
 # ---------------------------------------------------------------- build (scripts/setup)
@@ -81,7 +82,9 @@ def build_root(slurm: str, root: str = DEFAULT_SLURM_ROOT, *, mirror: str = DEBI
     if root_release(root) == slurm and not rebuild:
         progress(f"Slurm {slurm} root {root} is built already")
         return False
-    mmdebstrap = binary("mmdebstrap")
+    mmdebstrap = resolve("mmdebstrap")
+    if mmdebstrap is None:
+        raise ExternalCommandError("mmdebstrap: not found on PATH", hint="Debian: apt-get install mmdebstrap")
     staging = Path(f"{root}.building")
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +94,8 @@ def build_root(slurm: str, root: str = DEFAULT_SLURM_ROOT, *, mirror: str = DEBI
     if not result.ok:
         shutil.rmtree(staging, ignore_errors=True)
         raise ExternalCommandError(f"mmdebstrap failed: {result.describe_failure()}")
-    version = run_checked(["chroot", str(staging), "/usr/sbin/slurmd", "-V"], timeout=CMD_TIMEOUT_S).stdout.split()
+    version = run_checked([binary("chroot"), str(staging), "/usr/sbin/slurmd", "-V"],
+                          timeout=CMD_TIMEOUT_S).stdout.split()
     if len(version) < 2 or not version[1].startswith(f"{slurm}."):
         shutil.rmtree(staging, ignore_errors=True)
         raise ExternalCommandError(f"the root's slurmd says {' '.join(version)!r}, not Slurm {slurm}")
