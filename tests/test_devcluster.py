@@ -17,13 +17,17 @@ import paramiko
 import pytest
 
 from trainctl.cli import main
+from trainctl.devcluster import cluster as devcluster_cluster
+from trainctl.devcluster import faults
 from trainctl.devcluster import processes as devcluster_processes
 from trainctl.devcluster.cli import parse_node_assignments, spec_from_options
 from trainctl.devcluster.cluster import (ClusterSpec, DevCluster, gres_conf_text, known_hosts_text,
                                         mounts_under, parse_link_mtu, parse_sinfo_node_states,
                                         parse_tbf_rate_bits, pid_alive, slurm_conf_text,
                                         spec_for_instance, sshd_config_text, task_prolog_text)
-from trainctl.errors import PrivilegeError, UsageError
+from trainctl.devcluster.slurm_root import check_root, host_binds, write_client_wrappers
+from trainctl.devcluster.spec import Layout
+from trainctl.errors import ExternalCommandError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
 
 
@@ -111,6 +115,15 @@ def test_sshd_config_sets_slurm_conf_and_the_pitfall_options():
     assert settings["AuthorizedKeysFile"] == "/tmp/dc-x/ssh/authorized_keys"
 
 
+def test_sshd_sessions_of_a_cluster_on_a_slurm_root_find_its_clients_first():
+    lines = conf_lines(sshd_config_text("/tmp/dc-x/ssh", "/tmp/dc-x/slurm.conf", "/tmp/dc-x/slurm-bin"))
+    settings = dict(line.split(" ", 1) for line in lines)
+    session_env = dict(item.split("=", 1) for item in settings["SetEnv"].split())
+    assert session_env["SLURM_CONF"] == "/tmp/dc-x/slurm.conf"
+    assert session_env["PATH"].split(":")[0] == "/tmp/dc-x/slurm-bin"
+    assert "/usr/bin" in session_env["PATH"].split(":")
+
+
 def test_known_hosts_pins_the_host_key_for_every_node_address(tmp_path):
     key = paramiko.RSAKey.generate(1024)
     known_hosts = tmp_path / "known_hosts"
@@ -160,6 +173,9 @@ def test_rails_get_their_own_interface_bridge_veth_and_subnet():
     ({"rails": 0}, "rails must be"),
     ({"rails": 5}, "rails must be"),
     ({"subnet": "10.77.250", "rails": 2}, "no room for 2 rails"),
+    ({"slurm": "23.02"}, "Slurm '23.02' is not one the dev cluster runs"),
+    ({"slurm": "24.11", "slurm_root": "relative/root"}, "relative/root"),
+    ({"slurm": "24.11", "root_binds": ("/data with space",)}, "/data with space"),
 ])
 def test_spec_validation_names_the_bad_setting(changes, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -169,6 +185,58 @@ def test_spec_validation_names_the_bad_setting(changes, message):
 def test_spec_round_trips_through_its_state_file_form():
     spec = ClusterSpec(nodes=2, mtus={"node2": 1500}, rates={"node1": "1gbit"})
     assert ClusterSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    on_root = ClusterSpec(slurm="24.11", root_binds=("/data",))
+    assert ClusterSpec.from_dict(json.loads(json.dumps(on_root.to_dict()))) == on_root
+
+
+def test_the_instance_slurm_comes_from_the_environment_and_the_option_wins(monkeypatch):
+    monkeypatch.delenv("TRAINCTL_DEVCLUSTER_SLURM", raising=False)
+    assert spec_for_instance(2).slurm == "system" and not spec_for_instance(2).uses_root
+    monkeypatch.setenv("TRAINCTL_DEVCLUSTER_SLURM", "24.11")
+    assert spec_for_instance(2).slurm == "24.11" and spec_for_instance(0).uses_root
+    assert spec_from_options(4, "/tmp/dc-x", (), ()).slurm == "24.11"
+    assert spec_from_options(4, "/tmp/dc-x", (), (), slurm="system").slurm == "system"
+    monkeypatch.setenv("TRAINCTL_DEVCLUSTER_SLURM", "25.11")
+    with pytest.raises(UsageError, match="TRAINCTL_DEVCLUSTER_SLURM: Slurm '25.11'"):
+        spec_for_instance(2)
+
+
+def test_the_slurm_root_sees_tmp_and_trainctls_python_but_never_replaces_its_own_system():
+    binds = host_binds(("/data", "/data/sub", "/usr/local/share"),
+                       python_prefix="/work/repo/.venv", python_base="/root/.pyenv/versions/3.11.7")
+    # the venv's checkout covers the venv; nested and system directories are left out
+    assert binds == ["/data", "/root/.pyenv/versions/3.11.7", "/tmp", "/work/repo"]
+    assert host_binds(python_prefix="/usr", python_base="/usr") == ["/tmp"]
+
+
+def test_job_commands_refuse_a_directory_the_slurm_root_cannot_see(tmp_path):
+    layout = Layout(ClusterSpec(base_dir=str(tmp_path / "dc"), slurm="24.11"))
+    layout.base.mkdir()
+    write_client_wrappers(layout)
+    elsewhere = tmp_path / "elsewhere"   # not below <base>/root: the root does not see it
+    elsewhere.mkdir()
+    srun = subprocess.run([str(layout.slurm_bin_dir / "srun"), "-N1", "hostname"], cwd=elsewhere,
+                          capture_output=True, text=True, timeout=10)
+    assert srun.returncode == 1
+    assert srun.stderr.startswith(f"srun: {elsewhere} is not visible inside the dev cluster's Slurm root")
+
+
+def test_a_cluster_on_a_root_that_is_not_built_says_how_to_build_it(tmp_path):
+    with pytest.raises(ExternalCommandError, match="is not built") as raised:
+        check_root("24.11", str(tmp_path))
+    assert "scripts/setup --slurm 24.11" in raised.value.hint
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/trainctl-slurm-root").write_text("24.11 24.11.5\n")
+    check_root("24.11", str(tmp_path))
+
+
+def test_up_on_a_root_that_is_not_built_touches_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(devcluster_cluster, "check_prerequisites", lambda: None)  # root or not
+    spec = ClusterSpec(base_dir=str(tmp_path / "dc"), prefix="tq", slurm="24.11",
+                       slurm_root=str(tmp_path / "none"))
+    with pytest.raises(ExternalCommandError, match="is not built"):
+        DevCluster(spec).up()
+    assert not (tmp_path / "dc").exists() and not os.path.exists("/sys/class/net/tqbr0")
 
 
 def test_mtu_and_rate_options_become_the_spec():
@@ -274,6 +342,31 @@ def test_cluster_is_up_with_four_idle_nodes_and_live_daemons(devcluster):
         ("node1", address("node1"), 1500, None, True), ("node2", address("node2"), 9000, None, True),
         ("node3", address("node3"), 9000, None, True), ("node4", address("node4"), 9000, None, True)]
     json.dumps(status.as_dict())  # `status --json` relies on it
+
+
+def expected_slurm_version(cluster: DevCluster) -> str:
+    """`slurm-wlm X.Y.Z` of the Slurm the cluster was asked for."""
+    if cluster.spec.uses_root:
+        release = (Path(cluster.spec.slurm_root) / "etc/trainctl-slurm-root").read_text().split()[1]
+        assert release.startswith(f"{cluster.spec.slurm}."), release
+        return f"slurm-wlm {release}"
+    return run_checked([devcluster_processes.binary("slurmd"), "-V"], timeout=15).stdout.strip()
+
+
+@pytest.mark.cluster
+def test_daemons_clients_and_job_steps_all_run_the_slurm_asked_for(devcluster, tmp_path):
+    expected = expected_slurm_version(devcluster)
+    client = run_checked(["scontrol", "--version"], timeout=15, env=devcluster.client_env())
+    assert client.stdout.strip() == expected
+    tasks = by_task(srun(devcluster, "-N4", "-l", "scontrol", "--version"))
+    assert tasks == {i: expected for i in range(4)}
+    batch = run_checked(["sbatch", "--wait", "-N2", "-o", str(tmp_path / "out"), "--wrap",
+                         "srun -l sinfo --version"], timeout=60, env=devcluster.client_env(), cwd=tmp_path)
+    assert batch.returncode == 0
+    assert by_task((tmp_path / "out").read_text()) == {0: expected, 1: expected}
+    release = expected.split()[-1]
+    for log in ("slurmctld", *(f"slurmd-{node}" for node in devcluster.spec.node_names)):
+        assert f"version {release} started" in (devcluster.log_dir / f"{log}.log").read_text()
 
 
 @pytest.mark.cluster
@@ -468,7 +561,7 @@ def teardown_spec() -> ClusterSpec:
     beside = spec_for_instance()
     return ClusterSpec(nodes=2, base_dir=f"{beside.base_dir}-teardown",
                        subnet=f"10.78.{beside.subnet.split('.')[2]}", prefix=f"{beside.prefix}x",
-                       slurmctld_port=beside.slurmctld_port + 2, gpus_per_node=2)
+                       slurmctld_port=beside.slurmctld_port + 2, gpus_per_node=2, slurm=beside.slurm)
 
 
 TEARDOWN_SPEC = teardown_spec()
@@ -537,6 +630,17 @@ def test_extra_slurm_conf_lines_are_appended_checked_and_kept_in_the_state_file(
             ClusterSpec(extra_slurm_conf=(bad,)).validate()
 
 
+@pytest.mark.parametrize("reason, slurms_own", [
+    ("Kill task failed", True),                            # Slurm up to 24.11
+    ("Kill task failed (JobId=12 StepId=0)", True),        # Slurm 25.05 and later
+    ("Kill task failed by hand", False),
+    ("trainctl: Kill task failed", False),
+    ("Not responding", False),
+])
+def test_slurms_unkillable_step_drain_is_recognised_in_every_wording(reason, slurms_own):
+    assert faults.is_unkillable_step_reason(reason) is slurms_own
+
+
 def test_a_step_slurm_cannot_kill_leaves_a_process_record_reported_once(tmp_path):
     # Slurm runs UnkillableStepProgram on the node when a step outlives its kill; the dev
     # cluster's records every process's state and wait channel, and the next cluster test reports it
@@ -580,8 +684,6 @@ def test_a_killed_node_gives_none_of_its_processes_a_moment_to_act_on_another_de
     # a dead node's processes die together: srun's shepherd must not see srun die, and no
     # process may be woken by SIGHUP/SIGCONT as a stopped, orphaned process group would be
     from types import SimpleNamespace
-
-    from trainctl.devcluster import faults
 
     marker = tmp_path / "acted"
     parent = subprocess.Popen([sys.executable, "-c", SHEPHERD, str(marker)])

@@ -91,7 +91,7 @@ def fqdn_spec() -> ClusterSpec:
     return ClusterSpec(nodes=3, base_dir=f"{beside.base_dir}-fqdn",
                        subnet=f"10.79.{beside.subnet.split('.')[2]}", prefix=f"{beside.prefix}f",
                        slurmctld_port=beside.slurmctld_port + 4, gpus_per_node=2,
-                       domain="cluster.test")
+                       domain="cluster.test", slurm=beside.slurm)
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,19 @@ def test_sinfo_states_parse_reason_last_and_suffixes():
     assert states["node2"].reason == "bad DIMM | see ticket 42" and not states["node2"].idle
 
 
+def test_trainctls_reason_left_on_a_node_back_in_service_is_no_claim():
+    """Slurm 23.11-25.11 without slurmdbd keep a resumed node's reason; 22.05 clears it."""
+    text = (f"node1|10.77.0.1|idle|root|{WHEN}|{OUR_REASON}\n"
+            f"node2|10.77.0.2|mixed*|root|{WHEN}|{OUR_REASON}\n"
+            f"node3|10.77.0.3|idle|root|{WHEN}|bad DIMM\n"          # an admin's note stays a claim
+            f"node4|10.77.0.4|draining|root|{WHEN}|{OUR_REASON}\n")  # still trainctl's drain
+    states = parse_sinfo_states(text)
+    assert (states["node1"].reason, states["node1"].reason_user, states["node1"].reason_time) == ("", "", "")
+    assert states["node2"].reason == ""
+    assert states["node3"].reason == "bad DIMM"
+    assert states["node4"].reason == OUR_REASON and states["node4"].reason_time == WHEN
+
+
 def test_reason_has_the_tag_the_check_and_fits_slurm():
     assert drain_reason([DOWN_PORT]) == ("ib.ports", OUR_REASON)
     long = ResultRow(7, "node2", "gpu.xid", "fail", "Xid 79 fell off the bus\n" + "é" * 400, {})

@@ -60,6 +60,28 @@ def test_train_ddp_runs_on_the_nodes_the_gate_chose(devcluster, tmp_path):
     assert [line.split(" on ")[1].split(":")[0] for line in ranks] == ["node1", "node4"]
 
 
+def slurm_release(devcluster) -> tuple[int, ...]:
+    """(24, 11, 5) from `scontrol --version` ("slurm-wlm 24.11.5", "slurm 22.05.8")."""
+    version = run_checked(["scontrol", "--version"], timeout=15, env=devcluster.client_env()).stdout.split()[-1]
+    return tuple(int(part) for part in version.split(".")[:3])
+
+
+def test_a_signal_this_slurm_refuses_is_one_line_at_submit_not_a_hung_job(devcluster, tmp_path):
+    """From Slurm 24.11.1 `--signal R:...` needs preemption (CHANGELOG/slurm-24.11.md, 24.11.1: 'Deny jobs
+    using the "R:" option of --signal if PreemptMode=OFF globally'); the dev cluster has PreemptMode=OFF."""
+    site = gate_site(tmp_path, devcluster, decision=first_and_last(devcluster))
+    result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", "2", "--spare", "2",
+                    "--signal", "R:USR1@60", "--", str(REPO / "examples" / "train_ddp.py"), "--steps", "1")
+    if slurm_release(devcluster) >= (24, 11, 1):
+        assert result.returncode == 4 and result.stdout == ""
+        assert result.stderr.splitlines() == [
+            "trainctl: error: sbatch exited with status 1: sbatch: error: Batch job submission failed: "
+            "Preemption is required but is disabled on this system"]
+    else:
+        assert result.returncode == 0, result.stderr
+        assert wait_for_job(devcluster, result.stdout.strip())["JobState"] == "COMPLETED"
+
+
 def test_nasty_job_name_script_path_and_args_arrive_unchanged(devcluster, tmp_path):
     mark = tmp_path / "pwned"
     words = nasty(mark)

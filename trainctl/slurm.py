@@ -209,6 +209,14 @@ STATE_SUFFIXES = "*~#!%$@^-"
 # Slurm stores node reasons in slurmdbd's event table as TINYTEXT: 255 bytes.
 REASON_MAX_BYTES = 255
 DRAIN_TAG = "trainctl:"    # every reason trainctl sets starts with this
+# Node states in which a node is in service again. Slurm clears a node's reason when it returns to
+# service in clusteracct_storage_g_node_up() (src/interfaces/accounting_storage.c), but from 23.11
+# ("Remove 'none' plugins", RELEASE_NOTES) to at least 25.11 that function returns before clearing
+# it when no accounting storage plugin is configured (no slurmdbd): a resumed node keeps its old
+# reason while idle (seen on the dev cluster, Slurm 24.11.5; fixed upstream after 25.11 by SchedMD
+# commit ac3305964d "Resuming nodes clears reason without database"). trainctl only ever sets its
+# reason together with a drain, so its reason on a node in service is such a leftover, not a claim.
+IN_SERVICE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
 
 
 @dataclass(frozen=True)
@@ -246,7 +254,8 @@ def parse_sinfo_states(text: str) -> dict[str, NodeState]:
             continue
         name, address, state, user, when, reason = fields
         base = state.rstrip(STATE_SUFFIXES)
-        has_reason = reason != NO_REASON
+        leftover = base in IN_SERVICE_STATES and reason.startswith(DRAIN_TAG)
+        has_reason = reason != NO_REASON and not leftover
         states.setdefault(name, NodeState(
             name=name, address=address, state=base, flags=state[len(base):],
             reason=reason if has_reason else "", reason_user=user if has_reason else "",

@@ -13,8 +13,10 @@ import click
 
 from trainctl.validate import DAY_S, Bounds, Number
 
+from trainctl.devcluster import slurm_root
 from trainctl.devcluster.cluster import (STATE_FILE, ClusterSpec, ClusterStatus, DevCluster,
                                         spec_for_instance)
+from trainctl.devcluster.spec import DEFAULT_SLURM_ROOT, ROOT_SLURMS, SLURM_ENV, SYSTEM_SLURM
 from trainctl.errors import ExternalCommandError, UsageError
 from trainctl.proc import run
 
@@ -36,7 +38,8 @@ def parse_node_assignments(values: tuple[str, ...], option: str) -> dict[str, st
 
 
 def spec_from_options(nodes: int, base_dir: str | None, mtus: tuple[str, ...],
-                      rates: tuple[str, ...], domain: str = "", rails: int = 1) -> ClusterSpec:
+                      rates: tuple[str, ...], domain: str = "", rails: int = 1,
+                      slurm: str | None = None, root_binds: tuple[str, ...] = ()) -> ClusterSpec:
     """The `up` options as a validated ClusterSpec (raises UsageError naming the bad option).
 
     Names, subnet and port are those of dev cluster instance $TRAINCTL_DEVCLUSTER_INSTANCE.
@@ -49,7 +52,8 @@ def spec_from_options(nodes: int, base_dir: str | None, mtus: tuple[str, ...],
     instance = spec_for_instance()
     spec = dataclasses.replace(instance, nodes=nodes, base_dir=base_dir or instance.base_dir,
                                mtus=mtu_by_node, rates=parse_node_assignments(rates, "--rate"),
-                               domain=domain, rails=rails)
+                               domain=domain, rails=rails, slurm=slurm or instance.slurm,
+                               root_binds=root_binds)
     spec.validate()
     return spec
 
@@ -116,11 +120,17 @@ def dev_cluster() -> None:
               help="Data rails per node: rail r is the node's eth<r>, on a bridge and subnet of its own "
                    "(10.77.<K+10r>.N).")
 @click.option("--sshd", is_flag=True, help="Also start sshd on every node (key auth as root).")
+@click.option("--slurm", type=click.Choice([SYSTEM_SLURM, *ROOT_SLURMS]), default=None,
+              help=f"Which Slurm runs the cluster: the system's, or 24.11 from a Debian 13 root "
+                   f"filesystem (built by `build-root`). Default: ${SLURM_ENV}, else system.")
+@click.option("--bind", "root_binds", multiple=True, metavar="DIR",
+              help="With a Slurm root: one more host directory its jobs see at the same path "
+                   "(repeatable; /tmp and trainctl's Python and checkout always are).")
 @json_option
 def up(nodes: int, base_dir: str | None, mtus: tuple[str, ...], rates: tuple[str, ...], domain: str,
-       rails: int, sshd: bool, as_json: bool) -> None:
+       rails: int, sshd: bool, slurm: str | None, root_binds: tuple[str, ...], as_json: bool) -> None:
     """Start the cluster (replacing any earlier one in DIR) and wait until all nodes are idle."""
-    spec = spec_from_options(nodes, base_dir, mtus, rates, domain, rails)
+    spec = spec_from_options(nodes, base_dir, mtus, rates, domain, rails, slurm, root_binds)
     base_dir = spec.base_dir
     cluster = DevCluster(spec)
     start = time.monotonic()
@@ -155,6 +165,19 @@ def down(base_dir: str) -> None:
     removed = cluster.down()
     _progress(f"removed {len(removed)} items in {time.monotonic() - start:.2f} s"
               if removed else "nothing to remove")
+
+
+@dev_cluster.command("build-root")
+@click.option("--slurm", type=click.Choice(ROOT_SLURMS), default=ROOT_SLURMS[0], show_default=True,
+              help="The Slurm release the root holds.")
+@click.option("--root", default=DEFAULT_SLURM_ROOT, show_default=True, metavar="DIR",
+              help="Where the root is built and cached.")
+@click.option("--mirror", default=slurm_root.DEBIAN_MIRROR, show_default=True, help="Debian archive URL.")
+@click.option("--rebuild", is_flag=True, help="Build it again even when it is there.")
+def build_root(slurm: str, root: str, mirror: str, rebuild: bool) -> None:
+    """Build (once) the Debian root filesystem that `up --slurm SLURM` runs Slurm from (needs root,
+    mmdebstrap and Debian's archive)."""
+    slurm_root.build_root(slurm, root, mirror=mirror, rebuild=rebuild, progress=_progress)
 
 
 @dev_cluster.command()

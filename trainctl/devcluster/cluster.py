@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from trainctl.devcluster import network, replay, slurm_daemons, sshd
+from trainctl.devcluster import network, replay, slurm_daemons, slurm_root, sshd
 from trainctl.devcluster.network import (mounts_under, netns_pids, parse_link_mtu,
                                          parse_tbf_rate_bits)
 from trainctl.devcluster.processes import (check_prerequisites, daemon_pids,
@@ -104,9 +104,17 @@ class DevCluster:
         """`argv` run inside `node`'s network, UTS and mount namespaces, in the caller's cwd."""
         return self.layout.exec_argv(node, argv)
 
+    def slurmd_argv(self, node: str) -> list[str]:
+        """The command that starts `node`'s slurmd (the cluster's Slurm, inside the node)."""
+        return slurm_daemons.slurmd_argv(self.layout, node)
+
     def env(self) -> dict[str, str]:
-        """Environment additions for Slurm clients (sinfo, srun, sbatch ...) of this cluster."""
-        return {"SLURM_CONF": str(self.slurm_conf)}
+        """Environment additions for Slurm clients (sinfo, srun, sbatch ...) of this cluster:
+        with a Slurm root, PATH starts with the wrappers that run the root's clients."""
+        env = {"SLURM_CONF": str(self.slurm_conf)}
+        if self.spec.uses_root:
+            env["PATH"] = f"{self.layout.slurm_bin_dir}:{os.environ.get('PATH', os.defpath)}"
+        return env
 
     def client_env(self) -> dict[str, str]:
         return {**os.environ, **self.env()}
@@ -120,6 +128,8 @@ class DevCluster:
         """
         say = progress or (lambda _message: None)
         check_prerequisites()
+        if self.spec.uses_root:
+            slurm_root.check_root(self.spec.slurm, self.spec.slurm_root)
         start = time.monotonic()
         self._lock(lock_wait_s)
         try:
@@ -154,8 +164,15 @@ class DevCluster:
         self.state.start(spec)
 
         network.create_network(spec, self.state)
+        if spec.uses_root:  # before the node namespaces, which inherit it
+            slurm_root.assemble_root(self.layout)
         network.create_node_namespaces(self.layout)
         replay.mount_node_bin_dirs(self.layout)
+        if spec.uses_root:
+            for node in spec.node_names:
+                slurm_root.mount_node_root(self.layout, node)
+            slurm_root.write_client_wrappers(self.layout)
+            say(f"Slurm {spec.slurm} from {spec.slurm_root}, assembled at {self.layout.root_dir}")
         say(f"network: {spec.nodes} namespaces on {spec.bridge} "
             f"({spec.subnet}.0/24) after {time.monotonic() - start:.2f} s")
         slurm_daemons.create_fake_gpus(spec, self.state)

@@ -155,8 +155,7 @@ def restore_node(cluster, node: str, timeout_s: float = RESTORE_TIMEOUT_S) -> No
     """
     cont_node(cluster, node)
     if cluster.daemon_pids().get(f"slurmd-{node}") is None:
-        run_checked(cluster.exec_argv(node, ["slurmd", "-N", node, "-f", str(cluster.slurm_conf)]),
-                    timeout=CMD_TIMEOUT_S, env=_sbin_env())
+        run_checked(cluster.slurmd_argv(node), timeout=CMD_TIMEOUT_S)
     deadline = time.monotonic() + timeout_s
     while True:
         state = _slurm_state(cluster, node)
@@ -176,6 +175,9 @@ def restore_node(cluster, node: str, timeout_s: float = RESTORE_TIMEOUT_S) -> No
         time.sleep(0.2)
 
 
+# Slurm 25.05 appends the step: "Kill task failed (JobId=J StepId=S)" (CHANGELOG/slurm-25.05.md,
+# 25.05.0rc1: 'Add "(JobId=%u StepId=%u) suffix to node drain reason when setting it to
+# 'Kill task failed'"); earlier releases set the bare text.
 UNKILLABLE_STEP_REASON = "Kill task failed"
 
 
@@ -186,12 +188,24 @@ def resume_unkillable_drains(cluster) -> list[str]:
     A fault test that kills one node can leave another node's gate step slow to die; Slurm's
     answer is that drain, which would fail every later test for want of nodes.
     """
-    listing = run(["sinfo", "-h", "-N", "-o", "%N|%E"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
-    drained = sorted({line.split("|", 1)[0] for line in listing.stdout.splitlines()
-                      if line.partition("|")[2].strip() == UNKILLABLE_STEP_REASON})
-    for node in drained:
+    listing = run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
+    drained = set()
+    for line in listing.stdout.splitlines():
+        node, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        # only drained ones: Slurm 23.11-25.11 without slurmdbd leave the reason on a resumed node
+        # (trainctl.slurm.IN_SERVICE_STATES)
+        if state.startswith("drain") and is_unkillable_step_reason(reason.strip()):
+            drained.add(node)
+    for node in sorted(drained):
         _scontrol_update(cluster, node, "state=resume")
-    return drained
+    return sorted(drained)
+
+
+def is_unkillable_step_reason(reason: str) -> bool:
+    """Slurm's own drain for a step that outlived its kill, in any release's wording."""
+    return reason == UNKILLABLE_STEP_REASON or (
+        reason.startswith(f"{UNKILLABLE_STEP_REASON} (JobId=") and reason.endswith(")"))
 
 
 def new_unkillable_step_records(cluster) -> list[str]:
@@ -217,11 +231,6 @@ def _jobs_on(cluster, node: str) -> list[str]:
 def _slurm_state(cluster, node: str) -> str:
     result = run(["sinfo", "-h", "-n", node, "-o", "%T"], timeout=CMD_TIMEOUT_S, env=cluster.client_env())
     return result.stdout.strip() if result.ok else ""
-
-
-def _sbin_env() -> dict[str, str]:
-    # slurmd lives in sbin, which a non-login root shell may not have on PATH
-    return {**os.environ, "PATH": f"{os.environ.get('PATH', '')}:/usr/local/sbin:/usr/sbin:/sbin"}
 
 
 def _signal(pids: list[int], sig: int) -> list[int]:

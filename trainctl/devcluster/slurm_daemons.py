@@ -12,6 +12,7 @@ from typing import Mapping
 
 from trainctl.devcluster.processes import (CMD_TIMEOUT_S, binary, daemon_pids, log_tails,
                                            start_daemon)
+from trainctl.devcluster import slurm_root
 from trainctl.devcluster.replay import task_prolog_text
 from trainctl.devcluster.spec import ClusterSpec, Layout, StateFile, node_range
 from trainctl.errors import ExternalCommandError, UsageError
@@ -156,20 +157,32 @@ def is_fake_gpu(path: str, null_device: int) -> bool:
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == null_device
 
 
+def daemon_argv(layout: Layout, daemon: str, args: list[str]) -> list[str]:
+    """The system's `daemon`, or the one in the cluster's Slurm root (run in that root)."""
+    if layout.spec.uses_root:
+        return slurm_root.in_root(layout, [f"/usr/sbin/{daemon}", *args])
+    return [binary(daemon), *args]
+
+
+def slurmd_argv(layout: Layout, node: str) -> list[str]:
+    """`node`'s slurmd, started inside its namespaces."""
+    return layout.exec_argv(node, daemon_argv(layout, "slurmd", ["-N", node, "-f", str(layout.slurm_conf)]))
+
+
 def start_slurm(layout: Layout) -> None:
     """munged with a fresh key, slurmctld, then one slurmd per node inside its namespaces."""
     key = layout.base / "munge.key"
     fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
     with os.fdopen(fd, "wb") as out:
         out.write(os.urandom(1024))
-    _start(layout, "munged", [
-        binary("munged"), "--force", f"--key-file={key}",
+    # Clients and daemons use the same munge (library and key): both come from one Slurm root.
+    _start(layout, "munged", daemon_argv(layout, "munged", [
+        "--force", f"--key-file={key}",
         f"--socket={layout.run_dir}/munge.sock", f"--pid-file={layout.pid_file('munged')}",
-        f"--log-file={layout.log_dir}/munged.log", f"--seed-file={layout.run_dir}/munged.seed"])
-    _start(layout, "slurmctld", [binary("slurmctld"), "-f", str(layout.slurm_conf)])
+        f"--log-file={layout.log_dir}/munged.log", f"--seed-file={layout.run_dir}/munged.seed"]))
+    _start(layout, "slurmctld", daemon_argv(layout, "slurmctld", ["-f", str(layout.slurm_conf)]))
     for node in layout.spec.node_names:
-        _start(layout, f"slurmd-{node}", layout.exec_argv(
-            node, [binary("slurmd"), "-N", node, "-f", str(layout.slurm_conf)]))
+        _start(layout, f"slurmd-{node}", slurmd_argv(layout, node))
 
 
 def _start(layout: Layout, daemon: str, argv: list[str]) -> int:

@@ -18,6 +18,12 @@ from trainctl.errors import UsageError
 DEFAULT_BASE_DIR = "/tmp/trainctl-devcluster"
 STATE_FILE = "state.json"
 INSTANCE_ENV = "TRAINCTL_DEVCLUSTER_INSTANCE"
+SLURM_ENV = "TRAINCTL_DEVCLUSTER_SLURM"
+SYSTEM_SLURM = "system"
+# Slurm releases the dev cluster can run besides the system's, each from a root filesystem of
+# its own (slurm_root.py): Debian 13 ("trixie") ships slurm-wlm 24.11.
+ROOT_SLURMS = ("24.11",)
+DEFAULT_SLURM_ROOT = "/var/cache/trainctl/debian13-slurm-root"
 CONTROLLER_OCTET = 254
 ROOT_SIDE_MTU = 9000        # bridge and root-side veths carry the largest node MTU
 MAX_NODE_MTU = ROOT_SIDE_MTU
@@ -41,17 +47,27 @@ def spec_for_instance(instance: int | None = None) -> ClusterSpec:
 
     Instance 0 is the default cluster; instance K > 0 gets its own prefix, subnet, port and base
     directory, so several checkouts on one machine can each run their cluster tests at once.
+    Its Slurm is $TRAINCTL_DEVCLUSTER_SLURM (default: the system's).
     """
     if instance is None:
         raw = os.environ.get(INSTANCE_ENV, "0")
         if not raw.isdigit() or not 0 <= int(raw) <= 9:
             raise UsageError(f"{INSTANCE_ENV} must be 0-9, got {raw!r}")
         instance = int(raw)
+    slurm = os.environ.get(SLURM_ENV) or SYSTEM_SLURM
+    check_slurm(slurm, SLURM_ENV)
     if instance == 0:
-        return ClusterSpec()
+        return ClusterSpec(slurm=slurm)
     return ClusterSpec(base_dir=f"{DEFAULT_BASE_DIR}-{instance}", subnet=f"10.77.{instance}",
                        # "tc" is instance 0's prefix, so the letters skip c
-                       prefix="t" + "abdefghij"[instance - 1], slurmctld_port=6817 + 10 * instance)
+                       prefix="t" + "abdefghij"[instance - 1], slurmctld_port=6817 + 10 * instance,
+                       slurm=slurm)
+
+
+def check_slurm(slurm: str, source: str = "slurm") -> None:
+    if slurm != SYSTEM_SLURM and slurm not in ROOT_SLURMS:
+        raise UsageError(f"{source}: Slurm {slurm!r} is not one the dev cluster runs; choose "
+                         f"{', '.join((SYSTEM_SLURM, *ROOT_SLURMS))}")
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,16 @@ class ClusterSpec:
     # Data rails: rail 0 is eth0 on the bridge; rail r > 0 is eth<r> in every node, on a bridge of
     # its own with no address in the root namespace, subnet third octet + 10r.
     rails: int = 1
+    # Which Slurm runs the cluster: the system's, or a release from a root filesystem of its own
+    # (ROOT_SLURMS) at slurm_root; its daemons, clients and job tasks then all run in that root,
+    # which sees the host's /tmp, /dev, /proc, /sys, trainctl's Python and root_binds.
+    slurm: str = SYSTEM_SLURM
+    slurm_root: str = DEFAULT_SLURM_ROOT
+    root_binds: tuple[str, ...] = ()
+
+    @property
+    def uses_root(self) -> bool:
+        return self.slurm != SYSTEM_SLURM
 
     @property
     def node_names(self) -> list[str]:
@@ -179,6 +205,12 @@ class ClusterSpec:
                              f"- and .), e.g. cluster.test, and nodeN.<domain> at most {HOST_NAME_MAX} "
                              "characters")
 
+        check_slurm(self.slurm)
+        for path in (self.slurm_root, *self.root_binds):
+            if not SAFE_PATH_RE.match(path) or path.rstrip("/") == "":
+                raise UsageError(f"path {path!r} must be absolute, below /, made of letters, digits "
+                                 "and . _ - /", hint="it goes into the Slurm root's bind mounts")
+
     def _check_known(self, node: str, setting: str) -> None:
         if node not in self.node_names:
             raise UsageError(f"{setting} given for unknown node {node!r}: this dev cluster has "
@@ -191,7 +223,8 @@ class ClusterSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ClusterSpec:
-        return cls(**{**data, "extra_slurm_conf": tuple(data.get("extra_slurm_conf", ()))})
+        return cls(**{**data, "extra_slurm_conf": tuple(data.get("extra_slurm_conf", ())),
+                      "root_binds": tuple(data.get("root_binds", ()))})
 
 
 def check_rate(node: str, rate: str) -> None:
@@ -238,6 +271,17 @@ class Layout:
     @property
     def ssh_dir(self) -> Path:
         return self.base / "ssh"
+
+    @property
+    def root_dir(self) -> Path:
+        """Where the Slurm root filesystem is assembled (a bind of spec.slurm_root plus the host's
+        paths the daemons and tasks need); unused with the system's Slurm."""
+        return self.base / "root"
+
+    @property
+    def slurm_bin_dir(self) -> Path:
+        """Slurm client commands (sbatch, srun, ...) that run the root's: first on clients' PATH."""
+        return self.base / "slurm-bin"
 
     def pid_file(self, daemon: str) -> Path:
         return self.run_dir / f"{daemon}.pid"
