@@ -141,16 +141,21 @@ def test_a_stop_signal_ends_an_ssh_sweep_at_once(tmp_path, signum, code, line):
     assert took < 90 / 10, f"took {took:.2f} s"   # a fraction of the node's deadline (~0.2 s seen)
 
 
+def srun_standin(tmp_path: Path, script: str) -> dict[str, str]:
+    """An environment whose `srun` is `script`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    probe(bin_dir, "srun", script)
+    return {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
 def test_an_srun_whose_setsid_grandchild_holds_stdout_ends_at_the_deadline(tmp_path, monkeypatch):
     monkeypatch.setattr(collect, "STARTUP_MARGIN_S", 0.0)
     monkeypatch.setattr(collect, "ALLOCATION_WAIT_S", 0)
     tag = "31431"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    probe(bin_dir, "srun", f"#!/bin/sh\nsetsid sleep {tag} &\necho not-a-piece\nsleep {tag}\n")
+    env = srun_standin(tmp_path, f"#!/bin/sh\nsetsid sleep {tag} &\necho not-a-piece\nsleep {tag}\n")
     started = time.monotonic()
-    outcomes = list(collect_via_slurm(["n1", "n2"], node_command(2), partition=None, extra=[], states={},
-                                      env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}))
+    outcomes = list(collect_via_slurm(["n1", "n2"], node_command(2), partition=None, extra=[], states={}, env=env))
     elapsed = time.monotonic() - started
     assert [(o.host, o.outcome) for o in outcomes] == [("n1", TIMEOUT), ("n2", TIMEOUT)]
     assert survivors(f"sleep {tag}") == []                    # the grandchild is gone too
@@ -160,12 +165,9 @@ def test_an_srun_whose_setsid_grandchild_holds_stdout_ends_at_the_deadline(tmp_p
 def test_an_srun_that_exits_while_a_grandchild_holds_stdout_is_not_held(tmp_path, monkeypatch):
     monkeypatch.setattr(collect, "ALLOCATION_WAIT_S", 0)
     tag = "31432"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    probe(bin_dir, "srun", f"#!/bin/sh\nsetsid sleep {tag} &\necho srun: error: no nodes >&2\nexit 1\n")
+    env = srun_standin(tmp_path, f"#!/bin/sh\nsetsid sleep {tag} &\necho srun: error: no nodes >&2\nexit 1\n")
     started = time.monotonic()
     with pytest.raises(Exception, match="sweep job failed: srun exited with status 1: srun: error: no nodes"):
-        list(collect_via_slurm(["n1"], node_command(60), partition=None, extra=[], states={},
-                               env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}))
+        list(collect_via_slurm(["n1"], node_command(60), partition=None, extra=[], states={}, env=env))
     assert survivors(f"sleep {tag}") == []
     assert time.monotonic() - started < node_command(60).deadline_s / 10

@@ -43,21 +43,27 @@ def running_on(output: str) -> list[str]:
     return expand_hostlist(re.search(r"trainctl: running on (\S+),", output).group(1))
 
 
+def training_with_a_checkpoint(devcluster, tmp_path: Path, checkpoint: Path) -> tuple[str, Path, str, str]:
+    """A `--retries 1` job of 2 nodes and a spare, once its training wrote the checkpoint of step 10:
+    its id, gate dir, output so far and batch host."""
+    result = submit(devcluster, tmp_path, "--site", "local-demo", "--nodes", "2", "--spare", "1",
+                    "--retries", "1", "--", TRAIN, "--steps", "100", "--step-time", "0.25",
+                    "--checkpoint", str(checkpoint), "--checkpoint-every", "5")
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.strip().splitlines()[-1]
+    gate_dir = tmp_path / f"trainctl-gate-{first}"
+    wait_for_text(lambda: sorted(gate_dir.glob("rank-*.out")), r"checkpoint at step 10\b", 180)
+    output = (tmp_path / f"slurm-{first}.out").read_text()
+    job = run_checked(["scontrol", "show", "job", "-o", first], timeout=15, env=devcluster.client_env())
+    return first, gate_dir, output, re.search(r"BatchHost=(\S+)", job.stdout).group(1)
+
+
 def test_a_node_lost_during_training_is_excluded_and_the_successor_resumes(devcluster, tmp_path):
     checkpoint = tmp_path / "ckpt" / "train.pt"
     victim = None
     with staged_nvidia_smi(devcluster, {node: HEALTHY_NVLINK for node in NODES}):
         try:
-            result = submit(devcluster, tmp_path, "--site", "local-demo", "--nodes", "2", "--spare", "1",
-                            "--retries", "1", "--", TRAIN, "--steps", "100", "--step-time", "0.25",
-                            "--checkpoint", str(checkpoint), "--checkpoint-every", "5")
-            assert result.returncode == 0, result.stderr
-            first = result.stdout.strip().splitlines()[-1]
-            gate_dir = tmp_path / f"trainctl-gate-{first}"
-            wait_for_text(lambda: sorted(gate_dir.glob("rank-*.out")), r"checkpoint at step 10\b", 180)
-            output = (tmp_path / f"slurm-{first}.out").read_text()
-            job = run_checked(["scontrol", "show", "job", "-o", first], timeout=15, env=devcluster.client_env())
-            batch_host = re.search(r"BatchHost=(\S+)", job.stdout).group(1)
+            first, gate_dir, output, batch_host = training_with_a_checkpoint(devcluster, tmp_path, checkpoint)
             victim = next(node for node in reversed(running_on(output)) if node != batch_host)
             assert faults.kill_node(devcluster, victim)   # slurmd, slurmstepd and the rank: a dead node
 
@@ -104,16 +110,8 @@ def test_a_node_lost_while_the_gate_left_the_batch_host_out_of_training_is_still
     replays = {node: INACTIVE_LINKS if node == "node1" else HEALTHY_NVLINK for node in NODES}
     with staged_nvidia_smi(devcluster, replays):
         try:
-            result = submit(devcluster, tmp_path, "--site", "local-demo", "--nodes", "2", "--spare", "1",
-                            "--retries", "1", "--", TRAIN, "--steps", "100", "--step-time", "0.25",
-                            "--checkpoint", str(tmp_path / "ckpt" / "train.pt"), "--checkpoint-every", "5")
-            assert result.returncode == 0, result.stderr
-            first = result.stdout.strip().splitlines()[-1]
-            gate_dir = tmp_path / f"trainctl-gate-{first}"
-            wait_for_text(lambda: sorted(gate_dir.glob("rank-*.out")), r"checkpoint at step 10\b", 180)
-            output = (tmp_path / f"slurm-{first}.out").read_text()
-            job = run_checked(["scontrol", "show", "job", "-o", first], timeout=15, env=devcluster.client_env())
-            batch_host = re.search(r"BatchHost=(\S+)", job.stdout).group(1)
+            first, gate_dir, output, batch_host = training_with_a_checkpoint(devcluster, tmp_path,
+                                                                             tmp_path / "ckpt" / "train.pt")
             assert batch_host == "node1" and batch_host not in running_on(output), output
             victim = running_on(output)[-1]
             assert faults.kill_node(devcluster, victim)
