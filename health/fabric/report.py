@@ -12,6 +12,9 @@ a slow link is slow every time.
 Intra-node figures are judged only for NCCL on GPUs: the CPU stand-in (gloo over loopback)
 measures the host's shared cores, which says nothing about a node's GPUs and, on the test
 cluster, where all nodes share one machine, only measures the neighbours' load.
+The verdict is one typed `FabricReport`, from one builder whether the test ran one rank per
+node or one per rail; `to_json` is what `health fabric --json` prints and the gate's
+fabric.json holds, and `from_json` reads that back.
 """
 
 from __future__ import annotations
