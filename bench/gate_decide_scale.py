@@ -70,8 +70,8 @@ def fabric_report(hosts: list[str], slow: set[str]) -> dict:
     roster = {"joined": list(range(len(hosts))), "missing": [],
               "hosts": {str(rank): host for rank, host in enumerate(hosts)}, "expected": hosts}
     return build_report(results=results, roster=roster, world=len(hosts), sizes=(1 << 20, SIZE),
-                        rounds=len(rounds), retests=[], straggler_factor=0.7, floor_gbps=None,
-                        join_timeout_s=15.0, duration_s=1.0)
+                        rounds=len(rounds), retests=0, straggler_factor=0.7, floor_gbps=None,
+                        join_timeout_s=15.0, duration_s=1.0).to_json()
 
 
 def compute_report() -> dict:

@@ -359,17 +359,17 @@ def coordinate(nodes: int, join_timeout_s: float, workers: int, profile: bool = 
             proc.kill()
             proc.communicate()
             finished.append({"errors": ["a worker did not finish in time"]})
-    report = out.get("report") or {}
-    rounds = (report.get("rounds") or 0) + (report.get("retest_rounds") or 0)
+    report = out.get("report")  # rank 0's FabricReport; None where it ended without one
+    rounds = report.rounds + report.retest_rounds if report else 0
     seconds = out.get("end", time.monotonic()) - started
     silence_s = options.silence_s if plant["dying"] else 0.0
     hosts = {host_name(r): r for r in range(nodes)}
-    excluded = {hosts[item["host"]] for item in report.get("excluded", [])}
-    named_lost = {hosts[h] for h, n in report.get("nodes", {}).items() if n.get("lost")}
+    excluded = {hosts[item.host] for item in report.excluded} if report else set()
+    named_lost = {hosts[h] for h, n in report.nodes.items() if n.lost} if report else set()
     died = {rank for done in finished for rank in done.get("died", [])}
     errors = out.get("errors", []) + [e for done in finished for e in done.get("errors", [])]
     falsely = excluded - plant["slow"] - plant["missing"] - plant["dying"]
-    false_reasons = Counter(report["nodes"][host_name(r)]["reason"][:60] for r in falsely).most_common(3)
+    false_reasons = Counter(report.nodes[host_name(r)].reason[:60] for r in falsely).most_common(3)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"nodes": nodes, "workers": workers, "seconds": round(seconds, 2), "join_timeout_s": join_timeout_s,
             "silence_s": silence_s, "pairs_s": round(rounds * STAND_IN_PAIR_S, 3),
@@ -383,7 +383,7 @@ def coordinate(nodes: int, join_timeout_s: float, workers: int, profile: bool = 
             "rank0_process_other_cpu_s": round(cpu_seconds() - cpu_at_start - out.get("rank0_thread_cpu_s", 0), 2),
             "workers_cpu_s": round(sum(done.get("cpu_s", 0) for done in finished), 1),
             "rank0_store_calls": out.get("rank0_store_calls"),
-            "rounds": report.get("rounds"), "retest_rounds": report.get("retest_rounds"),
+            "rounds": report.rounds if report else None, "retest_rounds": report.retest_rounds if report else None,
             "found": f"{len(plant['slow'] & excluded)}/{len(plant['slow'])}",
             "false": len(falsely), "false_reasons": false_reasons,
             "missing": f"{len(plant['missing'] & named_lost)}/{len(plant['missing'])}",

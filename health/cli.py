@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+from typing import TYPE_CHECKING
 
 import click
 
 from trainctl.validate import DAY_S, Bounds, Number
+
+if TYPE_CHECKING:
+    from trainctl.health.fabric.report import FabricReport
 
 
 @click.group("health")
@@ -291,11 +295,9 @@ def fabric(sizes, iters, passes, warmup, timeout_s, join_timeout_s, factor, floo
         return 0
     if out_file:
         with _writing(out_file), open(out_file, "w") as handle:
-            json.dump(report, handle, indent=1)
-    click.echo(json.dumps(report, indent=1) if as_json else format_fabric_report(report))
-    from trainctl.health.fabric.report import exit_status
-
-    code = exit_status(report).exit_code
+            json.dump(report.to_json(), handle, indent=1)
+    click.echo(json.dumps(report.to_json(), indent=1) if as_json else format_fabric_report(report))
+    code = report.exit_status.exit_code
     end_process(code)
     return code
 
@@ -316,24 +318,28 @@ def _gbps_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def format_fabric_report(report: dict) -> str:
-    size_mib = report["judged_size"] / (1 << 20)
-    reference = report.get("reference_gbps")
-    lines = [f"fabric test: {report['joined']} of {report['world']} nodes joined, {report['rounds']} rounds"
-             f" (+{report['retest_rounds']} retest), judged at {size_mib:g} MiB, {report['duration_s']:.1f} s,"
-             f" reference {'-' if reference is None else f'{reference:.2f} GB/s'}, status {report['status']}"]
+def format_fabric_report(report: FabricReport) -> str:
+    size_mib = report.judged_size / (1 << 20)
+    reference = report.reference_gbps
+    lines = [f"fabric test: {report.joined} of {report.world} nodes joined, {report.rounds} rounds"
+             f" (+{report.retest_rounds} retest), judged at {size_mib:g} MiB, {report.duration_s:.1f} s,"
+             f" reference {'-' if reference is None else f'{reference:.2f} GB/s'}, status {report.status}"]
     lines.append(f"{'NODE':<12} {'STATUS':<10} {'BEST GB/s':>9} {'INTRA GB/s':>10}  "
                  "INTER GB/s (partner)  REASON")
-    for host, node in sorted(report["nodes"].items(), key=lambda item: item[1]["rank"]):
-        intra, best = node.get("intra_busbw_gbps"), node.get("busbw_gbps")
-        inter = ", ".join(f"{peer} {bw:.2f}" for peer, bw in sorted((node.get("inter_busbw_gbps") or {}).items()))
-        lines.append(f"{host:<12} {node['status']:<10} {'-' if best is None else f'{best:.2f}':>9} "
-                     f"{'-' if intra is None else f'{intra:.2f}':>10}  {inter or '-'}  {node['reason']}")
-    for host, node in sorted(report["nodes"].items(), key=lambda item: item[1]["rank"]):
-        for number, (name, rail) in enumerate((node.get("rails") or {}).items()):
-            ratio = "-" if rail["ratio"] is None else f"{rail['ratio']:.2f}x"
-            lines.append(f"  {host} rail {number} ({name}): best {_gbps_text(rail['busbw_gbps'])} GB/s, "
+    by_rank = sorted(report.nodes.items(), key=lambda item: item[1].rank)
+    for host, node in by_rank:
+        figures = node.figures
+        intra, best = (figures.intra_busbw_gbps, figures.busbw_gbps) if figures else (None, None)
+        inter = ", ".join(f"{peer} {bw:.2f}" for peer, bw in sorted(figures.inter_busbw_gbps.items())) \
+            if figures else ""
+        lines.append(f"{host:<12} {node.status:<10} {'-' if best is None else f'{best:.2f}':>9} "
+                     f"{'-' if intra is None else f'{intra:.2f}':>10}  {inter or '-'}  {node.reason}")
+    for host, node in by_rank:
+        rails = node.figures.rails if node.figures else None
+        for number, (name, rail) in enumerate((rails or {}).items()):
+            ratio = "-" if rail.ratio is None else f"{rail.ratio:.2f}x"
+            lines.append(f"  {host} rail {number} ({name}): best {_gbps_text(rail.busbw_gbps)} GB/s, "
                          f"{ratio} the rail's reference")
-    for item in report["excluded"]:
-        lines.append(f"excluded: {item['host']}: {item['reason']}")
+    for item in report.excluded:
+        lines.append(f"excluded: {item.host}: {item.reason}")
     return "\n".join(lines)

@@ -7,7 +7,11 @@ against the site's hardware. The site-config loader fills this in from TOML.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainctl.site import GateConfig, PartitionConfig
 
 
 @dataclass(frozen=True)
@@ -66,28 +70,15 @@ class NodeExpectations:
         raise ValueError(f"unknown hardware kind {hardware!r}")
 
 
-def from_site(part, gate) -> NodeExpectations:
-    """What a site's partition and gate policy (trainctl.site types) expect of one node."""
-    no_fabric = part.link_layer == "none"
-    return NodeExpectations(
-        gpus=part.gpus_per_node,
-        gpu_model=part.gpu_model or None,
-        persistence_mode=True if part.gpu_persistence else None,
-        nvlink={"auto": None, "required": True, "none": False}[part.nvlink],
-        nvlink_type=part.nvlink_type or None,
-        nvlink_links_per_gpu=part.nvlink_links_per_gpu or None,
-        nvlink_speed_gbps=part.nvlink_speed_gbps or None,
+def from_site(part: PartitionConfig | None, gate: GateConfig) -> NodeExpectations:
+    """What a site's partition and gate policy expect of one node.
+
+    Without a site there is no partition: nothing of the node's hardware is expected, and the
+    gate's limits are the site model's defaults (`GateConfig()`), never typed again here.
+    """
+    judged = NodeExpectations(
         max_retired_pages=None if gate.max_retired_pages < 0 else gate.max_retired_pages,
-        numa_nodes=part.numa_nodes or None,
         min_free_disk_gib=dict(gate.min_free_disk_gib),
-        ib_ports_may_drop=part.hca_port_down == "drop-port",
-        ib_ports=() if no_fabric else (tuple(part.hca_ports) or None),
-        ib_rate_gbps=part.port_rate_gbps or None,
-        ib_link_layer=None if no_fabric else part.link_layer,
-        ib_mtu=part.ib_mtu or None,
-        netdev_mtu=part.netdev_mtu or None,
-        data_interfaces=tuple(part.data_interfaces),
-        nic_per_gpu=part.nic_per_gpu,
         xid_window_hours=gate.xid_window_hours or None,
         min_available_memory_gib=gate.min_available_memory_gib or None,
         min_shm_gib=gate.min_shm_gib or None,
@@ -96,4 +87,26 @@ def from_site(part, gate) -> NodeExpectations:
         pcie_below_max_warns=gate.pcie_below_max == "warn",
         dcgm_diag_level=gate.dcgm_diag_level or None,
         pinned_versions=dict(gate.pinned_versions),
+    )
+    if part is None:
+        return judged
+    no_fabric = part.link_layer == "none"
+    return replace(
+        judged,
+        gpus=part.gpus_per_node,
+        gpu_model=part.gpu_model or None,
+        persistence_mode=True if part.gpu_persistence else None,
+        nvlink={"auto": None, "required": True, "none": False}[part.nvlink],
+        nvlink_type=part.nvlink_type or None,
+        nvlink_links_per_gpu=part.nvlink_links_per_gpu or None,
+        nvlink_speed_gbps=part.nvlink_speed_gbps or None,
+        numa_nodes=part.numa_nodes or None,
+        ib_ports_may_drop=part.hca_port_down == "drop-port",
+        ib_ports=() if no_fabric else (tuple(part.hca_ports) or None),
+        ib_rate_gbps=part.port_rate_gbps or None,
+        ib_link_layer=None if no_fabric else part.link_layer,
+        ib_mtu=part.ib_mtu or None,
+        netdev_mtu=part.netdev_mtu or None,
+        data_interfaces=tuple(part.data_interfaces),
+        nic_per_gpu=part.nic_per_gpu,
     )

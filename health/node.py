@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.health.collect import DEFAULT_PROBE_TIMEOUT_S, collect_counters, collect_snapshot
+from trainctl.health.collect import collect_counters, collect_snapshot
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.evaluate import evaluate
 from trainctl.health.expectations import NodeExpectations, from_site
@@ -42,12 +42,17 @@ def policy_for(site: str | None, partition: str | None, only: tuple[str, ...] | 
 
 
 def node_policy(config, part, only: tuple[str, ...] | None, in_gate: bool = False) -> NodePolicy:
-    """The policy from a site already loaded (`config` None: no site), for callers that load it once."""
-    if config is None:
-        return NodePolicy(NodeExpectations(gpu_processes_fail=in_gate), only, {}, DEFAULT_PROBE_TIMEOUT_S)
-    site_checks = None if "all" in config.gate.checks else tuple(config.gate.checks)
-    expectations = dataclasses.replace(from_site(part, config.gate), gpu_processes_fail=in_gate)
-    return NodePolicy(expectations, only or site_checks, dict(config.probes), config.gate.probe_timeout_s)
+    """The policy from a site already loaded (`config` None: no site), for callers that load it once.
+
+    Without a site the gate's values are the site model's defaults (`GateConfig()`)."""
+    from trainctl.site import GateConfig
+
+    gate = config.gate if config is not None else GateConfig()
+    site_checks = None if "all" in gate.checks else tuple(gate.checks)
+    expectations = dataclasses.replace(from_site(part if config is not None else None, gate),
+                                       gpu_processes_fail=in_gate)
+    probes = dict(config.probes) if config is not None else {}
+    return NodePolicy(expectations, only or site_checks, probes, gate.probe_timeout_s)
 
 
 def check_node(snapshot_dir: str | Path, policy: NodePolicy, collect: bool) -> NodeReport:

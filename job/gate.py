@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.health.compute.judge import GpuVerdict
+from trainctl.health.fabric.report import NOT_JUDGED, FabricReport
 from trainctl.health.versions import odd_nodes_out, versions_from_reports
 from trainctl.slurm import fold_hostlist
 
 UNKNOWN_POLICIES = ("exclude", "keep")   # the site's `[gate] unknown`
-NOT_JUDGED = "not judged"  # the fabric test's status when nothing could be compared (health.fabric.report)
 LOST = "lost during the gate"
 # The failure line goes to the job's output after "trainctl: error: ": the whole line stays
 # within 300 characters; every detail is in report.txt.
@@ -141,7 +141,7 @@ def _one_line(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
 
 
-def decide(allocated: list[str], node_reports: dict[str, dict], fabric: dict | None,
+def decide(allocated: list[str], node_reports: dict[str, dict], fabric: FabricReport | None,
            wanted: int, minimum: int, missing: str | None = None, unknown_policy: str = "exclude",
            compute_reasons: Mapping[str, list[str]] | None = None, odd_node_fails: bool = False) -> Decision:
     """Choose up to `wanted` healthy nodes, the fastest the fabric test measured (allocation order
@@ -159,7 +159,7 @@ def decide(allocated: list[str], node_reports: dict[str, dict], fabric: dict | N
     reasons: dict[str, list[Reason]] = {host: [] for host in allocated}
     undecided: dict[str, list[Reason]] = {host: [] for host in allocated}
     warnings: list[str] = []
-    fabric_lost = {host for host, node in (fabric or {}).get("nodes", {}).items() if node.get("lost")}
+    fabric_lost = {host for host, node in fabric.nodes.items() if node.lost} if fabric else set()
     for host in allocated:
         report = node_reports.get(host)
         if report is None:
@@ -186,19 +186,19 @@ def decide(allocated: list[str], node_reports: dict[str, dict], fabric: dict | N
             # most likely cause is rank 0's own node
             reasons[allocated[0]].append(Reason("fabric", "the fabric test's coordinator (rank 0) left no report"))
     else:
-        by_host = {item["host"]: item["reason"] for item in fabric["excluded"]}
+        by_host = {item.host: item.reason for item in fabric.excluded}
         for host in allocated:
             if host in fabric_lost:
                 reasons[host].append(Reason(LOST, f"fabric test: {by_host.get(host, 'lost')}"))
             elif host in by_host:
                 reasons[host].append(_fabric_reason(by_host[host]))
-        for host, node in fabric["nodes"].items():
-            if node["status"] == "warn" and host in reasons:
-                warnings.append(f"{host} fabric: {node['reason']}")
-        warnings += [f"fabric: {item['reason']}" for item in fabric["excluded"] if item["host"] not in reasons]
-        if fabric["status"] == NOT_JUDGED:  # not excluding, but never to pass for "ok"
-            unjudged = [host for host, node in fabric["nodes"].items() if node["status"] == NOT_JUDGED]
-            reason = next(fabric["nodes"][host]["reason"] for host in unjudged)
+        for host, node in fabric.nodes.items():
+            if node.status == "warn" and host in reasons:
+                warnings.append(f"{host} fabric: {node.reason}")
+        warnings += [f"fabric: {item.reason}" for item in fabric.excluded if item.host not in reasons]
+        if fabric.status == NOT_JUDGED:  # not excluding, but never to pass for "ok"
+            unjudged = [host for host, node in fabric.nodes.items() if node.status == NOT_JUDGED]
+            reason = next(fabric.nodes[host].reason for host in unjudged)
             warnings.append(f"fabric: {', '.join(unjudged)}: {reason}")
     for host, found in (compute_reasons or {}).items():
         if host in reasons:
@@ -226,10 +226,9 @@ def decide(allocated: list[str], node_reports: dict[str, dict], fabric: dict | N
     )
 
 
-def _fastest(healthy: tuple[str, ...], fabric: dict | None, wanted: int) -> tuple[str, ...]:
+def _fastest(healthy: tuple[str, ...], fabric: FabricReport | None, wanted: int) -> tuple[str, ...]:
     """The `wanted` nodes with the best measured busbw, in allocation order."""
-    nodes = (fabric or {}).get("nodes", {})
-    figure = {host: (nodes.get(host) or {}).get("busbw_gbps") for host in healthy}
+    figure = {host: fabric.busbw_gbps(host) if fabric else None for host in healthy}
     ranked = sorted(healthy, key=lambda host: (figure[host] is None, -(figure[host] or 0.0)))
     keep = set(ranked[:wanted])
     return tuple(host for host in healthy if host in keep)
@@ -247,7 +246,7 @@ def _compute_reason(text: str) -> Reason:
     return Reason(cause, detail)
 
 
-def format_report(decision: Decision, fabric: dict | None, compute: Sequence[GpuVerdict] = ()) -> str:
+def format_report(decision: Decision, fabric: FabricReport | None, compute: Sequence[GpuVerdict] = ()) -> str:
     """The gate report a user reads in the job's directory."""
     lines = [f"trainctl gate: {len(decision.healthy)} of {len(decision.allocated)} nodes healthy; "
              f"job wants {decision.wanted}, needs at least {decision.minimum}"]
@@ -264,14 +263,15 @@ def format_report(decision: Decision, fabric: dict | None, compute: Sequence[Gpu
     for unknown in decision.unknown:
         lines.append(f"unknown (kept by site policy): {unknown}")
     if fabric is not None:
-        lines.append(f"fabric: {fabric['joined']} of {fabric['world']} joined, judged at "
-                     f"{fabric['judged_size'] / (1 << 20):g} MiB, reference "
-                     f"{_gbps(fabric.get('reference_gbps', fabric.get('pair_reference_gbps')))}; "
+        lines.append(f"fabric: {fabric.joined} of {fabric.world} joined, judged at "
+                     f"{fabric.judged_size / (1 << 20):g} MiB, reference {_gbps(fabric.reference_gbps)}; "
                      f"per node: best busbw, then each partner's")
-        for host, node in sorted(fabric["nodes"].items(), key=lambda item: item[1]["rank"]):
-            partners = ", ".join(f"{peer} {bw:.2f}" for peer, bw in sorted((node.get("inter_busbw_gbps") or {}).items()))
-            best = _gbps(node.get("busbw_gbps"))
-            lines.append(f"  {host:<12} {node['status']:<10} {best:>10}  {partners or '-'}")
+        for host, node in sorted(fabric.nodes.items(), key=lambda item: item[1].rank):
+            figures = node.figures
+            partners = ", ".join(f"{peer} {bw:.2f}" for peer, bw in sorted(figures.inter_busbw_gbps.items())) \
+                if figures else ""
+            best = _gbps(figures.busbw_gbps if figures else None)
+            lines.append(f"  {host:<12} {node.status:<10} {best:>10}  {partners or '-'}")
     if compute:
         lines.append("compute (matmul TFLOPS, device-copy GB/s; x the job's median of the same model):")
         for verdict in compute:

@@ -6,10 +6,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from trainctl.validate import DAY_S, MAX_NODES, Bounds, Number
+
+if TYPE_CHECKING:
+    from trainctl.health.fabric.report import FabricReport
 
 
 @click.group("gate")
@@ -64,9 +68,9 @@ def node(site, partition, gate_dir, no_fabric):
                    f"{' '.join(str(exc).split())[:300]}", err=True)
         end_process(0)
     if fabric is not None:
-        _write_json(root / "fabric.json", fabric)
-        click.echo(f"gate: fabric test {fabric['status']}, excluded "
-                   f"{[item['host'] for item in fabric['excluded']] or 'none'}", err=True)
+        _write_json(root / "fabric.json", fabric.to_json())
+        click.echo(f"gate: fabric test {fabric.status}, excluded "
+                   f"{[item.host for item in fabric.excluded] or 'none'}", err=True)
     # error counters judged by their growth while the fabric test loaded the links
     grown = counter_growth(report, root / "snapshots" / f"{host}.after-fabric", policy)
     if grown is not report:
@@ -184,7 +188,7 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
         report = _read_json(path)
         if report is not None:
             node_reports[report.get("host", path.stem)] = report
-    fabric = _read_json(root / "fabric.json")
+    fabric = _read_fabric(root / "fabric.json")
     from trainctl.job.gate_compute import judge_gate_dir
 
     compute_verdicts, compute_reasons = judge_gate_dir(root, policy.compute)
@@ -261,6 +265,20 @@ def _write_json(path: Path, data: dict) -> None:
     from trainctl.files import write_atomically
 
     write_atomically(path, json.dumps(data, indent=1) + "\n")
+
+
+def _read_fabric(path: Path) -> FabricReport | None:
+    """Rank 0's fabric.json; one that is not a fabric report counts as missing, as an unreadable one does."""
+    from trainctl.health.fabric.report import FabricReport
+
+    data = _read_json(path)
+    if data is None:
+        return None
+    try:
+        return FabricReport.from_json(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        print(f"trainctl: warning: {path}: not a fabric report ({exc!r}); treated as missing", file=sys.stderr)
+        return None
 
 
 def _read_json(path: Path) -> dict | None:

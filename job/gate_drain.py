@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Mapping
 
 from trainctl.errors import PrivilegeError, TrainctlError
+from trainctl.health.fabric.report import FabricReport
 from trainctl.job.gate import Decision
 
 NO_RIGHTS = "not drained: no operator rights"
@@ -46,12 +47,12 @@ class GateDrain:
         return asdict(self)
 
 
-def plan_gate_drains(decision: Decision, node_reports: Mapping[str, dict], fabric: dict | None,
+def plan_gate_drains(decision: Decision, node_reports: Mapping[str, dict], fabric: FabricReport | None,
                      drain_on: tuple[str, ...], job_id: str) -> list[GateDrain]:
     """The excluded nodes whose exclusion the site drains for, each with its tagged reason."""
     from trainctl.slurm import tagged_reason
 
-    fabric_excluded = {item["host"]: item["reason"] for item in (fabric or {}).get("excluded", [])}
+    fabric_excluded = {item.host: item.reason for item in fabric.excluded} if fabric else {}
     drains = []
     for exclusion in decision.excluded:
         report = node_reports.get(exclusion.host)
@@ -70,7 +71,7 @@ def plan_gate_drains(decision: Decision, node_reports: Mapping[str, dict], fabri
 
 
 def drain_excluded(site: str | None, config, decision: Decision, node_reports: Mapping[str, dict],
-                   fabric: dict | None, environ: Mapping[str, str], clock=time.time) -> list[GateDrain]:
+                   fabric: FabricReport | None, environ: Mapping[str, str], clock=time.time) -> list[GateDrain]:
     """Drain what the site's `[gate] drain_on` asks for (`config`: the site, loaded; None: no site);
     never raises for Slurm or rights."""
     if site is None or config is None:

@@ -20,6 +20,7 @@ Local rank 0 says once per node what the binding is, or why there is none.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -27,13 +28,17 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainctl.errors import ParseError, UsageError
-from trainctl.health.parse.cpu_siblings import Cores
+from trainctl.health.parse.cpu_siblings import SIBLINGS_GLOB, Cores
 from trainctl.launcher.binding import RankBinding, format_cpu_list, node_nccl_hcas, rank_bindings
 from trainctl.launcher.plan import nccl_ib_hca
 from trainctl.site import PartitionConfig
 from trainctl.slurm import HOSTLIST_MAX_NODES, job_port, this_node_name
+
+if TYPE_CHECKING:
+    from trainctl.health.snapshot import SnapshotInputs
 
 TOPO_SNAPSHOT = "nvidia-smi-topo-m.txt"   # the file name `gate node` writes under snapshots/<host>/
 NUMA_SYSFS = "/sys/devices/system/node"
@@ -192,36 +197,47 @@ def _or_dash(value: object) -> str:
 # ---------------------------------------------------------------- I/O
 
 
-def read_topology(gate_dir: str | None, names: list[str], nvidia_smi: str, timeout_s: float
-                  ) -> tuple[str | None, str]:
+def gate_snapshot(gate_dir: str | None, names: list[str]) -> tuple[SnapshotInputs | None, str]:
+    """(the gate's snapshot of this node, loaded once by the snapshot loader, or None; why there
+    is none). A snapshot that cannot be read is no snapshot: this node is asked live instead."""
+    from trainctl.health.snapshot import SnapshotInputs, load_snapshot
+
+    for name in names if gate_dir else ():
+        directory = Path(gate_dir) / "snapshots" / name
+        if directory.is_dir():
+            try:
+                return SnapshotInputs(load_snapshot(directory)), ""
+            except UsageError as exc:
+                return None, f"the gate's snapshot is unreadable ({exc})"
+    return None, "no gate snapshot of this node"
+
+
+def read_topology(snapshot: SnapshotInputs | None, nvidia_smi: str, timeout_s: float,
+                  no_snapshot: str = "no gate snapshot of this node") -> tuple[str | None, str]:
     """(`topo -m` text or None, where it came from or why there is none)."""
-    if gate_dir:
-        for name in names:
-            snapshot = Path(gate_dir) / "snapshots" / name / TOPO_SNAPSHOT
-            if snapshot.is_file():
-                failure = _gate_probe_failure(snapshot)
-                if failure:
-                    return None, f"`nvidia-smi topo -m` failed when the gate ran it: {failure}"
-                return snapshot.read_text(errors="replace"), f"the gate's snapshot {snapshot}"
+    if snapshot is not None and TOPO_SNAPSHOT in snapshot.snapshot.files:
+        failure = _gate_probe_failure(snapshot)
+        if failure:
+            return None, f"`nvidia-smi topo -m` failed when the gate ran it: {failure}"
+        return (snapshot.snapshot.files[TOPO_SNAPSHOT],
+                f"the gate's snapshot {Path(snapshot.snapshot.path) / TOPO_SNAPSHOT}")
     from trainctl.proc import run
 
     result = run([nvidia_smi, "topo", "-m"], timeout=timeout_s)
     if result.missing:
-        return None, f"no {nvidia_smi} on PATH and no gate snapshot of this node"
+        return None, f"no {nvidia_smi} on PATH and {no_snapshot}"
     if not result.ok:
         return None, result.describe_failure()
     return result.stdout, f"`{nvidia_smi} topo -m`"
 
 
-def _gate_probe_failure(snapshot: Path) -> str | None:
+def _gate_probe_failure(snapshot: SnapshotInputs) -> str | None:
     """The error meta.json recorded for the topology probe (its file is kept whatever the exit)."""
-    import json
+    from trainctl.health.snapshot import Unavailable
 
-    try:
-        record = json.loads((snapshot.parent / "meta.json").read_text())["probes"][TOPO_SNAPSHOT]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return record.get("error")
+    meta = snapshot.get("meta")
+    probe = None if isinstance(meta, Unavailable) else meta.probes.get(TOPO_SNAPSHOT)
+    return probe.error if probe is not None else None
 
 
 def job_gpus(environ: Mapping[str, str]) -> list[int] | None:
@@ -251,61 +267,50 @@ def plan_bindings(topo_text: str, source: str, ranks: int, hca_ports: tuple[str,
         return [], str(exc)
 
 
-def snapshot_of(gate_dir: str | None, names: list[str]) -> Path | None:
-    """The gate's snapshot directory of this node, if the gate left one."""
-    for name in names if gate_dir else ():
-        directory = Path(gate_dir) / "snapshots" / name
-        if directory.is_dir():
-            return directory
-    return None
-
-
-def read_cores(snapshot: Path | None, sysfs_root: str = CPU_SYSFS_ROOT) -> tuple[Cores | None, str]:
+def read_cores(snapshot: SnapshotInputs | None, sysfs_root: str = CPU_SYSFS_ROOT) -> tuple[Cores | None, str]:
     """(the node's cores, where they came from), or (None, why not): the gate's copy of sysfs
     thread_siblings_list, else its lscpu, else this node's live sysfs."""
     from trainctl.health.parse.cpu_siblings import parse_thread_siblings
-    from trainctl.health.parse.lscpu import parse_lscpu
+    from trainctl.health.snapshot import Unavailable
 
-    places = [(snapshot, f"the gate's snapshot {snapshot}")] if snapshot else []
-    places.append((Path(sysfs_root), str(Path(sysfs_root) / "sys/devices/system/cpu")))
-    for root, where in places:
-        try:
-            cores = parse_thread_siblings(_siblings_files(root)) or None
-            if cores is None and root == snapshot and (root / "lscpu.txt").is_file():
-                cores = parse_lscpu((root / "lscpu.txt").read_text(), source="lscpu.txt").measured_cores()
-                where = f"lscpu in the gate's snapshot {snapshot}"
-        except (ParseError, OSError) as exc:
-            return None, f"not measured ({exc})"
-        if cores:
-            return cores, where
+    try:
+        if snapshot is not None:
+            where = f"the gate's snapshot {snapshot.snapshot.path}"
+            siblings = {name: text for name, text in snapshot.snapshot.files.items()
+                        if fnmatch.fnmatchcase(name, f"{SIBLINGS_GLOB}/thread_siblings_list")}
+            cores = parse_thread_siblings(siblings) or None
+            if cores:
+                return cores, where
+            lscpu = snapshot.get("lscpu")
+            if isinstance(lscpu, Unavailable) and lscpu.unreadable:
+                return None, f"not measured ({lscpu.reason})"
+            cores = None if isinstance(lscpu, Unavailable) else lscpu.measured_cores()
+            if cores:
+                return cores, f"lscpu in {where}"
+        live = Path(sysfs_root)
+        cores = parse_thread_siblings(_siblings_files(live)) or None
+    except (ParseError, OSError) as exc:
+        return None, f"not measured ({exc})"
+    if cores:
+        return cores, str(live / "sys/devices/system/cpu")
     return None, "not measured (no thread_siblings_list): ranks sharing a NUMA node share its CPUs"
 
 
 def _siblings_files(root: Path) -> dict[str, str]:
-    from trainctl.health.parse.cpu_siblings import SIBLINGS_GLOB
-
+    """This node's live thread_siblings_list files, named as a snapshot names them."""
     return {f"{topology.relative_to(root)}/thread_siblings_list": (topology / "thread_siblings_list").read_text()
             for topology in sorted(root.glob(SIBLINGS_GLOB)) if (topology / "thread_siblings_list").is_file()}
 
 
-def read_up_ports(snapshot: Path | None) -> frozenset[tuple[str, int]] | None:
+def read_up_ports(snapshot: SnapshotInputs | None) -> frozenset[tuple[str, int]] | None:
     """HCA ports Active/LinkUp in the gate's snapshot of this node (ibstat or sysfs); None: not known."""
     from trainctl.health.checks.fabric import port_is_up
-    from trainctl.health.snapshot import INPUTS, Snapshot
+    from trainctl.health.snapshot import Unavailable
 
-    if snapshot is None:
+    inventory = snapshot.get("ib") if snapshot is not None else None
+    if inventory is None or isinstance(inventory, Unavailable):
         return None
-    files = {path.relative_to(snapshot).as_posix(): path.read_text(errors="replace")
-             for path in [snapshot / "ibstat.txt", *sorted((snapshot / "sys/class/infiniband").rglob("*"))]
-             if path.is_file()}
-    for source in INPUTS["ib"]:
-        try:
-            inventory = source.read(Snapshot(str(snapshot), files))
-        except ParseError:
-            return None
-        if inventory is not None:
-            return frozenset((port.device, port.port) for port in inventory.ports if port_is_up(port))
-    return None
+    return frozenset((port.device, port.port) for port in inventory.ports if port_is_up(port))
 
 
 def rank_exec(*, site_ref: str, partition_name: str | None, master_addr: str, gate_dir: str | None,
@@ -323,7 +328,7 @@ def rank_exec(*, site_ref: str, partition_name: str | None, master_addr: str, ga
     names = [host]
     speaks = placement.local_rank == 0   # one voice per node in the job log
 
-    snapshot = snapshot_of(gate_dir, names)
+    snapshot, no_snapshot = gate_snapshot(gate_dir, names)
     up_ports = read_up_ports(snapshot) if part.hca_port_down == "drop-port" else None
     if not bind:
         setup = plan_node(None, "--no-bind: a job without GPUs", placement.local_world_size, part, None,
@@ -331,7 +336,7 @@ def rank_exec(*, site_ref: str, partition_name: str | None, master_addr: str, ga
         _say(speaks, f"{host}: no binding (--no-bind: a job without GPUs)")
     else:
         nvidia_smi = site.probes.get("nvidia-smi", "nvidia-smi")
-        topo, source = read_topology(gate_dir, names, nvidia_smi, site.gate.probe_timeout_s)
+        topo, source = read_topology(snapshot, nvidia_smi, site.gate.probe_timeout_s, no_snapshot)
         cores, cores_source = read_cores(snapshot)
         setup = plan_node(topo, source, placement.local_world_size, part, job_gpus(environ), cores,
                           cores_source, up_ports)

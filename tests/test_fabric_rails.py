@@ -1,9 +1,11 @@
 """Every rail measured: rail-aligned rounds, and each rail judged on its own (pure, no torch)."""
 
+import json
+
 import pytest
 from hypothesis import given, strategies as st
 
-from trainctl.health.fabric.report import build_rails_report, rail_label
+from trainctl.health.fabric.report import FabricReport, build_report, rail_label
 from trainctl.health.fabric.schedule import rail_schedules
 
 SIZES = (1 << 20, 16 << 20)
@@ -37,8 +39,9 @@ def roster(hosts, rail_count, missing=()):
 
 
 def report(results, ros, rails):
-    return build_rails_report(results=results, roster=ros, rails=rails, sizes=SIZES, rounds=3, retests=0,
-                              straggler_factor=0.7, floor_gbps=None, join_timeout_s=15, duration_s=1.0)
+    """The report as fabric.json holds it."""
+    return build_report(results=results, roster=ros, rails=rails, sizes=SIZES, rounds=3, retests=0,
+                        straggler_factor=0.7, floor_gbps=None, join_timeout_s=15, duration_s=1.0).to_json()
 
 
 # --- schedule ---
@@ -151,7 +154,7 @@ def test_text_report_shows_every_rail_and_the_excluded_rail():
     from trainctl.health.cli import format_fabric_report
 
     results = rails_results(HOSTS, 2, lambda pair, rail: 0.2 if rail == 1 and "n3" in pair else 0.6)
-    text = format_fabric_report(report(results, roster(HOSTS, 2), ("eth0", "eth1")))
+    text = format_fabric_report(FabricReport.from_json(report(results, roster(HOSTS, 2), ("eth0", "eth1"))))
     assert "  n3 rail 1 (eth1): best 0.20 GB/s, 0.33x the rail's reference" in text
     assert "excluded: n3: straggler: rail 1 (eth1): 0.33x" in text
 
@@ -167,3 +170,15 @@ def test_one_rail_or_an_empty_device_is_a_usage_error_not_a_silent_single_rail()
                              timeout=60, env={**__import__("os").environ, "SLURM_PROCID": "0"})
         assert out.returncode == 2, (rails, out.stderr)
         assert "give two or more devices" in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_fabric_json_reads_back_as_the_same_typed_report():
+    # gate decide reads rank 0's fabric.json back: with and without rails, lost nodes included
+    results = rails_results(HOSTS, 2, lambda pair, rail: 0.2 if rail == 1 and "n3" in pair else 0.6)
+    del results[7]  # n4's rail 1 sent nothing
+    for rails, built in ((("eth0", "eth1"), report(results, roster(HOSTS, 2), ("eth0", "eth1"))),
+                         ((), report(rails_results(HOSTS, 1, lambda pair, rail: 0.6), roster(HOSTS, 1, missing=(2,)),
+                                     ()))):
+        typed = FabricReport.from_json(json.loads(json.dumps(built)))
+        assert typed.to_json() == built and typed.rails == rails
+        assert any(node.lost for node in typed.nodes.values())

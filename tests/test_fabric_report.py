@@ -4,7 +4,7 @@ import pytest
 
 from trainctl.errors import UsageError
 from trainctl.health.fabric.options import parse_size
-from trainctl.health.fabric.report import build_report, pair_figures, retest_rounds
+from trainctl.health.fabric.report import FabricReport, build_report, pair_figures, retest_rounds
 
 SIZES = (1 << 20, 16 << 20)
 
@@ -30,8 +30,9 @@ def roster(hosts, missing=()):
 
 
 def report(results, ros, world, **kw):
-    return build_report(results=results, roster=ros, world=world, sizes=SIZES, rounds=3, retests=[],
-                        straggler_factor=0.7, floor_gbps=None, join_timeout_s=15, duration_s=1.0, **kw)
+    """The report as fabric.json holds it."""
+    return build_report(results=results, roster=ros, world=world, sizes=SIZES, rounds=3, retests=0,
+                        straggler_factor=0.7, floor_gbps=None, join_timeout_s=15, duration_s=1.0, **kw).to_json()
 
 
 HOSTS = ["n1", "n2", "n3", "n4"]
@@ -102,7 +103,6 @@ def test_bad_sizes_are_rejected(text):
 
 def test_two_nodes_without_a_floor_are_not_judged_never_ok():
     from trainctl.health.cli import format_fabric_report
-    from trainctl.health.fabric.report import exit_status
     from trainctl.health.status import Status
 
     hosts = ["n1", "n2"]
@@ -111,13 +111,14 @@ def test_two_nodes_without_a_floor_are_not_judged_never_ok():
     assert {h: (n["status"], n["reason"]) for h, n in out["nodes"].items()} == {
         h: ("not judged", "not judged: 2 nodes and no busbw floor") for h in hosts}
     assert out["nodes"]["n1"]["busbw_gbps"] == 0.6
-    assert exit_status(out) is Status.UNKNOWN  # `health fabric` exits 3: nothing was decided
-    assert "status not judged" in format_fabric_report(out)
+    typed = FabricReport.from_json(out)
+    assert typed.exit_status is Status.UNKNOWN  # `health fabric` exits 3: nothing was decided
+    assert "status not judged" in format_fabric_report(typed)
     # with a floor, the one pair is judged against it
     floored = build_report(results=results_for(hosts, {("n1", "n2"): 0.6}), roster=roster(hosts), world=2,
-                           sizes=SIZES, rounds=1, retests=[], straggler_factor=0.7, floor_gbps=0.5,
+                           sizes=SIZES, rounds=1, retests=0, straggler_factor=0.7, floor_gbps=0.5,
                            join_timeout_s=15, duration_s=1.0)
-    assert floored["status"] == "ok"
+    assert floored.status == "ok"
 
 
 def test_a_failure_outranks_not_judged():

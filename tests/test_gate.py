@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from support.replay import LIBRARY, write_replay
+from trainctl.health.fabric.report import FabricReport
 from trainctl.job.gate import decide, format_report
 from trainctl.job.sentinel import BeatWatch
 from trainctl.proc import run
@@ -24,15 +25,25 @@ def node_report(host, *checks):
             "checks": [{"name": n, "status": s, "reason": r, "details": {}} for n, s, r in checks]}
 
 
-def fabric_report(excluded=(), warn=()):
+def fabric_json(nodes, status, excluded=(), reference_gbps=None):
+    """A fabric.json as `health.fabric.report` writes it, around the given nodes."""
+    return {"status": status, "world": len(nodes), "joined": len(nodes), "sizes": [1 << 24],
+            "judged_size": 1 << 24, "rounds": 3, "retest_rounds": 0, "straggler_factor": 0.7, "floor_gbps": None,
+            "reference_gbps": reference_gbps, "pair_reference_gbps": 0.7, "duration_s": 1.0, "nodes": nodes,
+            "pairs": [], "excluded": [{"host": h, "reason": r} for h, r in excluded]}
+
+
+def fabric_report(excluded=(), warn=(), lost=(), busbw=None):
     nodes = {h: {"rank": i, "status": "ok", "reason": "ok"} for i, h in enumerate(["n1", "n2", "n3", "n4"])}
     for host, reason in excluded:
         nodes[host] = {"rank": 0, "status": "fail", "reason": reason}
     for host in warn:
         nodes[host]["status"], nodes[host]["reason"] = "warn", "suspect: one slow pair"
-    return {"status": "fail" if excluded else "ok", "nodes": nodes, "joined": 4, "world": 4,
-            "judged_size": 1 << 24, "pair_reference_gbps": 0.7,
-            "excluded": [{"host": h, "reason": r} for h, r in excluded]}
+    for host in lost:
+        nodes[host]["lost"] = True
+    for host, figure in (busbw or {}).items():
+        nodes[host].update(busbw_gbps=figure, intra_busbw_gbps=None, inter_busbw_gbps={})
+    return FabricReport.from_json(fabric_json(nodes, "fail" if excluded else "ok", excluded))
 
 
 ALLOCATED = ["n1", "n2", "n3", "n4"]
@@ -110,10 +121,7 @@ def test_missing_fabric_report_blames_its_coordinator():
 
 
 def lost_fabric_report(lost):
-    report = fabric_report([(host, reason) for host, reason in lost.items()])
-    for host in lost:
-        report["nodes"][host]["lost"] = True
-    return report
+    return fabric_report([(host, reason) for host, reason in lost.items()], lost=lost)
 
 
 def test_a_node_lost_during_the_gate_is_named_so_and_left_out():
@@ -160,9 +168,7 @@ def test_failure_line_is_cut_when_even_the_causes_do_not_fit():
 
 
 def test_more_healthy_nodes_than_wanted_prefers_the_fastest_measured():
-    fabric = fabric_report()
-    for host, busbw in {"n1": 0.52, "n2": 0.91, "n3": 0.88, "n4": 0.70}.items():
-        fabric["nodes"][host]["busbw_gbps"] = busbw
+    fabric = fabric_report(busbw={"n1": 0.52, "n2": 0.91, "n3": 0.88, "n4": 0.70})
     decision = decide(ALLOCATED, HEALTHY, fabric, wanted=2, minimum=2)
     assert decision.chosen == ("n2", "n3")  # the two fastest, in allocation order
     text = format_report(decision, fabric)
@@ -175,10 +181,10 @@ def test_more_healthy_nodes_than_wanted_prefers_the_fastest_measured():
 def test_a_fabric_test_that_judged_nothing_is_reported_not_passed_off_as_ok():
     # The shape `build_report` writes for 2 nodes and no floor (tests/test_fabric_report.py).
     reason = "not judged: 2 nodes and no busbw floor"
-    nodes = {h: {"rank": i, "status": "not judged", "reason": reason, "busbw_gbps": 0.6}
+    nodes = {h: {"rank": i, "status": "not judged", "reason": reason, "busbw_gbps": 0.6,
+                 "intra_busbw_gbps": None, "inter_busbw_gbps": {}}
              for i, h in enumerate(["n1", "n2"])}
-    fabric = {"status": "not judged", "joined": 2, "world": 2, "judged_size": 1 << 24, "reference_gbps": None,
-              "excluded": [], "nodes": nodes}
+    fabric = FabricReport.from_json(fabric_json(nodes, "not judged"))
     decision = decide(["n1", "n2"], HEALTHY, fabric, wanted=2, minimum=2)
     assert decision.ok and decision.chosen == ("n1", "n2")  # not excluding
     assert decision.warnings == (f"fabric: n1, n2: {reason}",)
@@ -235,7 +241,7 @@ def test_decide_stops_waiting_when_the_gate_step_ended_or_the_fabric_report_is_i
     assert out.returncode == 2 and "gate: deciding after 0." in out.stderr
     assert "n2 lost during the gate: no report (the gate step ended after 0 s)" in out.stderr
     (tmp_path / "gate-step.status").unlink()
-    fabric = fabric_report([("n2", "did not join within 15 s")])
+    fabric = fabric_report([("n2", "did not join within 15 s")]).to_json()
     fabric["nodes"] = {h: fabric["nodes"][h] for h in ("n1", "n2")}
     fabric["nodes"]["n2"]["lost"] = True
     (tmp_path / "fabric.json").write_text(json.dumps(fabric))
@@ -251,7 +257,7 @@ def test_decide_judges_a_node_report_rewritten_after_the_fabric_report(tmp_path)
     (tmp_path / "nodes").mkdir()
     for host in ("n1", "n2"):
         (tmp_path / "nodes" / f"{host}.json").write_text(json.dumps(HEALTHY[host]))
-    fabric = fabric_report([])
+    fabric = fabric_report([]).to_json()
     fabric["nodes"] = {h: fabric["nodes"][h] for h in ("n1", "n2")}
     (tmp_path / "fabric.json").write_text(json.dumps(fabric))
     (tmp_path / "nodes" / "n1.final").write_text("{}")
@@ -350,7 +356,7 @@ def test_decide_cli_reads_the_sites_unknown_policy(tmp_path):
     (gate_dir / "nodes" / "n1.json").write_text(json.dumps(
         node_report("n1", ("host.memory", "unknown", "not collected: host.json"))))
     (gate_dir / "nodes" / "n2.json").write_text(json.dumps(node_report("n2", ("ib.ports", "fail", "Down"))))
-    (gate_dir / "fabric.json").write_text(json.dumps(fabric_report()))
+    (gate_dir / "fabric.json").write_text(json.dumps(fabric_report().to_json()))
     demo = (Path(__file__).parents[1] / "site-configs" / "local-demo.toml").read_text()
     keep = tmp_path / "keep.toml"
     keep.write_text(demo.replace("[gate]\n", '[gate]\nunknown = "keep"\n'))

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from test_gate import fabric_json
 from trainctl.errors import ConfigError
+from trainctl.health.fabric.report import FabricReport
 from trainctl.job.gate import decide
 from trainctl.site import load_site
 from trainctl.slurm import REASON_MAX_BYTES, SINFO_FORMAT, parse_sinfo_states
@@ -32,17 +34,16 @@ def node_report(host, *checks):
 
 
 def fabric_report(hosts, excluded):
-    return {"status": "fail", "joined": len(hosts), "world": len(hosts), "judged_size": 1 << 24,
-            "pair_reference_gbps": 0.7, "nodes": {h: {"rank": i, "status": "ok", "reason": "ok"}
-                                                  for i, h in enumerate(hosts)},
-            "excluded": [{"host": h, "reason": r} for h, r in excluded.items()]}
+    """A fabric.json as `health.fabric.report` writes it."""
+    return fabric_json({h: {"rank": i, "status": "ok", "reason": "ok"} for i, h in enumerate(hosts)}, "fail",
+                       excluded.items())
 
 
 HOSTS = ["n1", "n2", "n3", "n4"]
 REPORTS = {h: node_report(h, ("host.memory", "ok", "fine")) for h in HOSTS} | {
     "n2": node_report("n2", NVLINK, ("host.memory", "ok", "fine")),
     "n4": node_report("n4", ("host.memory", "unknown", "not collected: host.json"))}
-FABRIC = fabric_report(HOSTS, {"n3": "straggler: slow against all 3 partners"})
+FABRIC = FabricReport.from_json(fabric_report(HOSTS, {"n3": "straggler: slow against all 3 partners"}))
 DECISION = decide(HOSTS, REPORTS, FABRIC, wanted=1, minimum=1)
 
 

@@ -243,19 +243,20 @@ def test_train_ddp_fails_when_ranks_disagree(devcluster, tmp_path):
 
 
 def test_topology_from_the_gate_snapshot_unless_the_gate_probe_failed(tmp_path):
-    from trainctl.launcher.rank_exec import read_topology
+    from trainctl.launcher.rank_exec import gate_snapshot, read_topology
 
     snap = tmp_path / "snapshots" / "node1"
     snap.mkdir(parents=True)
     topo = Path(__file__).parent / "fixtures/recorded/h100-vm-2026-11-22/nvidia-smi-topo-m.txt"
     (snap / "nvidia-smi-topo-m.txt").write_bytes(topo.read_bytes())
-    text, source = read_topology(str(tmp_path), ["node1"], "nvidia-smi-not-installed", 5)
+    text, source = read_topology(gate_snapshot(str(tmp_path), ["node1"])[0], "nvidia-smi-not-installed", 5)
     assert text == topo.read_text() and source.startswith("the gate's snapshot")
     # the probe ran but failed: its (empty) output is kept, and meta.json says why
     (snap / "nvidia-smi-topo-m.txt").write_text("")
     (snap / "meta.json").write_text(json.dumps({"probes": {"nvidia-smi-topo-m.txt": {
+        "command": ["nvidia-smi", "topo", "-m"], "exit_code": 9, "duration_s": 0.2, "timed_out": False,
         "error": "nvidia-smi exited with status 9: NVIDIA-SMI has failed"}}}))
-    text, reason = read_topology(str(tmp_path), ["node1"], "nvidia-smi-not-installed", 5)
+    text, reason = read_topology(gate_snapshot(str(tmp_path), ["node1"])[0], "nvidia-smi-not-installed", 5)
     assert text is None
     assert reason == ("`nvidia-smi topo -m` failed when the gate ran it: "
                       "nvidia-smi exited with status 9: NVIDIA-SMI has failed")
@@ -296,13 +297,14 @@ def test_every_local_rank_of_a_node_gets_the_same_hca_list(topo, site):
 
 
 def test_drop_port_leaves_the_down_ports_out_for_every_rank_of_the_node():
+    from trainctl.health.snapshot import SnapshotInputs, load_snapshot
     from trainctl.launcher.rank_exec import read_up_ports
 
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:   # a gate snapshot holding the node's ibstat
         (Path(tmp) / "ibstat.txt").write_text(ROCE_SOME_DOWN.read_text())
-        up = read_up_ports(Path(tmp))
+        up = read_up_ports(SnapshotInputs(load_snapshot(tmp)))
     assert ("mlx5_5", 1) not in up and ("mlx5_0", 1) in up
     dropped = node_environments(H200_TOPO, "dgx-h100", up, {"hca_port_down": "drop-port"})
     assert {env["NCCL_IB_HCA"] for env in dropped} == {"=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_6:1,mlx5_9:1,mlx5_10:1"}
@@ -326,17 +328,18 @@ def test_rank_exec_names_the_dropped_ports_in_the_binding_line(tmp_path):
 
 
 def test_cores_come_from_the_gates_snapshot_then_its_lscpu_then_live_sysfs(tmp_path):
+    from trainctl.health.snapshot import SnapshotInputs, load_snapshot
     from trainctl.launcher.rank_exec import read_cores
 
     snapshot = gate_dir_with_topo(tmp_path, "gpu07", H200_TOPO) / "snapshots" / "gpu07"
-    cores, source = read_cores(snapshot, sysfs_root=str(tmp_path / "no-sysfs"))
+    cores, source = read_cores(SnapshotInputs(load_snapshot(snapshot)), sysfs_root=str(tmp_path / "no-sysfs"))
     assert len(cores) == 112 and cores[0] == {0, 112} and source.startswith("the gate's snapshot")
     # a snapshot without the sysfs copy: its lscpu, where that shows the cores (SMT off here)
     della = REPO / "tests/fixtures/library/cpu/princeton-della-h100-node-xeon8468-2socket-nosmt-numa-even-odd-interleaved-lscpu.txt"
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "lscpu.txt").write_text(della.read_text())
-    cores, source = read_cores(bare, sysfs_root=str(tmp_path / "no-sysfs"))
+    cores, source = read_cores(SnapshotInputs(load_snapshot(bare)), sysfs_root=str(tmp_path / "no-sysfs"))
     assert len(cores) == 96 and source.startswith("lscpu in the gate's snapshot")
     # nothing anywhere: not measured, and the binding line says so
     cores, source = read_cores(None, sysfs_root=str(tmp_path / "no-sysfs"))

@@ -6,9 +6,13 @@ Without a site the defaults are the site model's own (`GateConfig()`), never typ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainctl.errors import UsageError
 from trainctl.site import GateConfig, PartitionConfig
+
+if TYPE_CHECKING:
+    from trainctl.health.fabric.report import FabricReport
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -70,7 +74,7 @@ def fabric_options(policy: FabricPolicy, given: FabricOverrides = FabricOverride
 
 
 def run_fabric(policy: FabricPolicy, given: FabricOverrides = FabricOverrides(), *,
-               master_addr: str | None = None, port: int | None = None) -> dict | None:
+               master_addr: str | None = None, port: int | None = None) -> FabricReport | None:
     """This rank's part of the fabric test; rank 0 returns the report."""
     import os
     import signal

@@ -12,6 +12,9 @@ a slow link is slow every time.
 Intra-node figures are judged only for NCCL on GPUs: the CPU stand-in (gloo over loopback)
 measures the host's shared cores, which says nothing about a node's GPUs and, on the test
 cluster, where all nodes share one machine, only measures the neighbours' load.
+The verdict is one typed `FabricReport`, from one builder whether the test ran one rank per
+node or one per rail; `to_json` is what `health fabric --json` prints and the gate's
+fabric.json holds, and `from_json` reads that back.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from trainctl.health.fabric.blame import BlameReport, Verdict, assign_blame
+from trainctl.health.fabric.blame import Verdict, assign_blame
 from trainctl.health.fabric.schedule import disjoint_rounds, plan_retests, rail_ranks
 from trainctl.health.status import Status
 
@@ -29,10 +33,124 @@ Pair = tuple[int, int]
 NOT_JUDGED = Verdict.NOT_JUDGED.value  # a node and report status of its own, never "ok"
 
 
-def exit_status(report: Mapping[str, Any]) -> Status:
-    """The exit code's status: "not judged" exits like unknown (3), nothing was decided."""
-    status = report["status"]
-    return Status.UNKNOWN if status == NOT_JUDGED else Status(status)
+@dataclass(frozen=True)
+class RailFigures:
+    """One rail of a node: its rank, its best pair's busbw, that over the rail's reference, its partners."""
+    rank: int
+    busbw_gbps: float | None
+    ratio: float | None
+    inter_busbw_gbps: Mapping[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "busbw_gbps": self.busbw_gbps, "ratio": self.ratio,
+                "inter_busbw_gbps": dict(self.inter_busbw_gbps)}
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """What was measured of a node: its slowest rail's best busbw, intra-node busbw, each partner's pair."""
+    busbw_gbps: float | None
+    intra_busbw_gbps: float | None
+    inter_busbw_gbps: Mapping[str, float]
+    rails: Mapping[str, RailFigures] | None = None  # by rail device; None: a test without rails
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    rank: int
+    status: str  # a Status label, or NOT_JUDGED
+    reason: str
+    lost: bool = False  # the node left the test (never joined, died or hung), as opposed to measured bad
+    figures: NodeFigures | None = None  # None: it left a one-rail test before it was measured
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rank": self.rank, "status": self.status, "reason": self.reason}
+        if self.lost:
+            out["lost"] = True
+        if self.figures is not None:
+            out.update(busbw_gbps=self.figures.busbw_gbps, intra_busbw_gbps=self.figures.intra_busbw_gbps,
+                       inter_busbw_gbps=dict(self.figures.inter_busbw_gbps))
+            if self.figures.rails is not None:
+                out["rails"] = {name: rail.to_json() for name, rail in self.figures.rails.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeResult:
+        figures = None
+        if "inter_busbw_gbps" in data:
+            rails = data.get("rails")
+            figures = NodeFigures(
+                busbw_gbps=data["busbw_gbps"], intra_busbw_gbps=data["intra_busbw_gbps"],
+                inter_busbw_gbps=dict(data["inter_busbw_gbps"]),
+                rails=None if rails is None else {name: RailFigures(**rail) for name, rail in rails.items()})
+        return cls(rank=data["rank"], status=data["status"], reason=data["reason"],
+                   lost=bool(data.get("lost", False)), figures=figures)
+
+
+@dataclass(frozen=True)
+class Excluded:
+    host: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FabricReport:
+    """Rank 0's verdict on the whole test; `to_json` is the fabric.json and `--json` shape."""
+    status: str  # the worst judged node's Status label, or NOT_JUDGED
+    world: int  # nodes expected
+    joined: int  # nodes that joined
+    rails: tuple[str, ...]  # the rail devices; empty: one rank per node
+    sizes: tuple[int, ...]
+    judged_size: int
+    rounds: int
+    retest_rounds: int
+    straggler_factor: float
+    floor_gbps: float | None
+    reference_gbps: float | None  # with rails, the slowest rail's
+    rail_reference_gbps: Mapping[str, float | None] | None  # by rail device; None without rails
+    pair_reference_gbps: float | None
+    duration_s: float
+    nodes: Mapping[str, NodeResult]  # by host
+    pairs: tuple[Mapping[str, Any], ...]  # one row per measured pair and size, as measured
+    excluded: tuple[Excluded, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        head: dict[str, Any] = {"status": self.status, "world": self.world, "joined": self.joined}
+        if self.rails:
+            head["rails"] = list(self.rails)
+        head.update(sizes=list(self.sizes), judged_size=self.judged_size, rounds=self.rounds,
+                    retest_rounds=self.retest_rounds, straggler_factor=self.straggler_factor,
+                    floor_gbps=self.floor_gbps, reference_gbps=self.reference_gbps)
+        if self.rails:
+            head["rail_reference_gbps"] = dict(self.rail_reference_gbps or {})
+        return {**head, "pair_reference_gbps": self.pair_reference_gbps, "duration_s": self.duration_s,
+                "nodes": {host: node.to_json() for host, node in self.nodes.items()},
+                "pairs": [dict(row) for row in self.pairs],
+                "excluded": [{"host": item.host, "reason": item.reason} for item in self.excluded]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FabricReport:
+        """The report as `to_json` wrote it (a gate's fabric.json)."""
+        rails = tuple(data.get("rails") or ())
+        return cls(status=data["status"], world=data["world"], joined=data["joined"], rails=rails,
+                   sizes=tuple(data["sizes"]), judged_size=data["judged_size"], rounds=data["rounds"],
+                   retest_rounds=data["retest_rounds"], straggler_factor=data["straggler_factor"],
+                   floor_gbps=data["floor_gbps"], reference_gbps=data["reference_gbps"],
+                   rail_reference_gbps=dict(data["rail_reference_gbps"]) if rails else None,
+                   pair_reference_gbps=data["pair_reference_gbps"], duration_s=data["duration_s"],
+                   nodes={host: NodeResult.from_json(node) for host, node in data["nodes"].items()},
+                   pairs=tuple(data["pairs"]),
+                   excluded=tuple(Excluded(item["host"], item["reason"]) for item in data["excluded"]))
+
+    def busbw_gbps(self, host: str) -> float | None:
+        """`host`'s best measured busbw (its slowest rail's); None where it was not measured."""
+        node = self.nodes.get(host)
+        return node.figures.busbw_gbps if node is not None and node.figures is not None else None
+
+    @property
+    def exit_status(self) -> Status:
+        """The exit code's status: "not judged" exits like unknown (3), nothing was decided."""
+        return Status.UNKNOWN if self.status == NOT_JUDGED else Status(self.status)
 
 
 def pair_figures(results: Mapping[int, dict], positions: Mapping[str, int], size: int) -> dict[Pair, float]:
@@ -78,93 +196,6 @@ def retest_rounds(results: Mapping[int, dict], positions: Mapping[str, int], siz
     return [list(r) for r in split.rounds + confirm]
 
 
-def build_report(*, results: Mapping[int, dict], roster: dict, world: int, sizes: tuple[int, ...],
-                 rounds: int, retests: list[list[Pair]], straggler_factor: float,
-                 floor_gbps: float | None, join_timeout_s: float, duration_s: float,
-                 lost: Mapping[int, str] | None = None) -> dict[str, Any]:
-    """`lost`: ranks whose heartbeat fell silent mid-test, and why; they are failures, marked lost."""
-    lost = lost or {}
-    members = [int(r) for r in roster["joined"]]
-    hosts = {int(rank): host for rank, host in roster["hosts"].items()}
-    positions = {hosts[rank]: i for i, rank in enumerate(members)}
-    judged_size = max(sizes)  # bandwidth problems show at the largest message
-    nodes: dict[str, dict[str, Any]] = {}
-    excluded: list[dict[str, str]] = []
-
-    expected = roster.get("expected") or []
-    for rank in roster["missing"]:
-        label = expected[rank] if rank < len(expected) else f"rank {rank}"
-        nodes[label] = _node(rank, Status.FAIL, f"did not join within {join_timeout_s:g} s", lost=True)
-    for rank in members:
-        if rank in lost:
-            nodes[hosts[rank]] = _node(rank, Status.FAIL, lost[rank], lost=True)
-        elif rank not in results:
-            nodes[hosts[rank]] = _node(rank, Status.FAIL, "joined but sent no results (died or hung mid-test)",
-                                       lost=True)
-
-    figures = pair_figures(results, positions, judged_size)
-    blame = assign_blame(figures, straggler_factor=straggler_factor, floor_gbps=floor_gbps) if figures else None
-    intra = _intra_figures(results, judged_size)
-    intra_reference = statistics.median(intra.values()) if len(intra) >= 2 else None
-
-    blame_by_node = {node.node: node for node in blame.nodes} if blame else {}
-    partners = _partners_by_position(figures, members, hosts)
-    for rank in members:
-        host = hosts[rank]
-        if host in nodes:
-            continue
-        status, reasons = Status.OK, []
-        node_blame = blame_by_node.get(positions[host])
-        not_judged = node_blame is not None and node_blame.verdict is Verdict.NOT_JUDGED
-        if not_judged:
-            reasons = [node_blame.reason]
-        elif node_blame is not None and node_blame.verdict is Verdict.STRAGGLER:
-            status, reasons = Status.FAIL, [f"straggler: {node_blame.reason}"]
-        elif node_blame is not None and node_blame.verdict is Verdict.SUSPECT:
-            status, reasons = Status.WARN, [f"suspect: {node_blame.reason}"]
-        failed_pairs = _failed_pairs(results[rank])
-        if failed_pairs:
-            reasons += failed_pairs
-            status = max(status, Status.WARN)
-        if host in intra and intra_reference and results[rank]["backend"] == "nccl" \
-                and intra[host] < straggler_factor * intra_reference:
-            status = Status.FAIL
-            reasons.append(f"intra-node busbw {intra[host]:.2f} GB/s < {straggler_factor:g} x "
-                           f"peers' median {intra_reference:.2f} GB/s")
-        if not figures and not failed_pairs and len(members) > 1:
-            status = max(status, Status.UNKNOWN)
-            reasons.append("no inter-node figures")
-        nodes[host] = _node(rank, status, "; ".join(reasons) or "ok")
-        if not_judged and status is Status.OK:
-            nodes[host]["status"] = NOT_JUDGED  # nothing to compare with: never "ok"
-        nodes[host]["busbw_gbps"] = None if node_blame is None else round(node_blame.best_busbw_gbps, 4)
-        nodes[host]["intra_busbw_gbps"] = intra.get(host)
-        nodes[host]["inter_busbw_gbps"] = partners.get(positions[host], {})
-
-    for host, node in nodes.items():
-        if node["status"] == Status.FAIL.label:
-            excluded.append({"host": host, "reason": node["reason"]})
-    judged = [Status(n["status"]) for n in nodes.values() if n["status"] != NOT_JUDGED]
-    worst = Status.worst(judged, default=Status.OK if nodes else Status.UNKNOWN)
-    return {
-        "status": NOT_JUDGED if worst is Status.OK and len(judged) < len(nodes) else worst.label,
-        "world": world,
-        "joined": len(members),
-        "sizes": list(sizes),
-        "judged_size": judged_size,
-        "rounds": rounds,
-        "retest_rounds": len(retests),
-        "straggler_factor": straggler_factor,
-        "floor_gbps": floor_gbps,
-        "reference_gbps": blame.reference_gbps if blame else None,
-        "pair_reference_gbps": blame.pair_reference_gbps if blame else None,
-        "duration_s": round(duration_s, 3),
-        "nodes": nodes,
-        "pairs": _pair_rows(results),
-        "excluded": excluded,
-    }
-
-
 def rail_label(rail: int, name: str) -> str:
     """How a report names a rail: "rail 1 (eth1)", "rail 5 (mlx5_5:1)"."""
     return f"rail {rail} ({name})"
@@ -180,144 +211,142 @@ def rail_positions(members: list[int], hosts: Mapping[str, str], rail: int, rail
     return {hosts[str(rank)]: i for i, rank in enumerate(rail_ranks(members, rail, rail_count))}
 
 
-def build_rails_report(*, results: Mapping[int, dict], roster: dict, rails: tuple[str, ...],
-                       sizes: tuple[int, ...], rounds: int, retests: int, straggler_factor: float,
-                       floor_gbps: float | None, join_timeout_s: float, duration_s: float,
-                       lost: Mapping[int, str] | None = None) -> dict[str, Any]:
-    """The report of a test with one rank per rail (node n's rail r is rank n x R + r).
+def build_report(*, results: Mapping[int, dict], roster: dict, sizes: tuple[int, ...], rounds: int,
+                 retests: int, straggler_factor: float, floor_gbps: float | None, join_timeout_s: float,
+                 duration_s: float, rails: tuple[str, ...] = (), world: int | None = None,
+                 lost: Mapping[int, str] | None = None) -> FabricReport:
+    """The report of a test with one rank per node, or with `rails` one rank per rail (node n's
+    rail r is rank n x R + r).
 
-    Each rail is judged on its own, against the same rail's pairs across nodes, with the same
-    blame as one rail; a node is as bad as its worst rail, and every reason names the rail.
-    `rounds` and `retests` count rounds (every rail runs its rounds at the same time).
+    Each rail is judged on its own, against the same rail's pairs across nodes; a node is as
+    bad as its worst rail, and with rails every reason names the rail. `rounds` and `retests`
+    count rounds (every rail runs its rounds at the same time). `world`: the nodes expected;
+    None takes the roster's expected hosts, else the hosts seen. `lost`: ranks whose heartbeat
+    fell silent mid-test, and why; they are failures, marked lost.
     """
     lost = lost or {}
-    rail_count = len(rails)
+    rail_count = max(len(rails), 1)
     members = [int(r) for r in roster["joined"]]
     hosts = {int(rank): host for rank, host in roster["hosts"].items()}
     expected = roster.get("expected") or []
-    world = len(expected) // rail_count if expected else None
-    judged_size = max(sizes)
+    judged_size = max(sizes)  # bandwidth problems show at the largest message
 
     def host_of(rank: int) -> str:
-        return hosts.get(rank) or (expected[rank] if rank < len(expected) else f"node {rank // rail_count}")
+        if rank in hosts:
+            return hosts[rank]
+        if rank < len(expected):
+            return expected[rank]
+        return f"node {rank // rail_count}" if rails else f"rank {rank}"
 
-    all_ranks = sorted(set(members) | set(roster["missing"]))
-    order = list(dict.fromkeys(host_of(rank) for rank in all_ranks))
-    first_rank = {host: min(r for r in all_ranks if host_of(r) == host) for host in order}
+    def rail_prefix(rank: int) -> str:
+        return f"{rail_label(rank % rail_count, rails[rank % rail_count])}: " if rails else ""
+
+    departed = {rank: f"did not join within {join_timeout_s:g} s" for rank in roster["missing"]}
+    for rank in members:
+        if rank in lost:
+            departed[rank] = lost[rank]
+        elif rank not in results:
+            departed[rank] = "joined but sent no results (died or hung mid-test)"
+    # one rail lists the nodes that left first; with rails, every node in rank order
+    ranks_in_order = sorted(set(members) | set(roster["missing"])) if rails else \
+        [*departed, *(rank for rank in members if rank not in departed)]
+    order = list(dict.fromkeys(host_of(rank) for rank in ranks_in_order))
+    first_rank = {host: min(r for r in ranks_in_order if host_of(r) == host) for host in order}
     statuses = {host: [Status.OK] for host in order}
     reasons: dict[str, list[str]] = {host: [] for host in order}
-    lost_hosts: set[str] = set()
+    lost_hosts = {host_of(rank) for rank in departed}
     not_judged: set[str] = set()
-    per_rail: dict[str, dict[str, dict[str, Any]]] = {host: {} for host in order}
+    per_rail: dict[str, dict[str, RailFigures]] = {host: {} for host in order}
 
     def note(host: str, status: Status, reason: str) -> None:
         statuses[host].append(status)
         reasons[host].append(reason)
 
-    for rank in roster["missing"]:
-        lost_hosts.add(host_of(rank))
-        note(host_of(rank), Status.FAIL, f"{rail_label(rank % rail_count, rails[rank % rail_count])}: "
-                                         f"did not join within {join_timeout_s:g} s")
-    for rank in members:
-        label = rail_label(rank % rail_count, rails[rank % rail_count])
-        if rank in lost:
-            lost_hosts.add(host_of(rank))
-            note(host_of(rank), Status.FAIL, f"{label}: {lost[rank]}")
-        elif rank not in results:
-            lost_hosts.add(host_of(rank))
-            note(host_of(rank), Status.FAIL, f"{label}: joined but sent no results (died or hung mid-test)")
+    for rank, why in departed.items():
+        note(host_of(rank), Status.FAIL, f"{rail_prefix(rank)}{why}")
 
     references: dict[str, float | None] = {}
-    for rail, name in enumerate(rails):
-        label = rail_label(rail, name)
+    pair_reference = None
+    for rail in range(rail_count):
+        name = rails[rail] if rails else ""
         ranks = rail_ranks(members, rail, rail_count)
         positions = rail_positions(members, roster["hosts"], rail, rail_count)
-        measured = rail_results(results, rail, rail_count)
-        figures = pair_figures(measured, positions, judged_size)
+        figures = pair_figures(rail_results(results, rail, rail_count), positions, judged_size)
         blame = assign_blame(figures, straggler_factor=straggler_factor, floor_gbps=floor_gbps) if figures else None
         references[name] = blame.reference_gbps if blame else None
+        if not rails and blame:
+            pair_reference = blame.pair_reference_gbps
         blame_by_position = {node.node: node for node in blame.nodes} if blame else {}
         partners = _partners_by_position(figures, ranks, hosts)
         for rank in ranks:
             host = hosts[rank]
-            if rank in lost or rank not in results:
+            if rank in departed:
                 continue
+            prefix = rail_prefix(rank)
             node_blame = blame_by_position.get(positions[host])
             ratio = (node_blame.best_busbw_gbps / blame.reference_gbps
                      if node_blame is not None and blame.reference_gbps else None)
-            judged = f"{label}: {ratio:.2f}x the rail's reference {blame.reference_gbps:.2f} GB/s, " \
-                if ratio is not None else f"{label}: "
+            judged = f"{prefix}{ratio:.2f}x the rail's reference {blame.reference_gbps:.2f} GB/s, " \
+                if rails and ratio is not None else prefix
             if node_blame is not None and node_blame.verdict is Verdict.NOT_JUDGED:
                 not_judged.add(host)
-                reasons[host].append(f"{label}: {node_blame.reason}")
+                reasons[host].append(f"{prefix}{node_blame.reason}")
             elif node_blame is not None and node_blame.verdict is Verdict.STRAGGLER:
                 note(host, Status.FAIL, f"straggler: {judged}{node_blame.reason}")
             elif node_blame is not None and node_blame.verdict is Verdict.SUSPECT:
                 note(host, Status.WARN, f"suspect: {judged}{node_blame.reason}")
-            for failed in _failed_pairs(results[rank]):
-                note(host, Status.WARN, f"{label}: {failed}")
-            if not figures and len(ranks) > 1 and not _failed_pairs(results[rank]):
-                note(host, Status.UNKNOWN, f"{label}: no inter-node figures")
-            per_rail[host][name] = {
-                "rank": rank, "busbw_gbps": None if node_blame is None else round(node_blame.best_busbw_gbps, 4),
-                "ratio": None if ratio is None else round(ratio, 4),
-                "inter_busbw_gbps": partners.get(positions[host], {})}
+            failed_pairs = _failed_pairs(results[rank])
+            for failed in failed_pairs:
+                note(host, Status.WARN, f"{prefix}{failed}")
+            if not figures and len(ranks) > 1 and not failed_pairs:
+                note(host, Status.UNKNOWN, f"{prefix}no inter-node figures")
+            per_rail[host][name] = RailFigures(
+                rank=rank, busbw_gbps=None if node_blame is None else round(node_blame.best_busbw_gbps, 4),
+                ratio=None if ratio is None else round(ratio, 4), inter_busbw_gbps=partners.get(positions[host], {}))
 
+    # intra-node figures: rail 0's rank runs the node's one intra-node test
     intra_results = rail_results(results, 0, rail_count)
     intra = _intra_figures(intra_results, judged_size)
     intra_reference = statistics.median(intra.values()) if len(intra) >= 2 else None
     for result in intra_results.values():
         host = result["host"]
+        if not rails and host in lost_hosts:
+            continue  # one rail: a node that left the test is judged by its leaving alone
         if host in intra and intra_reference and result["backend"] == "nccl" \
                 and intra[host] < straggler_factor * intra_reference:
             note(host, Status.FAIL, f"intra-node busbw {intra[host]:.2f} GB/s < {straggler_factor:g} x "
                                     f"peers' median {intra_reference:.2f} GB/s")
 
-    nodes: dict[str, dict[str, Any]] = {}
+    nodes: dict[str, NodeResult] = {}
     for host in order:
         status = Status.worst(statuses[host], default=Status.OK)
-        nodes[host] = _node(first_rank[host], status, "; ".join(reasons[host]) or "ok", lost=host in lost_hosts)
-        if host in not_judged and status is Status.OK:
-            nodes[host]["status"] = NOT_JUDGED  # nothing to compare with: never "ok"
+        label = NOT_JUDGED if host in not_judged and status is Status.OK else status.label  # never "ok"
         figures_by_rail = per_rail[host]
-        bests = [r["busbw_gbps"] for r in figures_by_rail.values() if r["busbw_gbps"] is not None]
-        nodes[host]["busbw_gbps"] = min(bests) if bests else None  # a node is as fast as its slowest rail
-        nodes[host]["intra_busbw_gbps"] = intra.get(host)
-        slowest: dict[str, float] = {}
-        for rail_figures in figures_by_rail.values():
-            for peer, busbw in rail_figures["inter_busbw_gbps"].items():
-                slowest[peer] = min(busbw, slowest.get(peer, busbw))
-        nodes[host]["inter_busbw_gbps"] = slowest
-        nodes[host]["rails"] = figures_by_rail
-    excluded = [{"host": host, "reason": node["reason"]} for host, node in nodes.items()
-                if node["status"] == Status.FAIL.label]
-    judged = [Status(n["status"]) for n in nodes.values() if n["status"] != NOT_JUDGED]
+        measured = None
+        if rails or host not in lost_hosts:
+            bests = [r.busbw_gbps for r in figures_by_rail.values() if r.busbw_gbps is not None]
+            slowest: dict[str, float] = {}
+            for rail_figures in figures_by_rail.values():
+                for peer, busbw in rail_figures.inter_busbw_gbps.items():
+                    slowest[peer] = min(busbw, slowest.get(peer, busbw))
+            measured = NodeFigures(busbw_gbps=min(bests) if bests else None,  # as fast as its slowest rail
+                                   intra_busbw_gbps=intra.get(host), inter_busbw_gbps=slowest,
+                                   rails=figures_by_rail if rails else None)
+        nodes[host] = NodeResult(first_rank[host], label, "; ".join(reasons[host]) or "ok",
+                                 lost=host in lost_hosts, figures=measured)
+    excluded = tuple(Excluded(host, node.reason) for host, node in nodes.items() if node.status == Status.FAIL.label)
+    judged = [Status(n.status) for n in nodes.values() if n.status != NOT_JUDGED]
     worst = Status.worst(judged, default=Status.OK if nodes else Status.UNKNOWN)
     known = [ref for ref in references.values() if ref is not None]
-    return {
-        "status": NOT_JUDGED if worst is Status.OK and len(judged) < len(nodes) else worst.label,
-        "world": world if world is not None else len(order),
-        "joined": len({hosts[rank] for rank in members}),
-        "rails": list(rails),
-        "sizes": list(sizes),
-        "judged_size": judged_size,
-        "rounds": rounds,
-        "retest_rounds": retests,
-        "straggler_factor": straggler_factor,
-        "floor_gbps": floor_gbps,
-        "reference_gbps": min(known) if known else None,  # the slowest rail's
-        "rail_reference_gbps": references,
-        "pair_reference_gbps": None,
-        "duration_s": round(duration_s, 3),
-        "nodes": nodes,
-        "pairs": _pair_rows(results),
-        "excluded": excluded,
-    }
-
-
-def _node(rank: int, status: Status, reason: str, lost: bool = False) -> dict[str, Any]:
-    # "lost": the node left the test (never joined, died or hung), as opposed to measured bad
-    return {"rank": rank, "status": status.label, "reason": reason, **({"lost": True} if lost else {})}
+    if world is None:
+        world = len(expected) // rail_count if expected else len(order)
+    return FabricReport(
+        status=NOT_JUDGED if worst is Status.OK and len(judged) < len(nodes) else worst.label,
+        world=world, joined=len({hosts[rank] for rank in members}), rails=rails, sizes=tuple(sizes),
+        judged_size=judged_size, rounds=rounds, retest_rounds=retests, straggler_factor=straggler_factor,
+        floor_gbps=floor_gbps, reference_gbps=min(known) if known else None,  # the slowest rail's
+        rail_reference_gbps=references if rails else None, pair_reference_gbps=pair_reference,
+        duration_s=round(duration_s, 3), nodes=nodes, pairs=tuple(_pair_rows(results)), excluded=excluded)
 
 
 def _failed_pairs(result: dict) -> list[str]:

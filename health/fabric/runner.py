@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from queue import Empty
 
 from trainctl.health.fabric.bandwidth import Collective, figures_from_timings
-from trainctl.health.fabric.report import (build_rails_report, build_report, rail_positions, rail_results,
+from trainctl.health.fabric.report import (FabricReport, build_report, rail_positions, rail_results,
                                            retest_rounds)
 from trainctl.health.fabric.schedule import padded, rail_ranks, rail_schedules
 from trainctl.errors import EXIT_EXTERNAL, UsageError
@@ -316,7 +316,7 @@ def _intra_worker(port: int, local_rank: int, procs: int, use_gpus: bool, host: 
 # --- inter-node: rendezvous, rounds of pairs, results to rank 0 ---
 
 def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float = 0.7,
-             floor_gbps: float | None = None) -> dict | None:
+             floor_gbps: float | None = None) -> FabricReport | None:
     """Run this rank's part of the test; rank 0 returns the report, the others None."""
     deadline = Deadline(options.timeout_s)
     _start_watchdog(deadline)
@@ -377,23 +377,18 @@ def run_rank(identity: Identity, options: FabricOptions, straggler_factor: float
         return None
     if retest_count:
         results.update(test.collect("final", [r for r in members if r in results]))
-    if rail_count > 1:
-        report = build_rails_report(results=results, roster=roster, rails=options.rails, sizes=options.sizes,
-                                    rounds=len(rounds), retests=retest_count, straggler_factor=straggler_factor,
-                                    floor_gbps=floor_gbps, join_timeout_s=options.join_timeout_s,
-                                    duration_s=time.monotonic() - started, lost=dict(watch.lost))
-    else:
-        report = build_report(results=results, roster=roster, world=identity.world, sizes=options.sizes,
-                              rounds=len(rounds), retests=retests_by_rail[0], straggler_factor=straggler_factor,
-                              floor_gbps=floor_gbps, join_timeout_s=options.join_timeout_s,
-                              duration_s=time.monotonic() - started, lost=dict(watch.lost))
+    report = build_report(results=results, roster=roster, rails=options.rails if rail_count > 1 else (),
+                          world=None if rail_count > 1 else identity.world, sizes=options.sizes,
+                          rounds=len(rounds), retests=retest_count, straggler_factor=straggler_factor,
+                          floor_gbps=floor_gbps, join_timeout_s=options.join_timeout_s,
+                          duration_s=time.monotonic() - started, lost=dict(watch.lost))
     others = len([r for r in members if r not in watch.lost]) - 1
     _wait_finished(store, others, Deadline(min(FINISH_WAIT_S, deadline.left())))
     return report
 
 
 def run_node(identity: Identity, options: FabricOptions, straggler_factor: float = 0.7,
-             floor_gbps: float | None = None) -> dict | None:
+             floor_gbps: float | None = None) -> FabricReport | None:
     """This node's part of the test: its one rank, or with rails one process per rail.
 
     Each rail's rank is a process of its own, with its own store connections, heartbeat, pair

@@ -155,3 +155,22 @@ def open_fixture(relative: str) -> str:
     from health_fixtures import read
 
     return read(relative)
+
+
+def test_no_site_judges_with_the_site_models_gate_defaults_and_expects_no_hardware(tmp_path):
+    from trainctl.health.node import node_policy, policy_for
+
+    bare = policy_for(None, None, None)
+    expectations(tmp_path)  # writes keys.toml: a site with an empty [gate]
+    site = load_site(str(tmp_path / "keys.toml"))
+    _, part = partition(site.config, None)
+    with_site = node_policy(site.config, part, None)
+    gate_fields = ("max_retired_pages", "min_free_disk_gib", "xid_window_hours", "min_available_memory_gib",
+                   "min_shm_gib", "max_defunct_processes", "max_load_per_cpu", "pcie_below_max_warns",
+                   "dcgm_diag_level", "pinned_versions")
+    assert {f: getattr(bare.expectations, f) for f in gate_fields} == \
+        {f: getattr(with_site.expectations, f) for f in gate_fields}
+    assert bare.probe_timeout_s == with_site.probe_timeout_s and bare.only is None
+    # no partition: nothing of the node's hardware is expected, nor said to be absent
+    assert bare.expectations.gpus is None and bare.expectations.ib_ports is None
+    assert not any(bare.expectations.lacks(kind) for kind in ("gpu", "nvlink", "ib"))
