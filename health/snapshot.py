@@ -187,15 +187,6 @@ IB_CLASS_DIR = "sys/class/infiniband/"
 IB_TOOL_OUTPUTS = ("ibstat.txt", "ibv_devinfo.txt")
 
 
-def lacks_infiniband(snapshot: Snapshot, meta: object) -> bool:
-    """True when the snapshot copied the node's sysfs, holds nothing of /sys/class/infiniband, and
-    no IB tool printed anything: the kernel knows no InfiniBand or RoCE device there. A snapshot
-    that did not copy sysfs cannot tell, and says False."""
-    copied_sysfs = not isinstance(meta, Unavailable) and getattr(meta, "sysfs_files", None) is not None
-    return (copied_sysfs and not any(path.startswith(IB_CLASS_DIR) for path in snapshot.files)
-            and not any(snapshot.files.get(output, "").strip() for output in IB_TOOL_OUTPUTS))
-
-
 class SnapshotInputs:
     """Parses each named input of one snapshot at most once."""
 
@@ -211,7 +202,14 @@ class SnapshotInputs:
 
     @functools.cached_property
     def lacks_infiniband(self) -> bool:
-        return lacks_infiniband(self.snapshot, self.get("meta"))
+        """True when the snapshot copied the node's sysfs, holds nothing of /sys/class/infiniband,
+        and no IB tool printed anything: the kernel knows no InfiniBand or RoCE device there. A
+        snapshot that did not copy sysfs cannot tell, and says False."""
+        meta = self.get("meta")
+        files = self.snapshot.files
+        return (not isinstance(meta, Unavailable) and meta.sysfs_files is not None
+                and not any(path.startswith(IB_CLASS_DIR) for path in files)
+                and not any(files.get(output, "").strip() for output in IB_TOOL_OUTPUTS))
 
     def timed_out(self, files: tuple[str, ...]) -> bool:
         """Whether a probe that writes one of `files` hung: a fact the checks must not hide."""
