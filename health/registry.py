@@ -95,10 +95,11 @@ SHOWN_NAME_CHARS = 60
 
 
 def check_site_check_names(loaded: LoadedSite) -> None:
-    """gate.checks and sweep.checks name checks that exist. Checked by the commands that start
-    work elsewhere (site show, submit, sweep): a misspelt name would otherwise fail inside the
-    job, after the allocation. Not at every load: the registry imports every check module."""
-    for key, names in (("gate.checks", loaded.config.gate.checks), ("sweep.checks", loaded.config.sweep.checks)):
+    """gate.checks, sweep.checks and watch.checks name checks that exist. Checked by the commands
+    that start work elsewhere (site show, submit, sweep): a misspelt name would otherwise fail
+    inside the job, after the allocation. Not at every load: the registry imports every check module."""
+    for key, names in (("gate.checks", loaded.config.gate.checks), ("sweep.checks", loaded.config.sweep.checks),
+                       ("watch.checks", loaded.config.watch.checks)):
         unknown = unknown_checks(names)
         if unknown:
             raise ConfigError(f"{loaded.path}: {key}: unknown check(s) "

@@ -12,7 +12,9 @@ Run by the job script as `srun ... trainctl rank-exec --site S --partition P --m
 3. sets NCCL_IB_HCA to the node's list of compute ports, the same for every rank of the node
    (NVIDIA/nccl#1478: "You should not set NCCL_IB_HCA differently on each rank"; NCCL picks
    each GPU's nearest port itself from the PCI topology);
-4. replaces itself with PROGRAM (os.execvpe: no shell, no extra process; `submit` hands it
+4. in a step the supervisor watches (TRAINCTL_WATCH_DIR set), gives the program
+   TRAINCTL_PROGRESS_SOCKET, the node agent's socket (`trainctl.progress`);
+5. replaces itself with PROGRAM (os.execvpe: no shell, no extra process; `submit` hands it
    the path its pre-submit check resolved, so no PATH search picks another file).
 
 Local rank 0 says once per node what the binding is, or why there is none.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainctl.agent_socket import progress_environment
 from trainctl.errors import ParseError, UsageError
 from trainctl.health.parse.cpu_siblings import SIBLINGS_GLOB, Cores
 from trainctl.launcher.binding import RankBinding, format_cpu_list, node_nccl_hcas, rank_bindings
@@ -343,6 +346,7 @@ def rank_exec(*, site_ref: str, partition_name: str | None, master_addr: str, ga
         _say(speaks, f"{host}: ranks run unbound: {setup.why_unbound}" if setup.why_unbound
              else describe_node(host, setup))
     env = rank_environment(environ, placement, master_addr, setup)
+    env.update(progress_environment(environ, host))   # the node agent's socket, in a watched step
 
     argv = list(program)
     if setup.bindings:

@@ -1,6 +1,7 @@
 """Site configs: strict loading with precise messages, the search path, `trainctl site`."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,26 @@ def test_gate_unknown_policy_defaults_to_exclude_and_takes_keep_only_by_name(tmp
     maybe = write_site(tmp_path, DEMO.replace("[gate]\n", '[gate]\nunknown = "ignore"\n'), "maybe")
     with pytest.raises(ConfigError, match="gate.unknown: expected one of 'exclude', 'keep'"):
         load_site(str(maybe))
+
+
+def test_watch_section_takes_the_demo_values_and_the_models_defaults_elsewhere():
+    demo = load_site("local-demo", dirs=[BUILTIN_SITE_DIR]).config.watch
+    assert (demo.check_interval_s, demo.checks) == (5.0, ("gpu.xid",))
+    dgx = load_site("dgx-h100", dirs=[BUILTIN_SITE_DIR]).config.watch
+    assert dgx.enabled and dgx.check_interval_s == 30.0 and dgx.agent_write_s == 1.0
+    assert "gpu.xid" in dgx.checks and "ib.counters" in dgx.checks
+
+
+def test_an_unknown_check_in_the_sites_watch_is_refused_like_the_gates(tmp_path):
+    bad = write_site(tmp_path, DEMO.replace('checks = ["gpu.xid"]', 'checks = ["gpu.xid", "gpu.xdi"]'))
+    out = run_cli("site", "show", str(bad))
+    assert out.returncode == 2, out.stderr
+    assert "watch.checks: unknown check(s) 'gpu.xdi'" in out.stderr
+
+
+@pytest.mark.parametrize("key, value", [("check_interval_s", "0"), ("agent_write_s", "0.01")])
+def test_watch_intervals_are_bounded(tmp_path, key, value):
+    bad = write_site(tmp_path, re.sub(rf"^{key} = [^ ]*", f"{key} = {value}", DEMO, count=1, flags=re.M))
+    assert f"{key} = {value} " in bad.read_text()
+    with pytest.raises(ConfigError, match=f"watch.{key}"):
+        load_site(str(bad))

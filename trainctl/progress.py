@@ -34,11 +34,12 @@ INTERVAL_ENV = "TRAINCTL_PROGRESS_INTERVAL_S"
 RANK_ENV = "RANK"
 DEFAULT_INTERVAL_S = 0.05
 
-# One datagram: format version, rank, steps so far, wall time of the last step's end, steps in
-# this report, their summed and longest duration, compute-section seconds in this report, and
-# the step the last checkpoint holds (-1: none reported). Little-endian, fixed size.
-RECORD = struct.Struct("<BiQdIdddq")
-VERSION = 1
+# One datagram: format version, rank, the sending process's pid (for the node's stack dumps),
+# steps so far, wall time of the last step's end, steps in this report, their summed and longest
+# duration, compute-section seconds in this report, and the step the last checkpoint holds
+# (-1: none reported). Little-endian, fixed size.
+RECORD = struct.Struct("<BiiQdIdddq")
+VERSION = 2
 
 
 class _Reporter:
@@ -74,8 +75,10 @@ class _Reporter:
 
     def send(self, now: float) -> None:
         self.next_send = now + self.interval_s
-        record = RECORD.pack(VERSION, self.rank, self.steps, time.time(), self.window_steps, self.window_sum,
-                             self.window_max, self.window_compute, self.checkpoint_step)
+        last_end_wall = time.time() - (now - self.last_end)   # a checkpoint report comes after its step
+        # getpid per report, not per call: a forked child that reports is itself
+        record = RECORD.pack(VERSION, self.rank, os.getpid(), self.steps, last_end_wall, self.window_steps,
+                             self.window_sum, self.window_max, self.window_compute, self.checkpoint_step)
         with contextlib.suppress(OSError):  # no reader, or its queue is full: the next report catches up
             self.sock.sendto(record, self.path)
         self._reset_window()
@@ -126,8 +129,8 @@ def decode(datagram: bytes) -> dict[str, float | int]:
     """One datagram as a dict (for the watcher and tests); ValueError if it is not one."""
     if len(datagram) != RECORD.size:
         raise ValueError(f"progress datagram of {len(datagram)} bytes, expected {RECORD.size}")
-    version, rank, steps, wall, n, total, longest, compute_s, checkpoint_step = RECORD.unpack(datagram)
+    version, rank, pid, steps, wall, n, total, longest, compute_s, checkpoint_step = RECORD.unpack(datagram)
     if version != VERSION:
         raise ValueError(f"progress datagram version {version}, expected {VERSION}")
-    return {"rank": rank, "steps": steps, "time": wall, "window_steps": n, "window_seconds": total,
+    return {"rank": rank, "pid": pid, "steps": steps, "time": wall, "window_steps": n, "window_seconds": total,
             "window_longest": longest, "compute_seconds": compute_s, "checkpoint_step": checkpoint_step}

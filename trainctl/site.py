@@ -147,6 +147,19 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WatchConfig:
+    enabled: bool = doc("watch the training: a node agent per training node and the supervisor's detectors", True)
+    check_interval_s: float = doc("seconds between the node agent's runs of watch.checks (the first run is "
+                                  "the baseline; a check that fails later, and did not then, is reported)", 30.0)
+    agent_write_s: float = doc("seconds between the node agent's rewrites of its node file (progress "
+                               "counters and check results)", 1.0)
+    checks: tuple[str, ...] = doc(
+        "node health checks the agent re-runs during training (check names or families; counter checks "
+        "are judged by their growth since the first run)",
+        ("gpu.xid", "gpu.ecc", "gpu.row_remap", "gpu.reset", "ib.ports", "ib.counters", "nvlink.counters"))
+
+
+@dataclass(frozen=True, kw_only=True)
 class PartitionConfig:
     gpus_per_node: int = doc("GPUs per node")
     gpu_model: str = doc("product name as nvidia-smi prints it (empty: do not check)", "")
@@ -195,6 +208,8 @@ class SiteConfig:
     gate: GateConfig = doc("health gate policy", default_factory=GateConfig)
     launch: LaunchConfig = doc("what the job script runs on the compute nodes", default_factory=LaunchConfig)
     sweep: SweepConfig = doc("nightly sweeps: history database, checks, SSH access", default_factory=SweepConfig)
+    watch: WatchConfig = doc("watching the training: node agents and the supervisor's detectors",
+                             default_factory=WatchConfig)
     partitions: dict[str, PartitionConfig] = doc("partition name -> hardware")
 
 

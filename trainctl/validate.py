@@ -94,6 +94,9 @@ SITE_BOUNDS: dict[str, Bounds] = {
     "sweep.fanout": Bounds(1, 4096),
     "sweep.ssh_port": Bounds(1, 65535),
     "sweep.keep_days": Bounds(0, 100 * 365),
+    "watch.check_interval_s": TIMEOUT,
+    # The node file is rewritten this often; faster than 10 per second only burns the node's CPU.
+    "watch.agent_write_s": Bounds(0.1, 3600),
     "partitions.*.gpus_per_node": Bounds(0, 1024),
     "partitions.*.port_rate_gbps": AMOUNT,
     # InfiniBand MTUs are 256-4096 bytes in powers of two (IBTA spec, `ibv_devinfo` active_mtu).

@@ -1,0 +1,43 @@
+"""Where a node's ranks send their progress: the one path rank-exec gives them and the node agent binds.
+
+Both ends compute it from the job id and the node's Slurm name, so nothing has to be handed
+from one to the other. It lives here, in the core, because rank-exec (launcher/) may not import
+the job room (job/), where the agent is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+
+from trainctl.progress import SOCKET_ENV
+
+# Set by the supervisor for the training step: the ranks of that step report their progress.
+WATCH_DIR_ENV = "TRAINCTL_WATCH_DIR"
+# sockaddr_un's sun_path holds 108 bytes on Linux, the terminating NUL included (unix(7)).
+MAX_SOCKET_PATH_BYTES = 107
+FALLBACK_DIR = "/tmp"
+
+
+def agent_socket_path(job_id: str, node: str, environ: Mapping[str, str] = os.environ) -> str:
+    """`$TMPDIR/trainctl-progress-JOB-NODE.sock` (/tmp without TMPDIR); a hash of the two names
+    where that path is too long for a Unix socket, in /tmp if even that is too long."""
+    directory = environ.get("TMPDIR") or FALLBACK_DIR
+    path = os.path.join(directory, f"trainctl-progress-{job_id}-{node}.sock")
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
+        return path
+    digest = hashlib.sha256(f"{job_id}\0{node}".encode()).hexdigest()[:24]
+    short = os.path.join(directory, f"trainctl-progress-{digest}.sock")
+    if len(os.fsencode(short)) <= MAX_SOCKET_PATH_BYTES:
+        return short
+    return os.path.join(FALLBACK_DIR, f"trainctl-progress-{digest}.sock")
+
+
+def progress_environment(environ: Mapping[str, str], node: str) -> dict[str, str]:
+    """What rank-exec adds to a rank's environment so that it reports its progress: the agent's
+    socket, only in a step the supervisor watches (WATCH_DIR_ENV set) and inside a job."""
+    job_id = environ.get("SLURM_JOB_ID")
+    if not environ.get(WATCH_DIR_ENV) or not job_id:
+        return {}
+    return {SOCKET_ENV: agent_socket_path(job_id, node, environ)}
