@@ -90,3 +90,24 @@ def run_command(plan_file, script_path):
     except ValueError as exc:
         raise UsageError(f"--plan: not JSON: {exc}") from None
     return run_job(JobPlan.from_document(document), script_path, dict(os.environ))
+
+
+@job.command("agent")
+@click.option("--dir", "gate_dir", required=True, type=click.Path(file_okay=False),
+              help="The job's gate directory: the node file goes to DIR/watch/NODE.json.")
+@click.option("--site", "site_ref", required=True, help="Site name or .toml file (its [watch] section).")
+@click.option("--partition", "partition_name", help="Partition (default: the site's default_partition).")
+def agent_command(gate_dir, site_ref, partition_name):
+    """Inside the job, one task per training node: watch the training on this node.
+
+    Reads the ranks' progress reports (trainctl.progress) on the node's socket, re-runs the
+    site's watch.checks every watch.check_interval_s (the first run is the baseline: a check
+    that fails later, and did not then, is reported; one that cannot tell is reported as
+    unknown), and rewrites DIR/watch/NODE.json every watch.agent_write_s for the supervisor.
+    When DIR/watch/dump-request holds a new token, it writes each rank's Python stacks
+    (py-spy dump) to DIR/watch/stacks-NODE.txt, then the token to DIR/watch/dump-done-NODE.
+    Runs until SIGTERM.
+    """
+    from trainctl.job.agent import run_agent
+
+    return run_agent(gate_dir, site_ref, partition_name, dict(os.environ))

@@ -1,0 +1,388 @@
+"""`trainctl job agent`: the node side of watching the training, one task per training node.
+
+It reads the ranks' progress reports (`trainctl.progress`) from the node's socket
+(`trainctl.agent_socket`), re-runs the site's `watch.checks` every `watch.check_interval_s`
+through the node health path (health/node.py: collect -> load -> evaluate), and rewrites
+GATE_DIR/watch/NODE.json every `watch.agent_write_s` for the supervisor:
+
+    {"format": 1, "node": "node2", "t": <written>, "started_t": <agent start>,
+     "ranks": {"0": {"pid": 123, "steps": 57, "step_seconds": 14.3, "compute_seconds": 3.1,
+                     "last_step_t": 1764236000.5, "checkpoint_step": 50}},
+     "checks": {"t": <last run's end or null>, "runs": 3,
+                "failed": [{"check": "gpu.xid", "reason": "..."}],
+                "unknown": [{"check": "gpu.ecc", "reason": "..."}]}}
+
+The first check run is the baseline: `failed` holds the checks that FAIL now and did not at the
+baseline (counter checks: their growth since the baseline's reading). `unknown` holds what the
+last run could not tell (a probe that failed, a run that raised or overran): it condemns nothing.
+
+When GATE_DIR/watch/dump-request appears holding a token it has not answered, it dumps each
+rank's Python stacks (`py-spy dump --pid PID`, bounded) into watch/stacks-NODE.txt, then writes
+the token into watch/dump-done-NODE.
+
+The pure part (folding reports, judging a run against the baseline, the node file) is apart
+from the I/O loop (`run_agent`), so it is tested without sockets or probes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import select
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainctl.health.counters import COUNTER_CHECKS, judge_growth
+from trainctl.health.status import CheckResult, Status
+
+NODE_FILE_FORMAT = 1
+WATCH_SUBDIR = "watch"                 # under the gate directory
+DUMP_REQUEST = "dump-request"
+TOKEN_CHARS = 200                      # of a dump request's token, kept
+SELECT_S = 0.2                         # longest wait for a report before the loop looks at its clocks
+DATAGRAMS_PER_PASS = 10_000            # then the loop writes and looks at its checks before reading on
+RUN_MARGIN_S = 10.0                    # a check run past 2 probe timeouts + this is reported as overrunning
+STACKS_CAP_BYTES = 256 << 10           # of each rank's py-spy output
+BASELINE_WINDOW = "since the agent's first check run"
+
+
+# ---------------------------------------------------------------- the ranks' progress (pure)
+
+@dataclass(frozen=True)
+class RankProgress:
+    """One rank's running totals, as the node file shows them."""
+    pid: int
+    steps: int = 0
+    step_seconds: float = 0.0          # the summed durations of its steps
+    compute_seconds: float = 0.0       # time inside progress.compute()
+    last_step_t: float | None = None   # wall time the last step ended
+    checkpoint_step: int | None = None
+
+
+def fold(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[int, RankProgress]:
+    """`ranks` with one decoded report (`trainctl.progress.decode`) added. Steps come as a total;
+    durations come per report and are summed. A report from another pid for a rank is a new
+    process (a restart): its counts start again."""
+    rank = int(record["rank"])
+    before = ranks.get(rank)
+    if before is None or before.pid != record["pid"]:
+        before = RankProgress(pid=int(record["pid"]))
+    checkpoint = int(record["checkpoint_step"])
+    after = RankProgress(
+        pid=before.pid, steps=int(record["steps"]),
+        step_seconds=before.step_seconds + float(record["window_seconds"]),
+        compute_seconds=before.compute_seconds + float(record["compute_seconds"]),
+        last_step_t=float(record["time"]) if record["steps"] else before.last_step_t,
+        checkpoint_step=checkpoint if checkpoint >= 0 else before.checkpoint_step)
+    return {**ranks, rank: after}
+
+
+# ---------------------------------------------------------------- the checks (pure)
+
+@dataclass(frozen=True)
+class Problem:
+    check: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ChecksState:
+    """What the agent knows of its check runs."""
+    baseline: Mapping[str, CheckResult] = dataclasses.field(default_factory=dict)
+    runs: int = 0
+    t: float | None = None                 # wall time the last run ended
+    failed: tuple[Problem, ...] = ()
+    unknown: tuple[Problem, ...] = ()
+
+
+def _has_reading(result: CheckResult) -> bool:
+    return result.status == Status.OK and "counters" in result.details
+
+
+def judge_run(state: ChecksState, results: Iterable[CheckResult], t: float) -> ChecksState:
+    """The state after one check run's results. A check's first result is its baseline (a counter
+    check's: its first reading). FAIL now and not at the baseline is `failed`; a counter check
+    is judged by the growth of its counters since the baseline's reading; UNKNOWN now is
+    `unknown`, whatever the baseline said."""
+    baseline = dict(state.baseline)
+    failed, unknown = [], []
+    for now in results:
+        before = baseline.get(now.name)
+        if before is None or (now.name in COUNTER_CHECKS and not _has_reading(before) and _has_reading(now)):
+            baseline[now.name] = before = now
+        judged = (judge_growth(now.name, before.details, now.details, BASELINE_WINDOW)
+                  if now.name in COUNTER_CHECKS and _has_reading(before) and _has_reading(now) else now)
+        if judged.status == Status.FAIL and before.status != Status.FAIL:
+            failed.append(Problem(now.name, judged.reason))
+        elif judged.status == Status.UNKNOWN:
+            unknown.append(Problem(now.name, judged.reason))
+    return ChecksState(baseline, state.runs + 1, t, tuple(failed), tuple(unknown))
+
+
+def run_failed(state: ChecksState, checks: Iterable[str], why: str, t: float) -> ChecksState:
+    """The state after a run that gave no results (it raised, or overran): every check it was to
+    run could not tell. What earlier runs found failed stays reported."""
+    return dataclasses.replace(state, runs=state.runs + 1, t=t,
+                               unknown=tuple(Problem(name, f"the check run failed: {why}") for name in checks))
+
+
+# ---------------------------------------------------------------- the node file (pure)
+
+def node_file(node: str, t: float, started_t: float, ranks: Mapping[int, RankProgress],
+              checks: ChecksState) -> dict[str, Any]:
+    return {
+        "format": NODE_FILE_FORMAT, "node": node, "t": t, "started_t": started_t,
+        "ranks": {str(rank): {"pid": p.pid, "steps": p.steps, "step_seconds": p.step_seconds,
+                              "compute_seconds": p.compute_seconds, "last_step_t": p.last_step_t,
+                              "checkpoint_step": p.checkpoint_step}
+                  for rank, p in sorted(ranks.items())},
+        "checks": {"t": checks.t, "runs": checks.runs,
+                   "failed": [{"check": p.check, "reason": p.reason} for p in checks.failed],
+                   "unknown": [{"check": p.check, "reason": p.reason} for p in checks.unknown]},
+    }
+
+
+def stacks_text(node: str, dumps: Iterable[tuple[int, int, str]]) -> str:
+    """The stacks file: for each (rank, pid, py-spy's output or why there is none), a header and it."""
+    parts = [f"=== {node} rank {rank} pid {pid} ===\n{text.rstrip()}\n" for rank, pid, text in dumps]
+    return "".join(parts) or f"{node}: no rank has reported its pid: no stacks\n"
+
+
+# ---------------------------------------------------------------- I/O
+
+def watch_dir(gate_dir: str | Path) -> Path:
+    return Path(gate_dir) / WATCH_SUBDIR
+
+
+class CheckRunner:
+    """Runs the checks in a thread, so the reports are read and the node file written meanwhile."""
+
+    def __init__(self, policy, node: str):
+        self.policy = policy
+        self.node = node
+        self.thread: threading.Thread | None = None
+        self.started = 0.0
+        self.outcome: tuple[tuple[CheckResult, ...] | None, str] | None = None
+        self.overrun_reported = False
+
+    @property
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def start(self) -> None:
+        self.outcome, self.overrun_reported = None, False
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="trainctl-watch-checks")
+        self.thread.start()
+
+    def _run(self) -> None:
+        from trainctl.health.node import check_node
+
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"trainctl-watch-{self.node}-") as snapshot:
+                self.outcome = (check_node(snapshot, self.policy, collect=True).checks, "")
+        except Exception as exc:   # a broken check is a check that could not tell, never a dead agent
+            self.outcome = (None, f"{type(exc).__name__}: {exc}")
+
+    def take(self) -> tuple[tuple[CheckResult, ...] | None, str] | None:
+        """The finished run's (results, or None and why), once."""
+        if self.busy or self.outcome is None:
+            return None
+        outcome, self.outcome, self.thread = self.outcome, None, None
+        return outcome
+
+
+def dump_stacks(node: str, pids: Mapping[int, int], py_spy: str, timeout_s: float) -> str:
+    """py-spy dump of every rank at once, each bounded in time and output."""
+    from trainctl.proc import resolve, run
+
+    if resolve(py_spy) is None and not os.path.exists(py_spy):
+        return f"{node}: py-spy not found ({py_spy}): no stacks (pip install 'slurm-trainctl[node]')\n"
+
+    def one(item: tuple[int, int]) -> tuple[int, int, str]:
+        rank, pid = item
+        result = run([py_spy, "dump", "--pid", str(pid)], timeout=timeout_s, output_cap=STACKS_CAP_BYTES)
+        return rank, pid, result.stdout if result.ok else f"{result.describe_failure()}\n{result.stdout}"
+
+    if not pids:
+        return stacks_text(node, ())
+    with ThreadPoolExecutor(max_workers=len(pids)) as pool:
+        return stacks_text(node, pool.map(one, sorted(pids.items())))
+
+
+class Agent:
+    def __init__(self, gate_dir: str, node: str, job_id: str, config, part, environ: Mapping[str, str]):
+        from trainctl.agent_socket import agent_socket_path
+        from trainctl.health.node import node_policy
+
+        self.node, self.watch = node, config.watch
+        self.folder = watch_dir(gate_dir)
+        self.node_path = self.folder / f"{node}.json"
+        self.socket_path = agent_socket_path(job_id, node, environ)
+        checks = self.watch.checks
+        policy = node_policy(config, part, None)
+        self.runner = (CheckRunner(dataclasses.replace(policy, only=None if "all" in checks else tuple(checks)), node)
+                       if checks else None)
+        self.overrun_s = 2 * policy.probe_timeout_s + RUN_MARGIN_S   # a probe and its fallback, then the rest
+        self.dump_timeout_s = policy.probe_timeout_s
+        self.py_spy = (config.probes.get("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+                       or "py-spy")
+        self.started_t = time.time()
+        self.ranks: dict[int, RankProgress] = {}
+        self.checks = ChecksState()
+        self.answered = _read_token(self.folder / f"dump-done-{node}")   # a restarted agent does not dump again
+        self.dumping: threading.Thread | None = None
+        self.last_write_error = ""
+
+    def run(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        sock = self._bind()
+        try:
+            self._say(f"reading {self.socket_path}, writing {self.node_path}"
+                      + (f", checks {','.join(self.watch.checks)} every {self.watch.check_interval_s:g} s"
+                         if self.runner else ", no checks (watch.checks is empty)"))
+            self._loop(sock)
+        finally:
+            sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+
+    def _bind(self) -> socket.socket:
+        from trainctl.errors import UsageError
+
+        path = self.socket_path
+        if os.path.lexists(path):
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                raise UsageError(f"cannot bind the progress socket {path}: something that is not a socket is there")
+            os.unlink(path)   # left by an agent that was killed
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.bind(path)
+        except OSError as exc:
+            sock.close()
+            raise UsageError(f"cannot bind the progress socket {path}: {exc.strerror or exc}") from exc
+        sock.setblocking(False)
+        return sock
+
+    def _loop(self, sock: socket.socket) -> None:
+        from trainctl.progress import decode
+
+        next_write = next_check = time.monotonic()
+        while True:
+            now = time.monotonic()
+            readable, _, _ = select.select([sock], [], [], max(0.0, min(SELECT_S, next_write - now)))
+            for _ in range(DATAGRAMS_PER_PASS if readable else 0):
+                try:
+                    datagram = sock.recv(256)
+                except BlockingIOError:
+                    break
+                try:
+                    self.ranks = fold(self.ranks, decode(datagram))
+                except ValueError:
+                    continue   # not a report of this version: nothing to count
+            now = time.monotonic()
+            wrote_checks = self._poll_checks(now)
+            if self.runner is not None and not self.runner.busy and self.runner.outcome is None and now >= next_check:
+                self.runner.start()
+                next_check = now + self.watch.check_interval_s
+            self._poll_dump_request()
+            if wrote_checks or now >= next_write:
+                self._write()
+                next_write = now + self.watch.agent_write_s
+
+    def _poll_checks(self, now: float) -> bool:
+        """Take a finished run's results (or report an overrunning one); True when the state changed."""
+        if self.runner is None:
+            return False
+        outcome = self.runner.take()
+        if outcome is not None:
+            results, why = outcome
+            self.checks = (judge_run(self.checks, results, time.time()) if results is not None
+                           else run_failed(self.checks, self.watch.checks, why, time.time()))
+            return True
+        if self.runner.busy and not self.runner.overrun_reported and now - self.runner.started > self.overrun_s:
+            self.runner.overrun_reported = True   # the next results, when it ends, replace this
+            self.checks = run_failed(self.checks, self.watch.checks,
+                                     f"still running after {self.overrun_s:g} s", time.time())
+            return True
+        return False
+
+    def _poll_dump_request(self) -> None:
+        if self.dumping is not None and self.dumping.is_alive():
+            return
+        token = _read_token(self.folder / DUMP_REQUEST)
+        if not token or token == self.answered:
+            return
+        self.answered = token
+        pids = {rank: seen.pid for rank, seen in self.ranks.items()}
+        self.dumping = threading.Thread(target=self._dump, args=(token, pids), daemon=True,
+                                        name="trainctl-watch-dump")
+        self.dumping.start()
+
+    def _dump(self, token: str, pids: dict[int, int]) -> None:
+        from trainctl.errors import UsageError
+        from trainctl.files import write_atomically
+
+        try:
+            write_atomically(self.folder / f"stacks-{self.node}.txt",
+                             dump_stacks(self.node, pids, self.py_spy, self.dump_timeout_s))
+            write_atomically(self.folder / f"dump-done-{self.node}", token + "\n")
+        except UsageError as exc:
+            self._say(f"stack dump not written: {exc}")
+
+    def _write(self) -> None:
+        import json
+
+        from trainctl.errors import UsageError
+        from trainctl.files import write_atomically
+
+        document = node_file(self.node, time.time(), self.started_t, self.ranks, self.checks)
+        try:
+            write_atomically(self.node_path, json.dumps(document) + "\n")
+        except UsageError as exc:   # the gate directory's filesystem hiccups: the next write tries again
+            if str(exc) != self.last_write_error:
+                self._say(f"node file not written: {exc}")
+            self.last_write_error = str(exc)
+            return
+        self.last_write_error = ""
+
+    def _say(self, line: str) -> None:
+        print(f"trainctl job agent: {self.node}: {line}", file=sys.stderr, flush=True)
+
+
+def _read_token(path: Path) -> str:
+    try:
+        with open(path, errors="replace") as handle:
+            return handle.read(TOKEN_CHARS).strip()
+    except OSError:
+        return ""
+
+
+def run_agent(gate_dir: str, site_ref: str, partition_name: str | None, environ: Mapping[str, str]) -> int:
+    """Watch this node until SIGTERM (the supervisor ends the step) or the job's end."""
+    from trainctl.errors import UsageError
+    from trainctl.health.registry import check_site_check_names
+    from trainctl.job.gate_cli import ignore_checkpoint_signals
+    from trainctl.site import load_site, partition
+    from trainctl.slurm import this_node_name
+
+    job_id = environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise UsageError("job agent runs as a task of a Slurm job (no SLURM_JOB_ID)")
+    loaded = load_site(site_ref)
+    check_site_check_names(loaded)
+    _, part = partition(loaded.config, partition_name)
+    ignore_checkpoint_signals()
+    Agent(gate_dir, this_node_name(environ), job_id, loaded.config, part, environ).run()
+    return 0

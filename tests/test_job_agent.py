@@ -1,0 +1,245 @@
+"""`trainctl job agent`: the node side of watching the training. The pure part (reports folded
+into per-rank totals, a check run judged against the baseline, the node file) without sockets;
+then the agent itself on this machine, fed by a real reporting process and a replayed kernel log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.replay import LIBRARY, write_replay
+from trainctl.health.status import CheckResult, Status
+from trainctl.job.agent import (ChecksState, Problem, RankProgress, dump_stacks, fold, judge_run, node_file,
+                                run_failed, stacks_text)
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
+NO_XID_DMESG = LIBRARY / "kernel/syslog/imbue-dmesg-mlx5-pcie-link-degraded-x8.txt"
+XID_DMESG = LIBRARY / "kernel/xid/gpud-xe9680-h100-dmesg-T-xid119-gsp-rpc-timeout-stacktrace.log"
+
+
+def report(rank=0, pid=100, steps=1, t=1000.0, window_steps=1, window_seconds=0.5, compute=0.1, checkpoint=-1):
+    """A decoded progress report, as trainctl.progress.decode returns it."""
+    return {"rank": rank, "pid": pid, "steps": steps, "time": t, "window_steps": window_steps,
+            "window_seconds": window_seconds, "window_longest": window_seconds, "compute_seconds": compute,
+            "checkpoint_step": checkpoint}
+
+
+# ---------------------------------------------------------------- folding reports
+
+def test_steps_are_the_reported_total_and_durations_are_summed():
+    ranks = fold({}, report(steps=3, window_steps=3, window_seconds=1.5, compute=0.3, t=10.0))
+    ranks = fold(ranks, report(steps=5, window_steps=2, window_seconds=1.0, compute=0.2, t=11.0))
+    ranks = fold(ranks, report(rank=1, pid=200, steps=4, window_seconds=2.0, compute=0.0, t=11.5))
+    assert ranks[0] == RankProgress(pid=100, steps=5, step_seconds=2.5, compute_seconds=pytest.approx(0.5),
+                                    last_step_t=11.0, checkpoint_step=None)
+    assert ranks[1].steps == 4 and ranks[1].pid == 200
+
+
+def test_a_checkpoint_report_keeps_the_step_and_a_later_report_without_one_keeps_it_too():
+    ranks = fold({}, report(steps=50, t=20.0))
+    ranks = fold(ranks, report(steps=50, window_steps=0, window_seconds=0.0, compute=0.0, t=20.0, checkpoint=50))
+    ranks = fold(ranks, report(steps=51, t=21.0))
+    assert (ranks[0].checkpoint_step, ranks[0].steps, ranks[0].last_step_t) == (50, 51, 21.0)
+
+
+def test_a_new_pid_for_a_rank_is_a_restarted_process_whose_counts_start_again():
+    ranks = fold({}, report(pid=100, steps=80, window_seconds=40.0, checkpoint=80))
+    ranks = fold(ranks, report(pid=300, steps=2, window_seconds=1.0))
+    assert ranks[0] == RankProgress(pid=300, steps=2, step_seconds=1.0, compute_seconds=0.1, last_step_t=1000.0)
+
+
+def test_a_rank_with_no_step_yet_has_no_last_step_time():
+    assert fold({}, report(steps=0, window_steps=0))[0].last_step_t is None
+
+
+# ---------------------------------------------------------------- judging check runs
+
+def ok(name, **details):
+    return CheckResult(name, Status.OK, "fine", details)
+
+
+def failing(name, reason="Xid 79 on GPU 3"):
+    return CheckResult(name, Status.FAIL, reason)
+
+
+def test_the_first_run_is_the_baseline_and_a_check_failing_since_then_is_reported():
+    first = judge_run(ChecksState(), [ok("gpu.xid"), ok("gpu.ecc")], t=1.0)
+    assert (first.runs, first.failed, first.unknown) == (1, (), ())
+    second = judge_run(first, [failing("gpu.xid"), ok("gpu.ecc")], t=2.0)
+    assert second.failed == (Problem("gpu.xid", "Xid 79 on GPU 3"),)
+    assert (second.runs, second.t) == (2, 2.0)
+
+
+def test_a_check_that_failed_at_the_baseline_is_not_news():
+    state = judge_run(ChecksState(), [failing("gpu.row_remap", "pending")], t=1.0)
+    state = judge_run(state, [failing("gpu.row_remap", "pending")], t=2.0)
+    assert state.failed == ()
+
+
+def test_could_not_tell_is_unknown_never_failed():
+    state = judge_run(ChecksState(), [ok("gpu.ecc")], t=1.0)
+    state = judge_run(state, [CheckResult("gpu.ecc", Status.UNKNOWN, "nvidia-smi: timed out after 10 s")], t=2.0)
+    assert state.failed == () and state.unknown == (Problem("gpu.ecc", "nvidia-smi: timed out after 10 s"),)
+    assert judge_run(state, [ok("gpu.ecc")], t=3.0).unknown == ()
+
+
+def test_counter_checks_are_judged_by_growth_since_the_baseline_reading():
+    reading = {"counters": {"mlx5_0:1": {"link_downed": 2, "symbol_error": 7}}}
+    grown = {"counters": {"mlx5_0:1": {"link_downed": 3, "symbol_error": 7}}}
+    state = judge_run(ChecksState(), [ok("ib.counters", **reading)], t=1.0)
+    assert judge_run(state, [ok("ib.counters", **reading)], t=2.0).failed == ()
+    later = judge_run(state, [ok("ib.counters", **grown)], t=3.0)
+    assert [p.check for p in later.failed] == ["ib.counters"]
+    assert "link_downed +1" in later.failed[0].reason and "since the agent's first check run" in later.failed[0].reason
+
+
+def test_a_counter_check_without_a_first_reading_takes_its_first_good_one_as_the_baseline():
+    state = judge_run(ChecksState(), [CheckResult("ib.counters", Status.UNKNOWN, "no sysfs")], t=1.0)
+    state = judge_run(state, [ok("ib.counters", counters={"mlx5_0:1": {"link_downed": 9}})], t=2.0)
+    assert state.failed == () and state.unknown == ()
+    state = judge_run(state, [ok("ib.counters", counters={"mlx5_0:1": {"link_downed": 10}})], t=3.0)
+    assert [p.check for p in state.failed] == ["ib.counters"]
+
+
+def test_a_run_that_broke_makes_its_checks_unknown_and_keeps_what_failed_before():
+    state = judge_run(ChecksState(), [ok("gpu.xid")], t=1.0)
+    state = judge_run(state, [failing("gpu.xid")], t=2.0)
+    broken = run_failed(state, ("gpu.xid", "gpu.ecc"), "OSError: disk full", t=3.0)
+    assert broken.failed == state.failed and broken.runs == 3 and broken.t == 3.0
+    assert broken.unknown == (Problem("gpu.xid", "the check run failed: OSError: disk full"),
+                              Problem("gpu.ecc", "the check run failed: OSError: disk full"))
+    assert judge_run(broken, [ok("gpu.xid")], t=4.0).failed == ()   # a later run replaces it
+
+
+# ---------------------------------------------------------------- the node file and the stacks file
+
+def test_the_node_file_is_the_designs_document():
+    ranks = {1: RankProgress(pid=7, steps=3, step_seconds=1.5, compute_seconds=0.2, last_step_t=5.0,
+                             checkpoint_step=2), 0: RankProgress(pid=6)}
+    checks = ChecksState(runs=2, t=9.0, failed=(Problem("gpu.xid", "Xid 79"),), unknown=(Problem("gpu.ecc", "?"),))
+    assert node_file("node2", 10.0, 1.0, ranks, checks) == {
+        "format": 1, "node": "node2", "t": 10.0, "started_t": 1.0,
+        "ranks": {"0": {"pid": 6, "steps": 0, "step_seconds": 0.0, "compute_seconds": 0.0, "last_step_t": None,
+                        "checkpoint_step": None},
+                  "1": {"pid": 7, "steps": 3, "step_seconds": 1.5, "compute_seconds": 0.2, "last_step_t": 5.0,
+                        "checkpoint_step": 2}},
+        "checks": {"t": 9.0, "runs": 2, "failed": [{"check": "gpu.xid", "reason": "Xid 79"}],
+                   "unknown": [{"check": "gpu.ecc", "reason": "?"}]}}
+    assert json.loads(json.dumps(node_file("n", 1.0, 1.0, {}, ChecksState())))["checks"]["t"] is None
+
+
+def test_the_stacks_file_names_each_rank_and_says_when_there_is_none():
+    text = stacks_text("node2", [(0, 11, "Thread 11 (idle)\n  main (train.py:9)\n"), (1, 12, "py-spy: timed out")])
+    assert text.splitlines() == ["=== node2 rank 0 pid 11 ===", "Thread 11 (idle)", "  main (train.py:9)",
+                                 "=== node2 rank 1 pid 12 ===", "py-spy: timed out"]
+    assert stacks_text("node2", []) == "node2: no rank has reported its pid: no stacks\n"
+
+
+def test_without_py_spy_the_stacks_file_is_one_line_saying_so(tmp_path):
+    text = dump_stacks("node2", {0: os.getpid()}, str(tmp_path / "py-spy"), timeout_s=5)
+    assert text == f"node2: py-spy not found ({tmp_path / 'py-spy'}): no stacks (pip install 'slurm-trainctl[node]')\n"
+
+
+# ---------------------------------------------------------------- the agent on this machine
+
+REPORTER = """
+import os, sys, time
+import trainctl.progress as progress
+stop = sys.argv[1]
+step = 0
+while not os.path.exists(stop):
+    time.sleep(0.02)
+    progress.step()
+    step += 1
+    if step % 20 == 0:
+        progress.checkpoint(step)
+"""
+
+
+def poll(read, until, what: str, deadline_s: float = 90.0):
+    """`read()` until `until(value)`; the last value read is in the failure message."""
+    deadline = time.monotonic() + deadline_s
+    value = None
+    while time.monotonic() < deadline:
+        value = read()
+        if value is not None and until(value):
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not seen within {deadline_s:g} s: {what}; last read: {value!r}")
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stage(bin_dir: Path, recording: Path) -> None:
+    """Serve `recording` as this node's `dmesg -T`, replaced in one rename (never half a script)."""
+    staged = write_replay(bin_dir.parent / "staging", "dmesg", {"-T": recording})
+    os.replace(staged, bin_dir / "dmesg")
+
+
+def test_the_agent_counts_a_ranks_steps_reports_a_new_xid_and_dumps_stacks(tmp_path):
+    from trainctl.agent_socket import agent_socket_path
+
+    demo = (REPO / "site-configs/local-demo.toml").read_text()
+    site = tmp_path / "watched.toml"
+    site.write_text(re.sub(r"^check_interval_s = [^ ]*", "check_interval_s = 0.5", demo, flags=re.M))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stage(bin_dir, NO_XID_DMESG)
+    gate = tmp_path / "gate"
+    env = dict(os.environ, SLURM_JOB_ID="4242", SLURMD_NODENAME="node2", TMPDIR=str(tmp_path),
+               PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env.pop("TRAINCTL_PROGRESS_SOCKET", None)
+    node_path = gate / "watch" / "node2.json"
+    agent = subprocess.Popen([TRAINCTL, "job", "agent", "--dir", str(gate), "--site", str(site)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stop = tmp_path / "stop"
+    rank = None
+    try:
+        first = poll(lambda: read_json(node_path), lambda d: d["checks"]["runs"] >= 1, "the baseline check run")
+        assert first["checks"]["failed"] == [] and first["ranks"] == {}, first
+        rank = subprocess.Popen([sys.executable, "-P", "-c", REPORTER, str(stop)],
+                                env=dict(env, RANK="3", TRAINCTL_PROGRESS_SOCKET=agent_socket_path("4242", "node2", env)))
+        seen = poll(lambda: read_json(node_path), lambda d: d["ranks"].get("3", {}).get("steps", 0) >= 5,
+                    "rank 3's steps")
+        grown = poll(lambda: read_json(node_path), lambda d: d["ranks"]["3"]["steps"] > seen["ranks"]["3"]["steps"],
+                     "rank 3's steps growing")
+        counted = grown["ranks"]["3"]
+        assert counted["pid"] == rank.pid
+        assert counted["step_seconds"] > 0 and counted["last_step_t"] > first["started_t"]
+        assert grown["checks"]["failed"] == [], grown
+
+        stage(bin_dir, XID_DMESG)
+        sick = poll(lambda: read_json(node_path), lambda d: d["checks"]["failed"], "gpu.xid failing")
+        assert [f["check"] for f in sick["checks"]["failed"]] == ["gpu.xid"]
+        assert "Xid 119" in sick["checks"]["failed"][0]["reason"]
+        assert poll(lambda: read_json(node_path), lambda d: d["ranks"]["3"]["checkpoint_step"],
+                    "a checkpoint")["ranks"]["3"]["checkpoint_step"] % 20 == 0
+
+        (gate / "watch" / "dump-request").write_text("token-1\n")
+        poll(lambda: (gate / "watch" / "dump-done-node2").read_text() if (gate / "watch" / "dump-done-node2").exists()
+             else None, lambda token: token == "token-1\n", "the dump answered")
+        stacks = (gate / "watch" / "stacks-node2.txt").read_text()
+        assert stacks.startswith(f"=== node2 rank 3 pid {rank.pid} ===\n"), stacks
+        assert f"Thread {rank.pid}" in stacks and "<module> (<string>:" in stacks, stacks   # py-spy's dump
+    finally:
+        stop.touch()
+        if rank is not None:
+            rank.wait(timeout=30)
+        agent.terminate()
+        out, err = agent.communicate(timeout=30)
+    assert agent.returncode == 143, err
+    assert err.splitlines()[-1] == "trainctl: stopped by SIGTERM", err
+    assert not os.path.exists(agent_socket_path("4242", "node2", env))
