@@ -12,6 +12,14 @@ has Slurm send before the time limit), and every rank resumes from PATH when it 
 stopped. Each rank's data stream is replayed up to step K, so a resumed run ends with the
 same parameters as one that was never interrupted. After each checkpoint it writes the step to
 the file named by TRAINCTL_CHECKPOINT_FILE, when set: how trainctl's journal learns what work is safe.
+A SIGUSR1 that arrives while a step sleeps (--step-time) ends the sleep, so the checkpoint is
+written at once rather than a whole step later.
+
+Each step and each checkpoint is reported through `trainctl.progress` (what trainctl's node agent
+reads to watch the training); without trainctl installed the calls do nothing. For the watch's
+scenarios: `--grad-mb X` all_reduces an extra X MiB of float32 each step (the step waits on the
+wire: a slow link slows every rank), and `--slow-from-step N --slow-step-time S` makes every rank
+sleep S instead of --step-time from step N on (the program itself slows, on every node alike).
 
     trainctl submit --site local-demo --nodes 2 --spare 2 -- examples/train_ddp.py
     trainctl submit --site local-demo --nodes 2 --spare 1 --retries 1 --signal USR1@120 -- \
@@ -33,6 +41,12 @@ import warnings
 # early signal never ends the program (Python's default for SIGUSR1 is to terminate).
 WARNED: list[int] = []
 signal.signal(signal.SIGUSR1, lambda signum, frame: WARNED.append(signum))
+try:
+    import trainctl.progress as progress   # standard library only: costs nothing without the job's socket
+except ImportError:  # run without trainctl: report nothing
+    class progress:  # noqa: N801  (stands in for the module)
+        step = staticmethod(lambda: None)
+        checkpoint = staticmethod(lambda step: None)
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns when peer hostnames do not resolve
 import torch  # noqa: E402
@@ -53,6 +67,12 @@ def main() -> int:
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
     parser.add_argument("--step-time", type=float, default=0.0,
                         help="seconds each step sleeps (stands in for real work, so a run lasts long enough)")
+    parser.add_argument("--grad-mb", type=float, default=0.0,
+                        help="MiB of float32 every step also all_reduces (a wire-bound step; 0: none)")
+    parser.add_argument("--slow-from-step", type=int, default=None,
+                        help="from this step on, every rank sleeps --slow-step-time instead of --step-time")
+    parser.add_argument("--slow-step-time", type=float, default=0.0,
+                        help="seconds each step sleeps from --slow-from-step on")
     parser.add_argument("--desync-rank", type=int, default=None,
                         help="nudge this rank's parameters after training (shows the check can fail)")
     args = parser.parse_args()
@@ -75,6 +95,7 @@ def main() -> int:
             torch.randn(args.batch, 16, generator=data)
         print(f"resumed from step {start} ({args.checkpoint}) on rank {rank}", flush=True)
     loss = torch.zeros(())
+    wire = torch.zeros(int(args.grad_mb * (1 << 20)) // 4) if args.grad_mb > 0 else None   # float32: 4 bytes
     for step in range(start, args.steps):
         inputs = torch.randn(args.batch, 16, generator=data)
         targets = inputs.sum(dim=1, keepdim=True)
@@ -82,12 +103,18 @@ def main() -> int:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        time.sleep(args.step_time)
+        if wire is not None:
+            dist.all_reduce(wire)
+        slow = args.slow_from_step is not None and step >= args.slow_from_step
+        pause(args.slow_step_time if slow else args.step_time)
+        progress.step()
         done = step + 1
-        if args.checkpoint and rank == 0 and (done % args.checkpoint_every == 0 or WARNED):
+        signalled = bool(WARNED)
+        WARNED.clear()   # on every rank: a signal after this line asks again at the next step
+        if args.checkpoint and rank == 0 and (done % args.checkpoint_every == 0 or signalled):
             save_checkpoint(args.checkpoint, done, model, optimizer)
-            print(f"checkpoint at step {done}{' (signalled)' if WARNED else ''}", flush=True)
-            WARNED.clear()
+            progress.checkpoint(done)
+            print(f"checkpoint at step {done}{' (signalled)' if signalled else ''}", flush=True)
 
     if rank == args.desync_rank:
         with torch.no_grad():
@@ -106,6 +133,14 @@ def main() -> int:
           f"last loss {loss.item():.4f}, parameters {'agree' if agree else 'DIFFER'} across ranks "
           f"(sum {params.sum().item():.6f})", flush=True)
     return 0 if agree else 1
+
+
+def pause(seconds: float) -> None:
+    """Sleep `seconds`, or until SIGUSR1 asks for a checkpoint (time.sleep alone would finish its
+    sleep after the handler runs: PEP 475)."""
+    deadline = time.monotonic() + seconds
+    while not WARNED and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
 
 
 def save_checkpoint(path: str, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

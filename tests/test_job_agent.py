@@ -243,3 +243,31 @@ def test_the_agent_counts_a_ranks_steps_reports_a_new_xid_and_dumps_stacks(tmp_p
     assert agent.returncode == 143, err
     assert err.splitlines()[-1] == "trainctl: stopped by SIGTERM", err
     assert not os.path.exists(agent_socket_path("4242", "node2", env))
+
+
+def test_the_example_reports_each_step_and_checkpoint(tmp_path):
+    """examples/train_ddp.py as one gloo rank, with the watch scenarios' options on."""
+    import socket
+
+    from trainctl.progress import decode
+
+    path = str(tmp_path / "p.sock")
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.bind(path)
+    reader.settimeout(60)
+    with socket.socket() as probe:   # a free loopback port for the one-rank rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               TRAINCTL_PROGRESS_SOCKET=path, TRAINCTL_PROGRESS_INTERVAL_S="0")
+    result = subprocess.run([sys.executable, str(REPO / "examples/train_ddp.py"), "--steps", "4", "--grad-mb", "0.5",
+                             "--slow-from-step", "2", "--slow-step-time", "0.01", "--checkpoint",
+                             str(tmp_path / "ckpt.pt"), "--checkpoint-every", "2"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    reports = []
+    while not reports or reports[-1]["checkpoint_step"] != 4:
+        reports.append(decode(reader.recv(256)))
+    reader.close()
+    assert [r["steps"] for r in reports] == [1, 2, 2, 3, 4, 4]
+    assert [r["checkpoint_step"] for r in reports] == [-1, -1, 2, 2, 2, 4]
