@@ -271,3 +271,59 @@ def test_the_example_reports_each_step_and_checkpoint(tmp_path):
     reader.close()
     assert [r["steps"] for r in reports] == [1, 2, 2, 3, 4, 4]
     assert [r["checkpoint_step"] for r in reports] == [-1, -1, 2, 2, 2, 4]
+
+
+# ---------------------------------------------------------------- on the dev cluster
+
+WATCHED_JOB = """#!/bin/bash
+# The node agent beside a watched step, as the supervisor runs them: the agent an overlapping step,
+# the program under rank-exec with TRAINCTL_WATCH_DIR set.
+srun --overlap --job-name=watch-agent --ntasks=1 --input=none --output={gate}/agent-%N.log {trainctl} job agent \\
+    --dir {gate} --site local-demo --partition gpu &
+agent=$!
+TRAINCTL_WATCH_DIR={gate}/watch srun --overlap --ntasks=1 --input=none {trainctl} rank-exec --site local-demo \\
+    --partition gpu --master-addr 127.0.0.1 --no-bind -- {python} -P {reporter} {stop}
+# SIGTERM to the agent's task (srun itself, signalled, would SIGKILL it: "forcing job termination")
+step=$(squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format="%i %j" | awk '$2 == "watch-agent" {{print $1}}')
+scancel --signal=TERM "$step"
+wait $agent
+echo "agent step status $?"
+"""
+
+
+@pytest.mark.cluster
+def test_the_agent_in_a_job_sees_the_steps_grow_and_a_replayed_xid(devcluster, tmp_path):
+    from support.slurm_jobs import wait_for_job
+    from trainctl.proc import run_checked
+
+    gate, stop = tmp_path / "gate", tmp_path / "stop"
+    gate.mkdir()
+    (tmp_path / "reporter.py").write_text(REPORTER)
+    script = tmp_path / "watched.sh"
+    script.write_text(WATCHED_JOB.format(gate=gate, trainctl=TRAINCTL, python=sys.executable,
+                                         reporter=tmp_path / "reporter.py", stop=stop))
+    bin_dir = devcluster.node_bin_dir("node2")
+    stage(bin_dir, NO_XID_DMESG)
+    node_path = gate / "watch" / "node2.json"
+    job = None
+    try:
+        job = run_checked(["sbatch", "--parsable", "-N1", "-w", "node2", "--time=10", "-o", str(tmp_path / "job.out"),
+                           str(script)], timeout=30, env=devcluster.client_env(), cwd=tmp_path).stdout.strip()
+        base = poll(lambda: read_json(node_path), lambda d: d["checks"]["runs"] >= 1
+                    and d["ranks"].get("0", {}).get("steps", 0) >= 1, "the baseline and rank 0's first steps", 180)
+        assert base["checks"]["failed"] == [], base
+        poll(lambda: read_json(node_path), lambda d: d["ranks"]["0"]["steps"] > base["ranks"]["0"]["steps"],
+             "rank 0's steps growing")
+        stage(bin_dir, XID_DMESG)
+        sick = poll(lambda: read_json(node_path), lambda d: d["checks"]["failed"], "gpu.xid failing", 120)
+        assert [f["check"] for f in sick["checks"]["failed"]] == ["gpu.xid"], sick
+        assert "Xid 119" in sick["checks"]["failed"][0]["reason"]
+        assert sick["checks"]["runs"] >= 2 and sick["ranks"]["0"]["steps"] > base["ranks"]["0"]["steps"]
+    finally:
+        stop.touch()
+        (bin_dir / "dmesg").unlink(missing_ok=True)
+        if job:
+            record = wait_for_job(devcluster, job, timeout_s=120)
+    output = (tmp_path / "job.out").read_text()
+    assert record["JobState"] == "COMPLETED", output
+    assert "trainctl: stopped by SIGTERM" in (gate / "agent-node2.log").read_text()
