@@ -327,3 +327,11 @@ def test_the_agent_in_a_job_sees_the_steps_grow_and_a_replayed_xid(devcluster, t
     output = (tmp_path / "job.out").read_text()
     assert record["JobState"] == "COMPLETED", output
     assert "trainctl: stopped by SIGTERM" in (gate / "agent-node2.log").read_text()
+
+
+def test_outside_a_job_the_agent_refuses_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    out = subprocess.run([TRAINCTL, "job", "agent", "--dir", str(tmp_path), "--site", "local-demo"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stderr) == (2, "trainctl: error: job agent runs as a task of a Slurm job "
+                                               "(no SLURM_JOB_ID)\n")
