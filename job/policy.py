@@ -33,7 +33,7 @@ class GatePolicy:
     def watch_limits(self) -> WatchLimits:
         w = self.watch
         return WatchLimits(w.slow_factor, w.slow_window_s, w.baseline_window_s, w.warmup_s, w.hang_floor_s,
-                           w.hang_steps, w.agent_silence_s, w.startup_s)
+                           w.hang_steps, w.agent_silence_s)
 
     @property
     def fabric(self) -> FabricPolicy:

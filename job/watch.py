@@ -14,12 +14,15 @@ The evidence is relative to the job itself, never to a fixed figure:
 - **sick**: a node's agent reports a check that passed when training started and fails now
   (an Xid in the kernel log, a port down, error counters growing). The check is the evidence.
 - **hung**: no rank finished a step for the hang timeout: `hang_floor_s`, or `hang_steps` x the
-  baseline step time when that is longer (`startup_s` before the first step). It names the nodes whose agent fell silent (a hung
+  baseline step time when that is longer. It names the nodes whose agent fell silent (a hung
   node stops everything on it), else the nodes whose ranks are behind the others; when neither,
   nobody.
 
-A node's agent that falls silent while the job still makes progress is not a detection:
-training goes on, and the journal says so once.
+A node's agent is silent when its file, once written, has not changed for `agent_silence_s`.
+Silence while the job still makes progress is not a detection: training goes on, and the
+journal says so once. An agent that never wrote names nobody (it may simply not have started).
+A program that does not call `trainctl.progress` reports no steps: then only a node whose
+agent has been silent for the hang floor is detected (hung), and slowdowns are not seen.
 """
 
 from __future__ import annotations
@@ -48,11 +51,8 @@ class WatchLimits:
     hang_floor_s: float
     hang_steps: float
     agent_silence_s: float
-    startup_s: float                    # allowed before the first step (rendezvous, loading, compiling)
 
-    def hang_timeout_s(self, baseline_step_s: float | None, stepped: bool = True) -> float:
-        if not stepped:
-            return max(self.startup_s, self.hang_floor_s)
+    def hang_timeout_s(self, baseline_step_s: float | None) -> float:
         return max(self.hang_floor_s, self.hang_steps * baseline_step_s if baseline_step_s else 0.0)
 
 
@@ -112,9 +112,10 @@ class WatchState:
     accepted_step_s: float = 0.0         # a slowdown the gate did not localise: the new normal
     samples: tuple[Sample, ...] = ()
     last: tuple[tuple[int, int, float], ...] = ()   # (rank, steps, step_seconds) at the last poll
-    progress_t: float = 0.0              # when the slowest rank last finished a step (0: none yet)
-    progress_steps: int = -1             # that rank's step count then
+    progress_t: float = 0.0              # when a rank last finished a step (the watch's start before that)
+    progress_steps: int = -1             # the most steps any rank had then (-1: no rank reported a step)
     silent_noted: tuple[str, ...] = ()   # agents already reported silent while training went on
+    heard: Mapping[str, float] = field(default_factory=dict)   # node -> its agent's latest file time
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,9 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
             readings: Mapping[str, NodeReading | None]) -> Observation:
     """One poll: `readings` maps each training node to its agent's latest file (None: none yet)."""
     ranks = [rank for reading in readings.values() if reading for rank in reading.ranks]
-    state = _sample(state, now, ranks)
+    state = _sample(state, now, ranks, readings)
     silent = tuple(sorted(node for node, reading in readings.items()
-                          if _silent(limits, state, now, reading)))
+                          if now - state.heard.get(node, now) >= limits.agent_silence_s))
 
     sick = [(node, check, reason) for node, reading in sorted(readings.items()) if reading
             for check, reason in reading.failed_checks]
@@ -145,8 +146,17 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
                                             {"failed": [{"node": n, "check": c, "reason": r} for n, c, r in sick]}))
 
     baseline = _baseline(limits, state, now)
+    if state.progress_steps < 0:
+        # no rank has reported a step: a program without trainctl.progress (or not yet past its
+        # first step). Only a node whose agent fell silent for the hang floor says anything.
+        gone = tuple(node for node in silent if now - state.heard[node] >= limits.hang_floor_s)
+        if gone:
+            return Observation(state, Detection(
+                "hung", gone, f"the agent of {', '.join(gone)} fell silent {limits.hang_floor_s:.0f} s ago "
+                              "(no rank reports steps: no progress to judge)", {"silent": list(gone)}))
+        return _quiet(state, silent)
     stalled_s = now - state.progress_t
-    hang_after = limits.hang_timeout_s(baseline, stepped=state.progress_steps >= 0)
+    hang_after = limits.hang_timeout_s(baseline)
     if stalled_s >= hang_after:
         return Observation(state, _hung(state, readings, silent, stalled_s, hang_after))
 
@@ -154,13 +164,18 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
     if slow:
         return Observation(state, slow)
 
+    return _quiet(state, silent)
+
+
+def _quiet(state: WatchState, silent: tuple[str, ...]) -> Observation:
     newly_silent = tuple(node for node in silent if node not in state.silent_noted)
     if newly_silent:
         state = replace(state, silent_noted=state.silent_noted + newly_silent)
     return Observation(state, None, newly_silent)
 
 
-def _sample(state: WatchState, now: float, ranks: list[RankProgress]) -> WatchState:
+def _sample(state: WatchState, now: float, ranks: list[RankProgress],
+            readings: Mapping[str, NodeReading | None]) -> WatchState:
     """The job's step time since the last poll: the median over ranks of each rank's own
     (added step seconds / added steps). Ranks that finished no step add nothing."""
     before = {rank: (steps, seconds) for rank, steps, seconds in state.last}
@@ -172,17 +187,18 @@ def _sample(state: WatchState, now: float, ranks: list[RankProgress]) -> WatchSt
     samples = state.samples
     if step_times:
         samples = (samples + (Sample(now, statistics.median(step_times)),))[-MAX_SAMPLES:]
-    slowest = min((rank.steps for rank in ranks), default=-1)
+    # progress: any rank finished a step since the last poll (a rank whose agent fell silent
+    # keeps its old count, so it neither counts as progress nor holds the others back)
+    progressed = any(rank.steps > before.get(rank.rank, (0, 0.0))[0] for rank in ranks)
     progress_t, progress_steps = state.progress_t, state.progress_steps
-    if slowest > progress_steps:
-        progress_t, progress_steps = now, slowest
+    if progressed:
+        progress_t, progress_steps = now, max(progress_steps, max(rank.steps for rank in ranks))
+    heard = dict(state.heard)
+    for node, reading in readings.items():
+        if reading is not None and reading.written_t > heard.get(node, 0.0):
+            heard[node] = reading.written_t
     return replace(state, samples=samples, progress_t=progress_t, progress_steps=progress_steps,
-                   last=tuple((r.rank, r.steps, r.step_seconds) for r in ranks) or state.last)
-
-
-def _silent(limits: WatchLimits, state: WatchState, now: float, reading: NodeReading | None) -> bool:
-    written = reading.written_t if reading else state.started_t
-    return now - written >= limits.agent_silence_s
+                   last=tuple((r.rank, r.steps, r.step_seconds) for r in ranks) or state.last, heard=heard)
 
 
 def _baseline(limits: WatchLimits, state: WatchState, now: float) -> float | None:

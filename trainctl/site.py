@@ -170,8 +170,6 @@ class WatchConfig:
                               "x the step time is); must exceed the program's longest checkpoint save", 600.0)
     hang_steps: float = doc("the hang timeout in steps of the job's own baseline step time, when longer "
                             "than hang_floor_s", 20.0)
-    startup_s: float = doc("allowed before the first step (rendezvous, loading, compiling) before it "
-                           "counts as a hang", 1800.0)
     agent_silence_s: float = doc("a node agent whose file is older than this is silent (its node hung, "
                                  "when the job stalls too)", 60.0)
     checkpoint_wait_s: float = doc("after a slowdown or a sick node, how long the ranks get to checkpoint "

@@ -103,7 +103,6 @@ SITE_BOUNDS: dict[str, Bounds] = {
     "watch.warmup_s": Bounds(0, DAY_S),
     "watch.hang_floor_s": TIMEOUT,
     "watch.hang_steps": Bounds(0, 1e6),
-    "watch.startup_s": TIMEOUT,
     "watch.agent_silence_s": TIMEOUT,
     "watch.checkpoint_wait_s": Bounds(0, DAY_S),
     "watch.dump_wait_s": Bounds(0, 3600),
