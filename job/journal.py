@@ -150,11 +150,20 @@ def describe(event: dict) -> str:
         return f"{event.get('node')} {event.get('verdict')}" + (f": {reasons}" if reasons else "")
     if kind == "submitted":
         return "submitted to Slurm"
+    if kind == "detection":
+        suspects = ",".join(event.get("suspects") or []) or "no node named yet"
+        return f"watch: {event.get('kind')} ({suspects}): {event.get('evidence')}"
+    if kind == "confirmation":
+        named = event.get("named") or {}
+        if not named:
+            return f"watch: the gate names no node: {event.get('note', 'nobody named')}; same nodes again"
+        return "watch: left out " + "; ".join(f"{node}: {why}" for node, why in named.items())
     detail = {key: value for key, value in event.items() if key not in ("t", "at", "event") and not key.endswith("_t")}
     text = {"job_start": "job started", "gate_start": "gate started", "node_verdict": "node verdict",
             "gate_end": "gate ended", "released": "released unused nodes", "training_start": "training step started",
             "checkpoint": "checkpoint seen", "step_end": "training step ended", "retry": "retry",
-            "job_end": "job ended"}.get(kind, kind)
+            "job_end": "job ended", "checkpoint_request": "watch: asked the ranks to checkpoint",
+            "stacks": "watch: every rank's stack recorded", "agent_silent": "watch: node agent silent"}.get(kind, kind)
     if detail:
         text += ": " + ", ".join(f"{key} {_value(value)}" for key, value in detail.items())
     return text

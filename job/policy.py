@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from trainctl.health.fabric.options import FabricPolicy
 from trainctl.job.gate import gate_deadline_s
 from trainctl.job.gate_compute import ComputePolicy, compute_deadline_s
-from trainctl.site import GateConfig, PartitionConfig, SiteConfig
+from trainctl.job.watch import WatchLimits
+from trainctl.site import GateConfig, PartitionConfig, SiteConfig, WatchConfig
 
 FINAL_MARGIN_S = 5.0
 
@@ -26,6 +27,13 @@ class GatePolicy:
     partition: PartitionConfig | None
     gate: GateConfig
     compute: ComputePolicy
+    watch: WatchConfig
+
+    @property
+    def watch_limits(self) -> WatchLimits:
+        w = self.watch
+        return WatchLimits(w.slow_factor, w.slow_window_s, w.baseline_window_s, w.warmup_s, w.hang_floor_s,
+                           w.hang_steps, w.agent_silence_s)
 
     @property
     def fabric(self) -> FabricPolicy:
@@ -45,9 +53,9 @@ class GatePolicy:
 def load_gate_policy(site: str | None, partition: str | None) -> GatePolicy:
     if site is None:
         gate = GateConfig()
-        return GatePolicy(None, partition, None, None, gate, ComputePolicy.from_gate(gate))
+        return GatePolicy(None, partition, None, None, gate, ComputePolicy.from_gate(gate), WatchConfig())
     from trainctl.site import load_site, partition as pick_partition
 
     config = load_site(site).config
     _, part = pick_partition(config, partition)
-    return GatePolicy(site, partition, config, part, config.gate, ComputePolicy.from_gate(config.gate))
+    return GatePolicy(site, partition, config, part, config.gate, ComputePolicy.from_gate(config.gate), config.watch)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 ATTEMPT_FILE = "attempt.json"       # in a successor's gate dir: its attempt number and predecessor
@@ -60,6 +60,7 @@ class Evidence:
     states: dict[str, str] = field(default_factory=dict)      # node -> Slurm state with flags
     answered: tuple[str, ...] | None = None       # nodes where the probe started a task (None: no probe)
     batch_host: str = ""
+    condemned: tuple[str, ...] = ()               # nodes the in-training watch named (trainctl.job.watch)
 
 
 @dataclass(frozen=True)
@@ -94,25 +95,30 @@ def decide_retry(attempt: Attempt, evidence: Evidence) -> RetryDecision:
     if evidence.phase == "gate":
         if evidence.status != 2:   # 2: too few healthy nodes; anything else is not about nodes
             return RetryDecision(False, f"gate decide exited with status {evidence.status}, not a node verdict")
-        bad = dict(evidence.gate_bad)
+        bad = {**_watch_named(evidence), **evidence.gate_bad}
         if not bad:
             return RetryDecision(False, "the gate found too few healthy nodes but excluded none")
         what = "the gate found too few healthy nodes"
     else:
         if evidence.status == 0:
             return RetryDecision(False, "the training step succeeded")
-        bad, unknown = lost_nodes(evidence)
-        if unknown:
+        lost, unknown = lost_nodes(evidence)
+        bad = {**_watch_named(evidence), **lost}
+        if unknown and not bad:
             return RetryDecision(False, f"cannot tell whether a node was lost: {unknown}")
         if not bad:
             return RetryDecision(False, f"the program exited with status {evidence.status} on healthy nodes "
                                         "(every node still answers): not retried")
-        what = "a node was lost during training"
+        what = "a node was lost during training" if lost else "the watch named a bad node during training"
     exclude = tuple(sorted(set(attempt.excluded) | set(bad)))
     if attempt.number > attempt.retries:
         return RetryDecision(False, f"{what}, but this was attempt {attempt.number} of {attempt.retries + 1}: "
                                     "no retries left", bad, exclude)
     return RetryDecision(True, what, bad, exclude, attempt.number + 1)
+
+
+def _watch_named(evidence: Evidence) -> dict[str, str]:
+    return {node: "named by the watch during training (trainctl job show)" for node in evidence.condemned}
 
 
 def successor_comment(attempt: Attempt, decision: RetryDecision) -> str:
@@ -210,7 +216,8 @@ def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, e
 
 
 def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[str], retries: int,
-                           script_path: str, sbatch_options: tuple[str, ...], env: dict[str, str]) -> dict:
+                           script_path: str, sbatch_options: tuple[str, ...], env: dict[str, str],
+                           condemned: tuple[str, ...] = ()) -> dict:
     """Collect, decide and (when decided) submit the successor; record it all in retry.json, in the
     successor's attempt.json and in report.txt. Returns the record (`summary_line` says it)."""
     from trainctl.errors import TrainctlError
@@ -218,7 +225,7 @@ def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[s
 
     job_id = env["SLURM_JOB_ID"]
     attempt = attempt_from_environment(env, job_id, retries)
-    evidence = collect_evidence(phase, status, nodes, gate_dir, env)
+    evidence = replace(collect_evidence(phase, status, nodes, gate_dir, env), condemned=condemned)
     decision = decide_retry(attempt, evidence)
     successor = error = None
     if decision.retry:

@@ -8,8 +8,10 @@ print, on the job's stdout and stderr, in the same words.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from trainctl.job import supervisor as sv
 from trainctl.job import slurm_actions as slurm
 from trainctl.job.gate_cli import GATE_STEP_STATUS   # read by `gate decide --wait`: the gate step is over
 from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal
+from trainctl.job.watch_io import WATCH_DIR_ENV, archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
 from trainctl.launcher.plan import JobPlan
 from trainctl.proc import run
 
@@ -41,8 +44,14 @@ class JobRun:
         os.makedirs(self.gate_dir, exist_ok=True)
         self.journal = Journal(os.path.join(self.gate_dir, JOURNAL_FILE))
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
-        self.facts = sv.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries)
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
+        watch = self.policy.watch
+        self.facts = sv.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries,
+                                 watch.max_restarts if watch.enabled else 0, watch.hold_spares if watch.enabled else 0)
+        self.gate_rounds = 1                  # gate rounds so far (a detection runs the gate again)
+        self.training_nodes: tuple[str, ...] = ()
+        self.detection = None                 # the last detection, until the gate after it has judged
+        self.accepted_step_s = 0.0            # a slowdown the gate could not localise: the new normal
 
     def run(self) -> int:
         from trainctl.errors import Stopped
@@ -67,7 +76,7 @@ class JobRun:
         state, action = sv.advance(self.facts, sv.JobState(), sv.Started())
         while not isinstance(action, sv.Finish):
             if isinstance(action, sv.RunGate):
-                event = self._gate()
+                event = self._gate(action)
             elif isinstance(action, sv.Release):
                 event = self._release(action)
             elif isinstance(action, sv.RunTraining):
@@ -80,20 +89,26 @@ class JobRun:
 
     # ------------------------------------------------------------ the gate
 
-    def _gate(self) -> sv.Event:
-        self.journal.add("gate_start")
-        step = slurm.start_step(sv.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"])),
-                                self.env)
+    def _gate(self, action: sv.RunGate) -> sv.Event:
+        if action.nodes:   # again after a detection: the last round's files go aside, as evidence
+            archive_gate_round(self.gate_dir, self.gate_rounds)
+            self.gate_rounds += 1
+        self.journal.add("gate_start", **({"nodes": list(action.nodes)} if action.nodes else {}))
+        step = slurm.start_step(sv.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"]),
+                                                  action.nodes), self.env)
         watcher = threading.Thread(target=self._write_gate_status, args=(step,), daemon=True)
         watcher.start()
-        self._journal_submit_time()
-        result = run(sv.decide_argv(self.plan, self.gate_dir), timeout=self._decide_timeout_s(), env=self.env)
+        if not action.nodes:
+            self._journal_submit_time()
+        result = run(sv.decide_argv(self.plan, self.gate_dir, action.nodes), timeout=self._decide_timeout_s(),
+                     env=self.env)
         sys.stderr.write(result.stderr)   # the report, or the one line saying which nodes failed
         sys.stderr.flush()
         watcher.join(GATE_STEP_GRACE_S)
         if watcher.is_alive():   # a lost node's task never returns: end what is left of the step
             slurm.cancel_steps(self.job_id, sv.GATE_STEP, self.env)
         self._journal_verdicts()
+        self._journal_confirmation(action.nodes)
         if not result.ok:
             status = result.returncode if result.returncode is not None else 4
             self.journal.add("gate_end", status=status, why=result.describe_failure())
@@ -111,7 +126,37 @@ class JobRun:
         chosen = tuple(expand_hostlist(job_nodes))
         self.journal.add("gate_end", status=0, chosen=list(chosen), master_addr=master_addr)
         say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
-        return sv.GateDecided(job_nodes, chosen, master_addr)
+        return sv.GateDecided(job_nodes, chosen, master_addr, self._healthy_unused(chosen))
+
+    def _journal_confirmation(self, checked: tuple[str, ...]) -> None:
+        """After a detection, what the gate said about the nodes: whom it names, or nobody."""
+        from trainctl.job.retry import _read_json, gate_bad_nodes
+
+        detection, self.detection = self.detection, None
+        if detection is None:
+            return
+        named = {node: why for node, why in gate_bad_nodes(_read_json(os.path.join(self.gate_dir, "decision.json"))).items()
+                 if node in self.training_nodes}
+        condemned = {node: f"{detection.kind}: {detection.evidence}" for node in detection.suspects}
+        if named or condemned:
+            self.accepted_step_s = 0.0
+            self.journal.add("confirmation", kind=detection.kind, named={**condemned, **named}, checked=list(checked))
+            say(f"trainctl: watch: leaving out {', '.join(sorted({**condemned, **named}))}", err=True)
+        else:
+            if detection.kind == "slow":
+                self.accepted_step_s = detection.details.get("step_s", 0.0)
+            self.journal.add("confirmation", kind=detection.kind, named={}, checked=list(checked),
+                             note="slowdown not localised" if detection.kind == "slow" else "nobody named")
+            say(f"trainctl: watch: the gate names no node ({detection.kind} not localised): "
+                "resuming on the same nodes", err=True)
+
+    def _healthy_unused(self, chosen: tuple[str, ...]) -> tuple[str, ...]:
+        """Nodes the gate passed but did not choose (decision.json), in Slurm's order: the spares."""
+        from trainctl.job.retry import _read_json
+
+        decision = _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
+        excluded = {item.get("host") for item in decision.get("excluded", [])}
+        return tuple(node for node in decision.get("allocated", []) if node not in chosen and node not in excluded)
 
     def _write_gate_status(self, step) -> None:
         status = slurm.wait_step(step, STEP_POLL_S)
@@ -169,22 +214,68 @@ class JobRun:
     # ------------------------------------------------------------ the training step
 
     def _train(self, action: sv.RunTraining) -> sv.Event:
+        from trainctl.slurm import expand_hostlist
+
         if action.start_sentinel:
             self.sentinel = self._start_sentinel()
-        if self.plan.rank_output:
+        if self.plan.rank_output and not action.restart:
             say(f"trainctl: each rank's output: {self.gate_dir}/rank-<node>-<rank>.out "
                 f"(trainctl job show {self.job_id})")
         checkpoint = os.path.join(self.gate_dir, CHECKPOINT_FILE)
         env = dict(self.env, **{CHECKPOINT_ENV: checkpoint})
-        started = self.journal.add("training_start", nodes=action.job_nodes,
-                                   master_addr=action.master_addr)["t"]
+        watching = self.policy.watch.enabled
+        self.training_nodes = tuple(expand_hostlist(action.job_nodes))
+        if watching:
+            env[WATCH_DIR_ENV] = prepare_watch_dir(self.gate_dir)
+        started = self.journal.add("training_start", nodes=action.job_nodes, master_addr=action.master_addr,
+                                   **({"restart": action.restart} if action.restart else {}))["t"]
         seen = CheckpointWatch(checkpoint, started)
         step = slurm.start_step(sv.training_argv(self.plan, action, self.gate_dir), env)
-        status = slurm.wait_step(step, STEP_POLL_S, lambda: seen.poll(self.journal))
+        agents = slurm.start_step(sv.agent_argv(self.plan, action, self.gate_dir), self.env) if watching else None
+        watch = Watch(self, action, started) if watching else None
+        detection = None
+        while detection is None:
+            try:
+                status = step.wait(timeout=self.policy.watch.poll_s if watching else STEP_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                seen.poll(self.journal)
+                detection = watch.poll() if watch else None
+        if detection is not None:
+            self.detection = detection
+            status = self._stop_training(detection, step, seen)
+        if agents is not None:
+            slurm.end_step(agents)
+            slurm.cancel_steps(self.job_id, sv.AGENT_STEP, self.env)
         seen.poll(self.journal)
-        self.journal.add("step_end", status=status, cause="completed" if status == 0 else f"exit status {status}",
-                         training_start_t=started, last_checkpoint_t=seen.last)
+        cause = (f"ended by the watch ({detection.kind})" if detection else
+                 "completed" if status == 0 else f"exit status {status}")
+        self.journal.add("step_end", status=status, cause=cause, training_start_t=started, last_checkpoint_t=seen.last)
+        if detection is not None:
+            return sv.WatchStopped(detection.kind, detection.suspects, status)
         return sv.StepEnded(status)
+
+    def _stop_training(self, detection, step: subprocess.Popen, seen: "CheckpointWatch") -> int:
+        """Evidence first (stacks of a hung job, a checkpoint of a live one), then end the step."""
+        self.journal.add("detection", kind=detection.kind, suspects=list(detection.suspects),
+                         evidence=detection.evidence, details=detection.details)
+        say(f"trainctl: watch: {detection.kind}: {detection.evidence}", err=True)
+        watch = self.policy.watch
+        if detection.kind == "hung":
+            answering = tuple(node for node in self.training_nodes if node not in detection.suspects)
+            stacks = request_stacks(self.gate_dir, answering, watch.dump_wait_s)
+            self.journal.add("stacks", files=stacks)
+        else:
+            asked = sv.checkpoint_signal(self.plan.signal)
+            before = seen.last
+            if asked is not None and step.poll() is None:
+                step.send_signal(asked)   # srun forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES)
+                deadline = time.monotonic() + watch.checkpoint_wait_s
+                while seen.last == before and time.monotonic() < deadline and step.poll() is None:
+                    time.sleep(0.2)
+                    seen.poll(self.journal)
+            self.journal.add("checkpoint_request", signal=asked, saved=seen.last != before)
+        return slurm.stop_step(step, self.job_id, sv.OWN_STEPS, self.env, watch.end_grace_s)
 
     def _start_sentinel(self):
         return slurm.start_step(sv.sentinel_argv(self.plan, self.gate_dir), self.env)
@@ -200,7 +291,8 @@ class JobRun:
         try:
             rec = retrying.retry_around_bad_nodes(self.gate_dir, action.phase, action.status, list(action.nodes),
                                                   self.plan.retries, self.script_path,
-                                                  tuple(option.argv for option in on_argv), self.env)
+                                                  tuple(option.argv for option in on_argv), self.env,
+                                                  action.condemned)
         except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed
             say(f"trainctl: warning: could not decide on a retry: {exc}", err=True)
             self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")
@@ -209,6 +301,28 @@ class JobRun:
         self.journal.add("retry", retry=rec["retry"], reason=rec["reason"], successor=rec["successor"],
                          bad_nodes=sorted(rec["bad_nodes"]), exclude=rec["exclude"])
         return sv.RetryHandled()
+
+
+class Watch:
+    """The detectors (`trainctl.job.watch`, pure) fed with the node agents' files each poll."""
+
+    def __init__(self, job: "JobRun", action: sv.RunTraining, started: float):
+        from trainctl.job import watch
+        from trainctl.slurm import expand_hostlist
+
+        self.job = job
+        self.nodes = tuple(expand_hostlist(action.job_nodes))
+        self.limits = job.policy.watch_limits
+        self.state = watch.start(started, job.accepted_step_s)
+
+    def poll(self):
+        from trainctl.job import watch
+
+        seen = watch.observe(self.limits, self.state, time.time(), read_node_files(self.job.gate_dir, self.nodes))
+        self.state = seen.state
+        for node in seen.silent_while_progressing:
+            self.job.journal.add("agent_silent", node=node, note="training goes on: not a detection")
+        return seen.detection
 
 
 class CheckpointWatch:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainctl.errors import ExternalCommandError
+from trainctl.job.supervisor import PROBE_STEP
 from trainctl.proc import ProcResult, run, run_checked
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
 
@@ -41,7 +42,7 @@ def wait_step(step: subprocess.Popen, poll_s: float, on_poll: Callable[[], None]
         except subprocess.TimeoutExpired:
             on_poll()
             continue
-        return 128 - status if status < 0 else status   # killed by signal N: 128 + N
+        return _status(status)
 
 
 def end_step(step: subprocess.Popen) -> None:
@@ -50,13 +51,33 @@ def end_step(step: subprocess.Popen) -> None:
         step.send_signal(signal.SIGTERM)
 
 
-def cancel_steps(job_id: str, name: str, env: dict[str, str]) -> None:
-    """scancel every step of this job named `name` (slurmctld kills it on every node that still answers)."""
+def stop_step(step: subprocess.Popen, job_id: str, own_names: tuple[str, ...], env: dict[str, str],
+              grace_s: float) -> int:
+    """End a step that may have a hung node: SIGTERM to its srun; after `grace_s`, scancel the
+    job's steps not named in `own_names` (the training step carries the user's job name, which
+    trainctl leaves alone); after another `grace_s`, SIGKILL srun. Its exit status."""
+    end_step(step)
+    for last_resort in (lambda: cancel_steps(job_id, None, env, but=own_names), step.kill):
+        try:
+            return _status(step.wait(timeout=grace_s))
+        except subprocess.TimeoutExpired:
+            last_resort()
+    return _status(step.wait())
+
+
+def _status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def cancel_steps(job_id: str, name: str | None, env: dict[str, str], but: tuple[str, ...] = ()) -> None:
+    """scancel every step of this job named `name` (slurmctld kills it on every node that still answers);
+    `name` None: every numbered step not named in `but`."""
     listed = run(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"],
                  timeout=SLURM_CMD_TIMEOUT_S, env=env)
     for line in listed.stdout.splitlines() if listed.ok else []:
         step_id, _, step_name = line.strip().partition(" ")
-        if step_name == name:
+        numbered = step_id.rpartition(".")[2].isdigit()    # not the batch or extern step
+        if step_name == name or (name is None and numbered and step_name not in but):
             run(["scancel", "--quiet", step_id], timeout=SLURM_CMD_TIMEOUT_S, env=env)
 
 
@@ -89,7 +110,7 @@ def probe_nodes(nodes: list[str], gate_dir: str, prefix: str, env: dict[str, str
         if name.startswith(prefix):
             os.unlink(os.path.join(gate_dir, name))
     count = len(nodes)
-    run(["srun", "--overlap", "--job-name=trainctl-probe", f"--nodelist={fold_hostlist(nodes)}",
+    run(["srun", "--overlap", f"--job-name={PROBE_STEP}", f"--nodelist={fold_hostlist(nodes)}",
          f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
          "--input=none", f"--output={gate_dir}/{prefix}%N.out", "true"],
         timeout=PROBE_TIMEOUT_S, env=env)

@@ -1,5 +1,8 @@
 """The life of a job, as a state machine: gate -> release unused nodes -> training step -> done,
-retry around bad nodes, or fail.
+retry around bad nodes, or fail. While training runs, the watch (`trainctl.job.watch`) may end
+the step on a detection: the gate runs again on the nodes the job holds, less those the
+detection condemned, and training restarts from its checkpoint on the nodes it chooses (a held
+spare included), up to the site's `watch.max_restarts`; then the job retries as on a failure.
 
 `advance(facts, state, event)` is pure: from what the job knows and what just happened, it returns
 the next state and the one action to take. The driver (`trainctl.job.run`) takes each action
@@ -10,13 +13,18 @@ parsers here are pure too, so the whole job can be unit-tested without Slurm.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+import signal as signals
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple, Union
 
 from trainctl.launcher.plan import RANK_OUTPUT, JobPlan
+from trainctl.slurm import fold_hostlist
 
 GATE_STEP = "trainctl-gate"          # step names: scancel finds the steps to end by them
 SENTINEL_STEP = "trainctl-sentinel"
+AGENT_STEP = "trainctl-agent"
+PROBE_STEP = "trainctl-probe"
+OWN_STEPS = (GATE_STEP, SENTINEL_STEP, AGENT_STEP, PROBE_STEP)   # every other numbered step is the training step
 Phase = Literal["start", "gate", "release", "train", "retry", "end"]
 
 
@@ -28,6 +36,8 @@ class JobFacts:
     batch_host: str                # runs the supervisor; never released
     release_unused: bool           # the site's launch.release_unused
     retries: int                   # submit --retries (0: a failure ends the chain)
+    max_restarts: int = 0          # the site's watch.max_restarts: in-allocation restarts after a detection
+    hold_spares: int = 0           # the site's watch.hold_spares: healthy unused nodes kept through training
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,11 @@ class JobState:
     master_addr: str = ""
     sentinel_moved: bool = False   # the release cancelled the sentinel: it must start again
     status: int = 0                # the exit status the job ends with
+    held: tuple[str, ...] = ()     # the job's nodes now, in Slurm's order (empty: all allocated)
+    spares: tuple[str, ...] = ()   # healthy nodes the gate did not choose, kept through training
+    restarts: int = 0              # in-allocation restarts so far
+    condemned: tuple[str, ...] = ()  # nodes a watch detection named: never chosen again by this job
+    releasing: tuple[str, ...] = ()  # the nodes a Release in flight keeps
 
 
 # ---------------------------------------------------------------- events (what happened)
@@ -50,6 +65,7 @@ class GateDecided(NamedTuple):
     job_nodes: str                 # folded hostlist
     chosen: tuple[str, ...]
     master_addr: str
+    healthy_unused: tuple[str, ...] = ()   # passed the gate, not chosen: candidate spares
 
 
 class GateRefused(NamedTuple):
@@ -65,17 +81,24 @@ class StepEnded(NamedTuple):
     status: int
 
 
+class WatchStopped(NamedTuple):
+    """The watch ended the training step on a detection."""
+    kind: str                      # slow, sick or hung
+    suspects: tuple[str, ...]      # nodes it named (sick, hung): left out of the next gate
+    status: int                    # the step's exit status once ended
+
+
 class RetryHandled(NamedTuple):
     pass
 
 
-Event = Union[Started, GateDecided, GateRefused, Resized, StepEnded, RetryHandled]
+Event = Union[Started, GateDecided, GateRefused, Resized, StepEnded, WatchStopped, RetryHandled]
 
 
 # ---------------------------------------------------------------- actions (what to do next)
 
 class RunGate(NamedTuple):
-    pass
+    nodes: tuple[str, ...] = ()    # the nodes to check (empty: every node of the job)
 
 
 class Release(NamedTuple):
@@ -88,12 +111,14 @@ class RunTraining(NamedTuple):
     node_count: int
     master_addr: str
     start_sentinel: bool           # the release moved it off its node: start it on the new second node
+    restart: int = 0               # 0: the first training step; N: the Nth restart after a detection
 
 
 class Retry(NamedTuple):
     phase: Literal["gate", "step"]
     status: int
     nodes: tuple[str, ...]
+    condemned: tuple[str, ...] = ()   # nodes the watch named: excluded by the successor too
 
 
 class Finish(NamedTuple):
@@ -106,58 +131,63 @@ Action = Union[RunGate, Release, RunTraining, Retry, Finish]
 def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, Action]:
     """The next state and action after `event`. Raises ValueError for an event the phase cannot have."""
     if state.phase == "start" and isinstance(event, Started):
-        return JobState("gate"), RunGate()
+        return replace(state, phase="gate", held=facts.allocated), RunGate()
     if state.phase == "gate" and isinstance(event, GateRefused):
         if facts.retries and event.retryable:
-            return JobState("retry", status=event.status), Retry("gate", event.status, facts.allocated)
-        return JobState("end", status=event.status), Finish(event.status)
+            return (replace(state, phase="retry", status=event.status),
+                    Retry("gate", event.status, state.held, state.condemned))
+        return replace(state, phase="end", status=event.status), Finish(event.status)
     if state.phase == "gate" and isinstance(event, GateDecided):
-        decided = JobState("gate", event.job_nodes, event.chosen, event.master_addr)
-        keep = nodes_to_keep(facts, event.job_nodes, event.chosen) if facts.release_unused else None
-        if keep is None:
-            return _train(decided, len(facts.allocated))
-        keep_hostlist, kept = keep
-        moved = len(facts.allocated) > 1 and facts.allocated[1] not in kept
-        return (JobState("release", event.job_nodes, event.chosen, event.master_addr, moved),
-                Release(keep_hostlist, moved))
+        decided = replace(state, job_nodes=event.job_nodes, chosen=event.chosen, master_addr=event.master_addr,
+                          spares=event.healthy_unused[:facts.hold_spares])
+        kept = nodes_to_keep(facts, decided) if facts.release_unused else None
+        if kept is None:
+            return _train(decided, len(decided.held))
+        moved = len(decided.held) > 1 and decided.held[1] not in kept
+        return (replace(decided, phase="release", sentinel_moved=moved, releasing=kept),
+                Release(fold_hostlist(list(kept)), moved))
     if state.phase == "release" and isinstance(event, Resized):
-        return _train(state, event.node_count)
+        held = state.releasing if event.node_count == len(state.releasing) else state.held
+        return _train(replace(state, held=held, releasing=()), event.node_count)
     if state.phase == "train" and isinstance(event, StepEnded):
         if event.status == 0:
-            return JobState("end", state.job_nodes, state.chosen, state.master_addr), Finish(0)
+            return replace(state, phase="end"), Finish(0)
         if facts.retries:
-            return (JobState("retry", state.job_nodes, state.chosen, state.master_addr, status=event.status),
-                    Retry("step", event.status, state.chosen))
-        return JobState("end", state.job_nodes, state.chosen, state.master_addr, status=event.status), \
-            Finish(event.status)
+            return (replace(state, phase="retry", status=event.status),
+                    Retry("step", event.status, state.chosen, state.condemned))
+        return replace(state, phase="end", status=event.status), Finish(event.status)
+    if state.phase == "train" and isinstance(event, WatchStopped):
+        condemned = state.condemned + tuple(node for node in event.suspects if node not in state.condemned)
+        stopped = replace(state, condemned=condemned, status=event.status)
+        if state.restarts >= facts.max_restarts:
+            if facts.retries:
+                return replace(stopped, phase="retry"), Retry("step", event.status, state.chosen, condemned)
+            return replace(stopped, phase="end"), Finish(event.status)
+        again = tuple(node for node in state.held if node not in condemned)
+        return replace(stopped, phase="gate", restarts=state.restarts + 1, status=0), RunGate(again)
     if state.phase == "retry" and isinstance(event, RetryHandled):
-        return JobState("end", state.job_nodes, state.chosen, state.master_addr, status=state.status), \
-            Finish(state.status)
+        return replace(state, phase="end"), Finish(state.status)
     raise ValueError(f"job supervisor: {type(event).__name__} cannot happen in phase {state.phase}")
 
 
 def _train(state: JobState, node_count: int) -> tuple[JobState, Action]:
     restart_sentinel = state.sentinel_moved and node_count > 1
-    return (JobState("train", state.job_nodes, state.chosen, state.master_addr),
-            RunTraining(state.job_nodes, len(state.chosen), state.master_addr, restart_sentinel))
+    return (replace(state, phase="train", sentinel_moved=False),
+            RunTraining(state.job_nodes, len(state.chosen), state.master_addr, restart_sentinel, state.restarts))
 
 
-def nodes_to_keep(facts: JobFacts, job_nodes: str, chosen: tuple[str, ...]) -> tuple[str, set[str]] | None:
-    """(NodeList= value, its nodes) when the job can give nodes back; None when it uses them all.
-    The batch host runs the supervisor, so it stays even when the gate left it out."""
-    kept = set(chosen)
-    keep = job_nodes
-    if facts.batch_host not in kept:
-        kept.add(facts.batch_host)
-        keep = f"{facts.batch_host},{job_nodes}"
-    if len(kept) >= len(facts.allocated):
-        return None
-    return keep, kept
+def nodes_to_keep(facts: JobFacts, state: JobState) -> tuple[str, ...] | None:
+    """The nodes the job keeps, in Slurm's order, when it can give nodes back; None when it keeps
+    them all. It keeps the chosen nodes, the spares the site holds through training, and the
+    batch host, which runs the supervisor, even when the gate left it out."""
+    wanted = set(state.chosen) | set(state.spares) | {facts.batch_host}
+    kept = tuple(node for node in state.held if node in wanted)
+    return None if len(kept) >= len(state.held) else kept
 
 
 # ---------------------------------------------------------------- what the job runs (argv, pure)
 
-def gate_step_argv(plan: JobPlan, gate_dir: str, task_count: int) -> list[str]:
+def gate_step_argv(plan: JobPlan, gate_dir: str, task_count: int, nodes: tuple[str, ...] = ()) -> list[str]:
     """One task per allocated node runs the node checks and the fabric test. --kill-on-bad-exit=0:
     one node's failure must not end the others' tasks. Each node logs to its own file: srun aborts
     the whole step when its I/O connection to one node's slurmstepd breaks (Slurm 22.05,
@@ -166,17 +196,30 @@ def gate_step_argv(plan: JobPlan, gate_dir: str, task_count: int) -> list[str]:
     step does not hold the nodes the training step needs (srun(1): "A step using this option will
     overlap all other steps, even those that did not specify --overlap"). --ntasks overrides the
     job's SLURM_NTASKS, which srun would otherwise read."""
-    return ["srun", "--overlap", f"--job-name={GATE_STEP}", f"--ntasks={task_count}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=0", "--input=none", f"--output={gate_dir}/node-%N.log",
+    only = [f"--nodelist={fold_hostlist(list(nodes))}", f"--nodes={len(nodes)}"] if nodes else []
+    return ["srun", "--overlap", f"--job-name={GATE_STEP}", *only, f"--ntasks={len(nodes) or task_count}",
+            "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--input=none", f"--output={gate_dir}/node-%N.log",
             plan.trainctl, "gate", "node", "--site", plan.site_ref, "--partition", plan.partition,
             "--dir", gate_dir]
 
 
-def decide_argv(plan: JobPlan, gate_dir: str) -> list[str]:
+def decide_argv(plan: JobPlan, gate_dir: str, nodes: tuple[str, ...] = ()) -> list[str]:
     """Waits until every node has reported or the gate's deadline (from the site), then prints the
-    chosen nodes and MASTER_ADDR, or one line on stderr naming which nodes failed and why."""
+    chosen nodes and MASTER_ADDR, or one line on stderr naming which nodes failed and why.
+    `nodes`: only these (a gate after a detection leaves the condemned nodes out)."""
+    only = ["--allocated", fold_hostlist(list(nodes))] if nodes else []
     return [plan.trainctl, "gate", "decide", "--site", plan.site_ref, "--partition", plan.partition,
-            "--dir", gate_dir, "--nodes", str(plan.nodes), "--min-nodes", str(plan.min_nodes), "--wait"]
+            "--dir", gate_dir, "--nodes", str(plan.nodes), "--min-nodes", str(plan.min_nodes), *only, "--wait"]
+
+
+def agent_argv(plan: JobPlan, action: RunTraining, gate_dir: str) -> list[str]:
+    """The watch's node agents: one task on each training node, for the training step's life
+    (--overlap: beside the training step, on its CPUs)."""
+    return ["srun", "--overlap", f"--job-name={AGENT_STEP}", f"--nodelist={action.job_nodes}",
+            f"--nodes={action.node_count}", f"--ntasks={action.node_count}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=0", "--input=none", f"--output={gate_dir}/watch/agent-%N.log",
+            plan.trainctl, "job", "agent", "--dir", gate_dir, "--site", plan.site_ref,
+            "--partition", plan.partition]
 
 
 def sentinel_argv(plan: JobPlan, gate_dir: str) -> list[str]:
@@ -194,6 +237,11 @@ def training_argv(plan: JobPlan, action: RunTraining, gate_dir: str) -> list[str
     argv = ["srun", f"--nodelist={action.job_nodes}", f"--nodes={action.node_count}",
             f"--ntasks={action.node_count * plan.tasks_per_node}", f"--ntasks-per-node={plan.tasks_per_node}",
             "--kill-on-bad-exit=1"]
+    if action.restart:
+        # the ended step stays registered on a hung node until Slurm declares that node down
+        # (SlurmdTimeout), holding its CPUs on every node of the step; an overlapping step does not
+        # wait for them (srun(1) --overlap). Its tasks on the live nodes are gone.
+        argv.append("--overlap")
     if plan.bind:
         argv.append("--cpu-bind=none")
     if plan.rank_output:
@@ -203,6 +251,22 @@ def training_argv(plan: JobPlan, action: RunTraining, gate_dir: str) -> list[str
     if not plan.bind:
         argv.append("--no-bind")
     return argv + ["--", *plan.program]
+
+
+def checkpoint_signal(sbatch_signal: str) -> int | None:
+    """The signal the job's program checkpoints on, from the plan's sbatch --signal value
+    (`[{R|B}:]<sig_num>[@sig_time]`, sbatch(1)); None when there is none, or it goes to the
+    batch shell only (B:), which the ranks never see."""
+    head, _, _ = sbatch_signal.partition("@")
+    flags, _, name = head.rpartition(":")
+    if not name or flags.upper() == "B":
+        return None
+    if name.isdigit():
+        return int(name)
+    try:
+        return int(signals.Signals["SIG" + name.upper().removeprefix("SIG")])
+    except KeyError:
+        return None
 
 
 # ---------------------------------------------------------------- what comes back (parsers, pure)

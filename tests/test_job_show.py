@@ -191,3 +191,26 @@ def test_job_show_prints_the_chains_timeline_and_goodput_from_the_journals(tmp_p
     data = to_json(view, 5, now=10_000)
     assert data["goodput"]["goodput"] == pytest.approx(60 / 110, abs=1e-4)
     assert [link["job_id"] for link in data["timeline"]] == ["7", "8"] and len(data["timeline"][1]["events"]) == 5
+
+
+def test_a_restart_inside_the_allocation_shows_the_detection_its_evidence_and_counts_in_goodput(tmp_path):
+    from trainctl.job.show import collect_job, format_job
+
+    gate = tmp_path / "trainctl-gate-9"
+    gate.mkdir()
+    events = [(100, "job_start", {"attempt": 1}), (100.5, "submitted", {"submitted_t": 100}),
+              (110, "training_start", {"nodes": "node[1-3]"}), (130, "checkpoint", {"checkpoint_t": 130}),
+              (140, "detection", {"kind": "hung", "suspects": ["node2"],
+                                  "evidence": "no rank finished a step for 30 s; the agent of node2 fell silent"}),
+              (150, "step_end", {"status": 143, "cause": "ended by the watch (hung)", "training_start_t": 110,
+                                 "last_checkpoint_t": 130}),
+              (160, "confirmation", {"kind": "hung", "named": {"node2": "hung: the agent fell silent"}}),
+              (170, "training_start", {"nodes": "node[1,3-4]", "restart": 1}),
+              (200, "step_end", {"status": 0, "training_start_t": 170}), (200, "job_end", {"status": 0})]
+    (gate / "journal.jsonl").write_text("".join(json.dumps({"t": t, "event": e, **f}) + "\n" for t, e, f in events))
+    text = format_job(collect_job(LocalFiles(), "9", str(gate), 5), 5, now=10_000)
+    assert "+0:00:40 job 9: watch: hung (node2): no rank finished a step for 30 s; the agent of node2 fell silent" in text
+    assert "+0:01:00 job 9: watch: left out node2: hung: the agent fell silent" in text
+    # productive: 110-130 (the 20 s after the checkpoint are lost work) and 170-200, of 100 s
+    assert "goodput: 50.0% (0:00:50 productive of 0:01:40 since the first submit)" in text
+    assert "restart 0:00:20, lost work 0:00:20" in text

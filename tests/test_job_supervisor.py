@@ -11,8 +11,8 @@ from trainctl.site import load_site
 ALLOCATED = ("node1", "node2", "node3", "node4")
 
 
-def facts(*, release=True, retries=0, batch_host="node1"):
-    return sv.JobFacts(ALLOCATED, batch_host, release, retries)
+def facts(*, release=True, retries=0, batch_host="node1", restarts=0, spares=0):
+    return sv.JobFacts(ALLOCATED, batch_host, release, retries, restarts, spares)
 
 
 def plan(**changes):
@@ -40,7 +40,7 @@ def test_a_healthy_job_gates_releases_the_spares_trains_and_ends_with_the_steps_
 
 def test_the_batch_host_is_kept_when_the_gate_left_it_out_and_the_sentinel_stays_on_a_kept_node():
     actions = run_events(facts(), sv.GateDecided("node[2-3]", ("node2", "node3"), "10.0.0.2"), sv.Resized(3))
-    assert actions[1] == sv.Release("node1,node[2-3]", move_sentinel=False)
+    assert actions[1] == sv.Release("node[1-3]", move_sentinel=False)
     assert actions[2] == sv.RunTraining("node[2-3]", 2, "10.0.0.2", start_sentinel=False)
 
 
@@ -73,6 +73,55 @@ def test_a_failed_step_retries_around_its_nodes_and_ends_with_its_status():
         sv.Finish(3)
 
 
+def test_a_held_spare_stays_through_training_and_the_rest_go_back():
+    actions = run_events(facts(spares=1), sv.GateDecided("node[1-2]", ("node1", "node2"), "a", ("node3", "node4")))
+    assert actions[1] == sv.Release("node[1-3]", move_sentinel=False)
+
+
+def test_a_hung_node_is_left_out_of_the_next_gate_and_training_restarts_on_the_spare():
+    job = facts(restarts=2, spares=1)
+    state, _ = sv.advance(job, sv.JobState(), sv.Started())
+    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a", ("node3", "node4")))
+    state, action = sv.advance(job, state, sv.Resized(3))
+    assert state.held == ("node1", "node2", "node3") and action.restart == 0
+    state, action = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
+    assert action == sv.RunGate(("node1", "node3")) and state.condemned == ("node2",)
+    state, action = sv.advance(job, state, sv.GateDecided("node[1,3]", ("node1", "node3"), "a"))
+    assert action == sv.Release("node[1,3]", move_sentinel=True)
+    state, action = sv.advance(job, state, sv.Resized(2))
+    assert action == sv.RunTraining("node[1,3]", 2, "a", start_sentinel=True, restart=1)
+    assert state.held == ("node1", "node3")
+
+
+def test_a_slowdown_runs_the_gate_on_every_held_node_and_names_nobody_itself():
+    job = facts(restarts=1, release=False)
+    state, _ = sv.advance(job, sv.JobState(), sv.Started())
+    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
+    state, action = sv.advance(job, state, sv.WatchStopped("slow", (), 143))
+    assert action == sv.RunGate(ALLOCATED) and state.condemned == ()
+    state, action = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
+    assert action == sv.RunTraining("node[1-2]", 2, "a", start_sentinel=False, restart=1)
+    # restarts used up: the next detection ends the job, or retries excluding what the watch named
+    assert sv.advance(job, state, sv.WatchStopped("sick", ("node2",), 143))[1] == sv.Finish(143)
+    retrying = facts(restarts=1, release=False, retries=1)
+    assert sv.advance(retrying, state, sv.WatchStopped("sick", ("node2",), 143))[1] == \
+        sv.Retry("step", 143, ("node1", "node2"), ("node2",))
+
+
+def test_too_few_healthy_nodes_after_a_detection_retries_excluding_the_condemned():
+    job = facts(restarts=1, retries=1, release=False)
+    state, _ = sv.advance(job, sv.JobState(), sv.Started())
+    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
+    state, _ = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
+    assert sv.advance(job, state, sv.GateRefused(2))[1] == sv.Retry("gate", 2, ALLOCATED, ("node2",))
+
+
+@pytest.mark.parametrize("value, expected", [("USR1@120", 10), ("R:USR2@60", 12), ("SIGTERM", 15), ("10@5", 10),
+                                             ("B:USR1@60", None), ("", None), ("NOPE", None)])
+def test_the_checkpoint_signal_comes_from_the_plans_sbatch_signal(value, expected):
+    assert sv.checkpoint_signal(value) == expected
+
+
 def test_an_event_out_of_place_is_a_bug_not_a_silent_skip():
     with pytest.raises(ValueError, match="StepEnded cannot happen in phase gate"):
         run_events(facts(), sv.StepEnded(0))
@@ -90,6 +139,15 @@ def test_step_argv_from_the_plan():
     assert "--cpu-bind=none" not in training and "--output=/g/rank-%N-%t.out" in training
     assert training[-4:] == ["--no-bind", "--", "/bin/true", "a b"]
     assert sv.decide_argv(job, "/g")[-5:] == ["--nodes", "2", "--min-nodes", "2", "--wait"]
+    # after a detection: only the nodes the job still trusts
+    assert sv.decide_argv(job, "/g", ("node1", "node3"))[-3:] == ["--allocated", "node[1,3]", "--wait"]
+    assert sv.gate_step_argv(job, "/g", 4, ("node1", "node3"))[3:6] == ["--nodelist=node[1,3]", "--nodes=2",
+                                                                          "--ntasks=2"]
+    restart = sv.training_argv(job, sv.RunTraining("node[1,4]", 2, "10.0.0.1", False, restart=1), "/g")
+    assert "--overlap" in restart and "--overlap" not in training
+    agents = sv.agent_argv(job, sv.RunTraining("node[1,4]", 2, "10.0.0.1", False), "/g")
+    assert agents[:7] == ["srun", "--overlap", "--job-name=trainctl-agent", "--nodelist=node[1,4]", "--nodes=2",
+                          "--ntasks=2", "--ntasks-per-node=1"]
     assert "--relative=1" in sv.sentinel_argv(job, "/g")
 
 

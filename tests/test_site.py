@@ -168,7 +168,7 @@ def test_gate_unknown_policy_defaults_to_exclude_and_takes_keep_only_by_name(tmp
 
 def test_watch_section_takes_the_demo_values_and_the_models_defaults_elsewhere():
     demo = load_site("local-demo", dirs=[BUILTIN_SITE_DIR]).config.watch
-    assert (demo.check_interval_s, demo.checks) == (5.0, ("gpu.xid",))
+    assert (demo.check_interval_s, demo.checks) == (10.0, ("gpu.xid",))
     dgx = load_site("dgx-h100", dirs=[BUILTIN_SITE_DIR]).config.watch
     assert dgx.enabled and dgx.check_interval_s == 30.0 and dgx.agent_write_s == 1.0
     assert "gpu.xid" in dgx.checks and "ib.counters" in dgx.checks

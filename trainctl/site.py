@@ -148,15 +148,40 @@ class LaunchConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class WatchConfig:
-    enabled: bool = doc("watch the training: a node agent per training node and the supervisor's detectors", True)
-    check_interval_s: float = doc("seconds between the node agent's runs of watch.checks (the first run is "
-                                  "the baseline; a check that fails later, and did not then, is reported)", 30.0)
-    agent_write_s: float = doc("seconds between the node agent's rewrites of its node file (progress "
-                               "counters and check results)", 1.0)
+    enabled: bool = doc("watch the training: a node agent on each training node and the supervisor's "
+                        "detectors (docs: Watching the training)", True)
+    poll_s: float = doc("how often the supervisor reads the node agents' files", 1.0)
+    agent_write_s: float = doc("how often each node agent rewrites its file", 1.0)
+    check_interval_s: float = doc("how often each node agent re-runs `checks` (the first run is the baseline)",
+                                  30.0)
     checks: tuple[str, ...] = doc(
-        "node health checks the agent re-runs during training (check names or families; counter checks "
-        "are judged by their growth since the first run)",
-        ("gpu.xid", "gpu.ecc", "gpu.row_remap", "gpu.reset", "ib.ports", "ib.counters", "nvlink.counters"))
+        "node checks the agents re-run during training; one that passed at the baseline and fails now "
+        "condemns its node", ("gpu.xid", "gpu.ecc", "gpu.row_remap", "gpu.reset", "ib.ports", "ib.counters",
+                              "nvlink.counters"))
+    slow_factor: float = doc("the job's step time (median over slow_window_s) above factor x its own "
+                             "baseline is a slowdown", 1.5)
+    slow_window_s: float = doc("the recent window the slowdown is judged over: a spike shorter than half "
+                               "of it is not one", 60.0)
+    baseline_window_s: float = doc("how far back, before the recent window, the baseline step time reaches",
+                                   600.0)
+    warmup_s: float = doc("the first seconds of training are left out of the baseline (compilation, "
+                          "caches)", 120.0)
+    hang_floor_s: float = doc("no rank finishing a step for this long is a hang (longer when hang_steps "
+                              "x the step time is); must exceed the program's longest checkpoint save", 600.0)
+    hang_steps: float = doc("the hang timeout in steps of the job's own baseline step time, when longer "
+                            "than hang_floor_s", 20.0)
+    agent_silence_s: float = doc("a node agent whose file is older than this is silent (its node hung, "
+                                 "when the job stalls too)", 60.0)
+    checkpoint_wait_s: float = doc("after a slowdown or a sick node, how long the ranks get to checkpoint "
+                                   "(launch.signal) before the step ends", 120.0)
+    dump_wait_s: float = doc("after a hang, how long the agents get to record every rank's stack "
+                             "(py-spy dump)", 30.0)
+    end_grace_s: float = doc("after SIGTERM to the training step, before scancel; again before SIGKILL", 10.0)
+    max_restarts: int = doc("restarts inside the allocation after a detection; then the job ends or "
+                            "retries (launch.retries) excluding the named nodes", 3)
+    hold_spares: int = doc("healthy nodes the gate did not choose that the job keeps through training, "
+                           "to restart on after a detection (each costs node-hours while held; "
+                           "launch.release_unused gives back the rest)", 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,8 +233,7 @@ class SiteConfig:
     gate: GateConfig = doc("health gate policy", default_factory=GateConfig)
     launch: LaunchConfig = doc("what the job script runs on the compute nodes", default_factory=LaunchConfig)
     sweep: SweepConfig = doc("nightly sweeps: history database, checks, SSH access", default_factory=SweepConfig)
-    watch: WatchConfig = doc("watching the training: node agents and the supervisor's detectors",
-                             default_factory=WatchConfig)
+    watch: WatchConfig = doc("watching the training once it runs", default_factory=WatchConfig)
     partitions: dict[str, PartitionConfig] = doc("partition name -> hardware")
 
 

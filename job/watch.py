@@ -1,0 +1,240 @@
+"""Watching the training step: from what each node's agent writes, decide whether the job has
+slowed, a node is sick, or the job hangs, and whom the evidence names. Pure: the supervisor
+reads the files and the clock and passes them in; `observe` returns the next state and at most
+one detection.
+
+The evidence is relative to the job itself, never to a fixed figure:
+
+- **slow**: the job's step time over the last `slow_window_s` (the median of the samples in it)
+  is above `slow_factor` x its own baseline (the median of the samples before that window,
+  at most `baseline_window_s` of them, after `warmup_s`). In synchronous data-parallel training
+  every rank waits for the slowest, so the step time says *that* the job slowed, not *who*: a
+  slow detection names nobody, and the gate's fabric and compute tests, re-run on the job's
+  nodes, decide who (or "slowdown not localised").
+- **sick**: a node's agent reports a check that passed when training started and fails now
+  (an Xid in the kernel log, a port down, error counters growing). The check is the evidence.
+- **hung**: no rank finished a step for the hang timeout: `hang_floor_s`, or `hang_steps` x the
+  baseline step time when that is longer. It names the nodes whose agent fell silent (a hung
+  node stops everything on it), else the nodes whose ranks are behind the others; when neither,
+  nobody.
+
+A node's agent is silent when its file, once written, has not changed for `agent_silence_s`.
+Silence while the job still makes progress is not a detection: training goes on, and the
+journal says so once. An agent that never wrote names nobody (it may simply not have started).
+A program that does not call `trainctl.progress` reports no steps: then only a node whose
+agent has been silent for the hang floor is detected (hung), and slowdowns are not seen.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Literal, Mapping
+
+NODE_FILE_FORMAT = 1
+MIN_BASELINE_SAMPLES = 5
+MIN_RECENT_SAMPLES = 3
+MAX_SAMPLES = 4096                      # bounded memory, whatever the job's length
+
+Kind = Literal["slow", "sick", "hung"]
+
+
+@dataclass(frozen=True)
+class WatchLimits:
+    """The site's `[watch]` thresholds (trainctl.site.WatchConfig), as the detectors use them."""
+
+    slow_factor: float
+    slow_window_s: float
+    baseline_window_s: float
+    warmup_s: float
+    hang_floor_s: float
+    hang_steps: float
+    agent_silence_s: float
+
+    def hang_timeout_s(self, baseline_step_s: float | None) -> float:
+        return max(self.hang_floor_s, self.hang_steps * baseline_step_s if baseline_step_s else 0.0)
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    rank: int
+    steps: int
+    step_seconds: float                 # summed durations of those steps, as the rank measured them
+    last_step_t: float                  # wall time the last step ended (0: none yet)
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class NodeReading:
+    """One node agent's file: what its ranks reported and which of its checks newly fail."""
+
+    node: str
+    written_t: float
+    ranks: tuple[RankProgress, ...] = ()
+    failed_checks: tuple[tuple[str, str], ...] = ()     # (check, reason)
+
+
+def parse_node_file(text: str) -> NodeReading | None:
+    """A node agent's JSON file; None when it is not one (torn, foreign, another format)."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != NODE_FILE_FORMAT:
+            return None
+        ranks = tuple(sorted((RankProgress(int(rank), int(r["steps"]), float(r["step_seconds"]),
+                                           float(r.get("last_step_t") or 0.0), int(r.get("pid") or 0))
+                              for rank, r in dict(data.get("ranks") or {}).items()), key=lambda r: r.rank))
+        checks = dict(data.get("checks") or {})
+        failed = tuple((str(item["check"]), str(item.get("reason", "")))
+                       for item in list(checks.get("failed") or []))
+        return NodeReading(str(data["node"]), float(data["t"]), ranks, failed)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Detection:
+    kind: Kind
+    suspects: tuple[str, ...]            # nodes the evidence names (slow: none, the gate decides)
+    evidence: str                        # one line for the job's output and the journal
+    details: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    step_s: float
+
+
+@dataclass(frozen=True)
+class WatchState:
+    started_t: float                     # the training step's start (wall time)
+    accepted_step_s: float = 0.0         # a slowdown the gate did not localise: the new normal
+    samples: tuple[Sample, ...] = ()
+    last: tuple[tuple[int, int, float], ...] = ()   # (rank, steps, step_seconds) at the last poll
+    progress_t: float = 0.0              # when a rank last finished a step (the watch's start before that)
+    progress_steps: int = -1             # the most steps any rank had then (-1: no rank reported a step)
+    silent_noted: tuple[str, ...] = ()   # agents already reported silent while training went on
+    heard: Mapping[str, float] = field(default_factory=dict)   # node -> its agent's latest file time
+
+
+@dataclass(frozen=True)
+class Observation:
+    state: WatchState
+    detection: Detection | None = None
+    silent_while_progressing: tuple[str, ...] = ()   # for the journal, once per node
+
+
+def start(now: float, accepted_step_s: float = 0.0) -> WatchState:
+    return WatchState(started_t=now, accepted_step_s=accepted_step_s, progress_t=now)
+
+
+def observe(limits: WatchLimits, state: WatchState, now: float,
+            readings: Mapping[str, NodeReading | None]) -> Observation:
+    """One poll: `readings` maps each training node to its agent's latest file (None: none yet)."""
+    ranks = [rank for reading in readings.values() if reading for rank in reading.ranks]
+    state = _sample(state, now, ranks, readings)
+    silent = tuple(sorted(node for node, reading in readings.items()
+                          if now - state.heard.get(node, now) >= limits.agent_silence_s))
+
+    sick = [(node, check, reason) for node, reading in sorted(readings.items()) if reading
+            for check, reason in reading.failed_checks]
+    if sick:
+        nodes = tuple(sorted({node for node, _, _ in sick}))
+        evidence = "; ".join(f"{node}: {check}: {reason}" for node, check, reason in sick)
+        return Observation(state, Detection("sick", nodes, evidence,
+                                            {"failed": [{"node": n, "check": c, "reason": r} for n, c, r in sick]}))
+
+    baseline = _baseline(limits, state, now)
+    if state.progress_steps < 0:
+        # no rank has reported a step: a program without trainctl.progress (or not yet past its
+        # first step). Only a node whose agent fell silent for the hang floor says anything.
+        gone = tuple(node for node in silent if now - state.heard[node] >= limits.hang_floor_s)
+        if gone:
+            return Observation(state, Detection(
+                "hung", gone, f"the agent of {', '.join(gone)} fell silent {limits.hang_floor_s:.0f} s ago "
+                              "(no rank reports steps: no progress to judge)", {"silent": list(gone)}))
+        return _quiet(state, silent)
+    stalled_s = now - state.progress_t
+    hang_after = limits.hang_timeout_s(baseline)
+    if stalled_s >= hang_after:
+        return Observation(state, _hung(state, readings, silent, stalled_s, hang_after))
+
+    slow = _slow(limits, state, now, baseline)
+    if slow:
+        return Observation(state, slow)
+
+    return _quiet(state, silent)
+
+
+def _quiet(state: WatchState, silent: tuple[str, ...]) -> Observation:
+    newly_silent = tuple(node for node in silent if node not in state.silent_noted)
+    if newly_silent:
+        state = replace(state, silent_noted=state.silent_noted + newly_silent)
+    return Observation(state, None, newly_silent)
+
+
+def _sample(state: WatchState, now: float, ranks: list[RankProgress],
+            readings: Mapping[str, NodeReading | None]) -> WatchState:
+    """The job's step time since the last poll: the median over ranks of each rank's own
+    (added step seconds / added steps). Ranks that finished no step add nothing."""
+    before = {rank: (steps, seconds) for rank, steps, seconds in state.last}
+    step_times = []
+    for rank in ranks:
+        steps, seconds = before.get(rank.rank, (rank.steps, rank.step_seconds))
+        if rank.steps > steps and rank.step_seconds >= seconds:
+            step_times.append((rank.step_seconds - seconds) / (rank.steps - steps))
+    samples = state.samples
+    if step_times:
+        samples = (samples + (Sample(now, statistics.median(step_times)),))[-MAX_SAMPLES:]
+    # progress: any rank finished a step since the last poll (a rank whose agent fell silent
+    # keeps its old count, so it neither counts as progress nor holds the others back)
+    progressed = any(rank.steps > before.get(rank.rank, (0, 0.0))[0] for rank in ranks)
+    progress_t, progress_steps = state.progress_t, state.progress_steps
+    if progressed:
+        progress_t, progress_steps = now, max(progress_steps, max(rank.steps for rank in ranks))
+    heard = dict(state.heard)
+    for node, reading in readings.items():
+        if reading is not None and reading.written_t > heard.get(node, 0.0):
+            heard[node] = reading.written_t
+    return replace(state, samples=samples, progress_t=progress_t, progress_steps=progress_steps,
+                   last=tuple((r.rank, r.steps, r.step_seconds) for r in ranks) or state.last, heard=heard)
+
+
+def _baseline(limits: WatchLimits, state: WatchState, now: float) -> float | None:
+    since = max(state.started_t + limits.warmup_s, now - limits.slow_window_s - limits.baseline_window_s)
+    before = [s.step_s for s in state.samples if since <= s.t <= now - limits.slow_window_s]
+    return statistics.median(before) if len(before) >= MIN_BASELINE_SAMPLES else None
+
+
+def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | None) -> Detection | None:
+    if baseline is None:
+        return None
+    recent = [s.step_s for s in state.samples if s.t > now - limits.slow_window_s]
+    if len(recent) < MIN_RECENT_SAMPLES:
+        return None
+    normal = max(baseline, state.accepted_step_s)
+    current = statistics.median(recent)
+    if current <= limits.slow_factor * normal:
+        return None
+    evidence = (f"step time {current:.3g} s over the last {limits.slow_window_s:g} s, "
+                f"{current / normal:.2f}x the job's own {normal:.3g} s")
+    return Detection("slow", (), evidence, {"step_s": current, "baseline_s": normal, "samples": len(recent)})
+
+
+def _hung(state: WatchState, readings: Mapping[str, NodeReading | None], silent: tuple[str, ...],
+          stalled_s: float, hang_after: float) -> Detection:
+    head = f"no rank finished a step for {stalled_s:.0f} s (hang timeout {hang_after:.0f} s)"
+    if silent:
+        return Detection("hung", silent, f"{head}; the agent of {', '.join(silent)} fell silent",
+                         {"silent": list(silent)})
+    steps = {node: min(r.steps for r in reading.ranks)
+             for node, reading in readings.items() if reading and reading.ranks}
+    if steps and len(set(steps.values())) > 1:
+        lowest = min(steps.values())
+        behind = tuple(sorted(node for node, count in steps.items() if count == lowest))
+        return Detection("hung", behind, f"{head}; the ranks of {', '.join(behind)} are behind "
+                                         f"(step {lowest}, others {max(steps.values())})",
+                         {"steps": steps})
+    return Detection("hung", (), f"{head}; every rank is at the same step and every agent answers",
+                     {"steps": steps})

@@ -1,0 +1,181 @@
+"""The watch's detectors (trainctl.job.watch): pure, driven by synthetic node readings over a clock."""
+
+from __future__ import annotations
+
+import json
+
+from trainctl.job import watch as w
+
+LIMITS = w.WatchLimits(slow_factor=1.5, slow_window_s=15, baseline_window_s=120, warmup_s=10,
+                       hang_floor_s=30, hang_steps=20, agent_silence_s=10)
+NODES = ("node1", "node2", "node3", "node4")
+
+
+class Job:
+    """Four nodes, one rank each, stepping in lockstep at `step_s`; `poll` feeds the watcher once a second."""
+
+    def __init__(self, step_s: float = 0.25):
+        self.t = 1000.0
+        self.step_s = step_s
+        self.steps = 0.0
+        self.frozen: set[str] = set()
+        self.failed: dict[str, tuple[tuple[str, str], ...]] = {}
+        self.state = w.start(self.t)
+        self.written = {node: self.t for node in NODES}
+        self.last_ranks: dict[str, tuple[w.RankProgress, ...]] = {}
+
+    def poll(self, seconds: float = 1.0) -> w.Observation:
+        self.t += seconds
+        if not self.frozen:
+            self.steps += seconds / self.step_s
+        readings = {}
+        for index, node in enumerate(NODES):
+            if node not in self.frozen:
+                steps = int(self.steps)
+                self.last_ranks[node] = (w.RankProgress(index, steps, steps * self.step_s, self.t, 100 + index),)
+                self.written[node] = self.t
+            readings[node] = w.NodeReading(node, self.written[node], self.last_ranks.get(node, ()),
+                                           self.failed.get(node, ()))
+        observation = w.observe(LIMITS, self.state, self.t, readings)
+        self.state = observation.state
+        return observation
+
+    def run(self, seconds: int) -> list[w.Detection]:
+        return [o.detection for o in (self.poll() for _ in range(seconds)) if o.detection]
+
+
+def test_a_steady_job_is_never_detected():
+    assert Job().run(600) == []
+
+
+def test_a_sustained_slowdown_is_detected_naming_nobody_and_a_spike_is_not():
+    job = Job()
+    assert job.run(60) == []
+    job.step_s = 1.0                      # three seconds of slow steps: shorter than the window's half
+    assert job.run(3) == []
+    job.step_s = 0.25
+    assert job.run(60) == []
+    job.step_s = 0.8
+    found = job.run(30)
+    assert found and found[0].kind == "slow" and found[0].suspects == ()
+    assert "3.20x" in found[0].evidence
+
+
+def test_a_slowdown_that_was_accepted_is_the_new_normal():
+    job = Job(step_s=0.8)
+    job.state = w.start(job.t, accepted_step_s=0.8)
+    job.step_s = 0.25
+    assert job.run(60) == []
+    job.step_s = 0.8                      # back to the accepted rate: not a detection
+    assert job.run(60) == []
+    job.step_s = 1.6                      # 2x the accepted rate is
+    assert [d.kind for d in job.run(30)][:1] == ["slow"]
+
+
+def test_no_slowdown_is_judged_before_the_baseline_has_enough_samples():
+    job = Job(step_s=0.25)
+    job.run(12)
+    job.step_s = 2.0
+    assert job.run(5) == []
+
+
+def test_a_frozen_node_is_named_hung_after_the_floor():
+    job = Job()
+    job.run(60)
+    job.frozen.add("node3")
+    frozen_t = job.t
+    while not (detection := job.poll().detection):
+        assert job.t - frozen_t < 60
+    assert detection.kind == "hung" and detection.suspects == ("node3",)
+    assert "fell silent" in detection.evidence
+    assert 30 <= job.t - frozen_t <= 31
+
+
+def test_a_silent_agent_while_training_goes_on_is_noted_once_not_detected():
+    job = Job()
+    job.run(30)
+    stale = job.last_ranks["node2"]
+    notes = []
+    for _ in range(60):
+        job.t += 1
+        job.steps += 4
+        readings = {n: w.NodeReading(n, job.t, (w.RankProgress(i, int(job.steps), job.steps * 0.25, job.t),))
+                    for i, n in enumerate(NODES)}
+        readings["node2"] = w.NodeReading("node2", job.t - 60 if job.t > 1031 else job.t, stale)
+        observation = w.observe(LIMITS, job.state, job.t, readings)
+        job.state = observation.state
+        assert observation.detection is None
+        notes += observation.silent_while_progressing
+    assert notes == ["node2"]
+
+
+def test_ranks_behind_are_named_when_every_agent_answers():
+    job = Job()
+    job.run(60)
+    stuck = job.last_ranks["node4"][0]
+    job.frozen = set(NODES)
+    found = []
+    for _ in range(40):
+        job.t += 1
+        readings = {n: w.NodeReading(n, job.t, job.last_ranks[n]) for n in NODES}
+        readings["node4"] = w.NodeReading("node4", job.t, (w.RankProgress(3, stuck.steps - 1, 0.0, 0.0),))
+        observation = w.observe(LIMITS, job.state, job.t, readings)
+        job.state = observation.state
+        if observation.detection:
+            found.append(observation.detection)
+    assert found[0].kind == "hung" and found[0].suspects == ("node4",)
+
+
+def test_a_hang_with_every_rank_level_names_nobody():
+    job = Job()
+    job.run(60)
+    for _ in range(40):
+        job.t += 1
+        readings = {n: w.NodeReading(n, job.t, job.last_ranks[n]) for n in NODES}
+        observation = w.observe(LIMITS, job.state, job.t, readings)
+        job.state = observation.state
+        if observation.detection:
+            assert observation.detection.kind == "hung" and observation.detection.suspects == ()
+            return
+    raise AssertionError("no hang detected")
+
+
+def test_the_hang_timeout_grows_with_the_step_time():
+    assert LIMITS.hang_timeout_s(0.25) == 30
+    assert LIMITS.hang_timeout_s(3.0) == 60
+    assert LIMITS.hang_timeout_s(None) == 30
+
+
+def test_without_reported_steps_only_an_agent_silent_for_the_floor_is_a_hang():
+    state = w.start(1000.0)               # a program without the API: no rank ever reports a step
+    t = 1000.0
+    for _ in range(100):                  # every agent writes: nothing to judge
+        t += 1
+        observation = w.observe(LIMITS, state, t, {n: w.NodeReading(n, t) for n in NODES})
+        state = observation.state
+        assert observation.detection is None
+    frozen_t = t
+    while True:
+        t += 1
+        observation = w.observe(LIMITS, state, t, {n: w.NodeReading(n, frozen_t if n == "node3" else t)
+                                                   for n in NODES})
+        state = observation.state
+        if observation.detection or t - frozen_t > 60:
+            break
+    assert observation.detection.suspects == ("node3",) and 30 <= t - frozen_t <= 31
+
+
+def test_an_agent_that_never_wrote_names_nobody():
+    job = Job()
+    notes = []
+    for _ in range(120):
+        job.t += 1
+        job.steps += 4
+        readings = {n: w.NodeReading(n, job.t, (w.RankProgress(i, int(job.steps), job.steps * 0.25, job.t),))
+                    for i, n in enumerate(NODES[:3])}
+        readings["node4"] = None
+        observation = w.observe(LIMITS, job.state, job.t, readings)
+        job.state = observation.state
+        assert observation.detection is None
+        notes += observation.silent_while_progressing
+    assert notes == []

@@ -1,0 +1,215 @@
+"""Watching the training on the real cluster: a fault injected mid-run, by PID, namespace and
+link, is detected, the node it hit is named and left out, and training restarts from its
+checkpoint on the spare the job held; a program that slows by itself, and a healthy run, lose
+no node.
+
+3 training nodes + 1 held spare (the cluster has 4), examples/train_ddp.py at 0.25 s of work a
+step plus an all_reduce of `--grad-mb` MiB, so that a step is bound by the wire, not by the
+2 shared cores. Scenarios (`TRAINCTL_WATCH_SCENARIOS`, default the two CI runs: a,f):
+
+  a  every link at WIRE; from step 20 the victim's at 0.3 x WIRE (tc tbf, changed mid-run)
+  b  from step 20 the victim gets a 50 % CPU quota (cgroup CFS bandwidth)
+  c  from step 20 the victim is hung: SIGSTOP every process in its namespace
+  d  from step 20 the victim's replayed kernel log (`dmesg`) has an Xid line
+  e  from step 20 the program itself slows on every rank (--slow-from-step)
+  f  healthy (TRAINCTL_WATCH_SECONDS long, 60 s unless set)
+
+`TRAINCTL_WATCH_RUNS` runs each; every run appends a row to test-artifacts/watch-detection.tsv,
+which bench/watch_detection.py summarises. Assertions are about outcomes (who was named, whether
+training went on on the spare), never about time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from support.sites import site_variant
+from support.slurm_jobs import submit, wait_for_job
+from trainctl.devcluster import faults
+from trainctl.devcluster.replay import write_replay
+from trainctl.job.journal import parse_journal
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = str(REPO / "examples" / "train_ddp.py")
+LIBRARY = Path(__file__).resolve().parent / "fixtures" / "library"
+ARTIFACTS = REPO / "test-artifacts"
+NODES = ("node1", "node2", "node3", "node4")
+WIRE = "100mbit"
+SLOW_WIRE = "30mbit"                    # 0.3 x WIRE
+GRAD_MB = 2                             # about 0.2 s of all_reduce a step at WIRE, 0.7 s at SLOW_WIRE
+FAULT_STEP = 20
+RUNS = int(os.environ.get("TRAINCTL_WATCH_RUNS", "1"))
+SCENARIOS = tuple(os.environ.get("TRAINCTL_WATCH_SCENARIOS", "a,f").split(","))
+HEALTHY_SECONDS = float(os.environ.get("TRAINCTL_WATCH_SECONDS", "60"))
+STEP_S = 0.25
+# dmesg -T recordings (tests/fixtures/library/SOURCES.md): the same host's log without and with Xid lines
+CLEAN_DMESG = LIBRARY / "kernel" / "xid" / "gcm-dmesg-T-xid31-xid48-sm-exception.txt"
+XID_DMESG = LIBRARY / "kernel" / "xid" / "gcm-dmesg-T-xid31-xid48-sm-exception.txt"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    condemns: bool                      # the victim must be named and left out
+    what: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+ALL = {s.name: s for s in (
+    Scenario("a", True, f"victim's link cut to {SLOW_WIRE} (others {WIRE}) from step {FAULT_STEP}"),
+    Scenario("b", True, f"victim at a 50 % CPU quota from step {FAULT_STEP}"),
+    Scenario("c", True, f"victim hung (SIGSTOP) at step {FAULT_STEP}"),
+    Scenario("d", True, f"Xid in the victim's kernel log from step {FAULT_STEP}"),
+    Scenario("e", False, f"the program slows on every rank from step {FAULT_STEP}"),
+    Scenario("f", False, "healthy"),
+)}
+
+
+def watch_site(tmp_path: Path) -> Path:
+    return site_variant(tmp_path, "local-demo", {
+        "watch.hold_spares": 1,
+        # a gate again after a detection must take seconds: one size, small enough for the slow link
+        "gate.fabric_sizes": ["1M"],
+        "gate.compute": True,           # confirms a node at a CPU quota (scenario b)
+    })
+
+
+def steps_so_far(gate_dir: Path) -> int:
+    """The most steps any rank has reported to its node's agent."""
+    most = 0
+    for path in (gate_dir / "watch").glob("node*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        most = max([most, *(int(r.get("steps", 0)) for r in data.get("ranks", {}).values())])
+    return most
+
+
+def journal(gate_dir: Path) -> list[dict]:
+    path = gate_dir / "journal.jsonl"
+    return parse_journal(path.read_text()) if path.exists() else []
+
+
+def wait_until(what: str, predicate, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.5)
+
+
+@contextmanager
+def fault(devcluster, scenario: str, victim: str):
+    """Inject the scenario's fault on `victim`; undo it on exit."""
+    if scenario == "a":
+        devcluster.set_rate(victim, SLOW_WIRE)
+        yield
+    elif scenario == "b":
+        with faults.cpu_quota(devcluster, victim, 0.5):
+            yield
+    elif scenario == "c":
+        with faults.stopped(devcluster, victim):
+            yield
+    elif scenario == "d":
+        write_replay(devcluster.node_bin_dir(victim), "dmesg", {"-T": XID_DMESG})
+        yield
+    else:
+        yield
+
+
+def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
+    site = watch_site(tmp_path)
+    checkpoint = tmp_path / "ck.pt"
+    healthy_steps = int(HEALTHY_SECONDS / (STEP_S + 0.2))
+    program = [TRAIN, "--steps", str(max(healthy_steps, 150)), "--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB),
+               "--checkpoint", str(checkpoint), "--checkpoint-every", "10", "--timeout", "120"]
+    if scenario.name == "e":
+        program += ["--slow-from-step", str(FAULT_STEP), "--slow-step-time", "0.8"]
+    with ExitStack() as undo:
+        for node in NODES:
+            devcluster.set_rate(node, WIRE)
+            undo.callback(devcluster.set_rate, node, None)
+            made = write_replay(devcluster.node_bin_dir(node), "dmesg", {"-T": CLEAN_DMESG})
+            undo.callback(made.unlink, missing_ok=True)
+        result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", "3", "--spare", "1",
+                        "--min-nodes", "2", "--", *program)
+        assert result.returncode == 0, result.stderr
+        job_id = result.stdout.strip().splitlines()[-1]
+        gate_dir = tmp_path / f"trainctl-gate-{job_id}"
+        wait_until("training reached the fault's step", lambda: steps_so_far(gate_dir) >= FAULT_STEP, 240)
+        events = journal(gate_dir)
+        batch_host = next(e["batch_host"] for e in events if e["event"] == "job_start")
+        training = next(e for e in events if e["event"] == "training_start")
+        from trainctl.slurm import expand_hostlist
+
+        victim = next(n for n in expand_hostlist(training["nodes"]) if n != batch_host)
+        fault_t = time.time()
+        with fault(devcluster, scenario.name, victim):
+            if scenario.condemns:
+                wait_until("a detection", lambda: any(e["event"] == "confirmation" for e in journal(gate_dir)), 240)
+            record = wait_for_job(devcluster, job_id, timeout_s=600)
+    if scenario.name == "c":
+        faults.restore_node(devcluster, victim, timeout_s=120)
+    events = journal(gate_dir)
+    outcome = summarise(events, victim, fault_t)
+    outcome.update(job_id=job_id, state=record["JobState"], victim=victim, gate_dir=str(gate_dir))
+    return outcome
+
+
+def summarise(events: list[dict], victim: str, fault_t: float) -> dict:
+    detections = [e for e in events if e["event"] == "detection"]
+    confirmations = [e for e in events if e["event"] == "confirmation"]
+    restarts = [e for e in events if e["event"] == "training_start" and e.get("restart")]
+    named = sorted({node for c in confirmations for node in c.get("named", {})})
+    first = detections[0] if detections else None
+    confirmed = next((c for c in confirmations if c.get("named")), None)
+    restart_after = next((r for r in restarts if confirmed and r["t"] >= confirmed["t"]), None)
+    return {
+        "detections": [(d["kind"], d["suspects"]) for d in detections],
+        "named": named,
+        "right": named == [victim],
+        "fault_to_detection_s": first["t"] - fault_t if first else None,
+        "fault_to_decision_s": confirmed["t"] - fault_t if confirmed else None,
+        "decision_to_training_s": restart_after["t"] - confirmed["t"] if restart_after else None,
+        "restart_nodes": restart_after["nodes"] if restart_after else None,
+    }
+
+
+def record_row(scenario: Scenario, run_number: int, outcome: dict) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    def seconds(value):
+        return "" if value is None else f"{value:.1f}"
+
+    with open(ARTIFACTS / "watch-detection.tsv", "a") as out:
+        out.write("\t".join([scenario.name, str(run_number), outcome["job_id"], outcome["state"], outcome["victim"],
+                             ",".join(outcome["named"]) or "-", str(outcome["right"]),
+                             seconds(outcome["fault_to_detection_s"]), seconds(outcome["fault_to_decision_s"]),
+                             seconds(outcome["decision_to_training_s"]),
+                             ";".join(f"{k}:{','.join(s) or '-'}" for k, s in outcome["detections"]) or "-"]) + "\n")
+
+
+@pytest.mark.parametrize("run_number", range(RUNS))
+@pytest.mark.parametrize("scenario", [ALL[name] for name in SCENARIOS], ids=str)
+def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devcluster, tmp_path, scenario, run_number):
+    outcome = run_scenario(devcluster, tmp_path, scenario)
+    record_row(scenario, run_number, outcome)
+    assert outcome["state"] == "COMPLETED", outcome
+    if scenario.condemns:
+        assert outcome["named"] == [outcome["victim"]], outcome
+        assert outcome["victim"] not in outcome["restart_nodes"], outcome
+    else:
+        assert outcome["named"] == [], outcome
+    if scenario.name == "f":
+        assert outcome["detections"] == [], outcome
