@@ -194,7 +194,7 @@ def test_the_agent_counts_a_ranks_steps_reports_a_new_xid_and_dumps_stacks(tmp_p
 
     demo = (REPO / "site-configs/local-demo.toml").read_text()
     site = tmp_path / "watched.toml"
-    site.write_text(re.sub(r"^check_interval_s = [^ ]*", "check_interval_s = 0.5", demo, flags=re.M))
+    site.write_text(re.sub(r"^check_interval_s = [^ ]*", "check_interval_s = 1.0", demo, flags=re.M))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stage(bin_dir, NO_XID_DMESG)
