@@ -19,7 +19,8 @@ from trainctl.job import supervisor as sv
 from trainctl.job import slurm_actions as slurm
 from trainctl.job.gate_cli import GATE_STEP_STATUS   # read by `gate decide --wait`: the gate step is over
 from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal
-from trainctl.job.watch_io import WATCH_DIR_ENV, archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
+from trainctl.agent_socket import WATCH_DIR_ENV
+from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
 from trainctl.launcher.plan import JobPlan
 from trainctl.proc import run
 
@@ -244,9 +245,10 @@ class JobRun:
         if detection is not None:
             self.detection = detection
             status = self._stop_training(detection, step, seen)
-        if agents is not None:
-            slurm.end_step(agents)
+        if agents is not None:   # scancel: each agent gets SIGTERM, then SIGKILL after KillWait (scancel(1))
             slurm.cancel_steps(self.job_id, sv.AGENT_STEP, self.env)
+            slurm.stop_step(agents, self.job_id, sv.OWN_STEPS, self.env, self.policy.watch.end_grace_s,
+                            cancel_others=False)
         seen.poll(self.journal)
         cause = (f"ended by the watch ({detection.kind})" if detection else
                  "completed" if status == 0 else f"exit status {status}")

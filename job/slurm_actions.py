@@ -52,12 +52,15 @@ def end_step(step: subprocess.Popen) -> None:
 
 
 def stop_step(step: subprocess.Popen, job_id: str, own_names: tuple[str, ...], env: dict[str, str],
-              grace_s: float) -> int:
+              grace_s: float, cancel_others: bool = True) -> int:
     """End a step that may have a hung node: SIGTERM to its srun; after `grace_s`, scancel the
     job's steps not named in `own_names` (the training step carries the user's job name, which
-    trainctl leaves alone); after another `grace_s`, SIGKILL srun. Its exit status."""
-    end_step(step)
-    for last_resort in (lambda: cancel_steps(job_id, None, env, but=own_names), step.kill):
+    trainctl leaves alone); after another `grace_s`, SIGKILL srun. Its exit status.
+    `cancel_others` False: the step was cancelled already; only wait, then SIGKILL its srun."""
+    if cancel_others:
+        end_step(step)
+    for last_resort in (lambda: cancel_steps(job_id, None, env, but=own_names) if cancel_others else None,
+                        step.kill):
         try:
             return _status(step.wait(timeout=grace_s))
         except subprocess.TimeoutExpired:

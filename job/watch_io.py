@@ -16,9 +16,9 @@ import shutil
 import time
 from pathlib import Path
 
+from trainctl.agent_socket import WATCH_DIR_ENV  # noqa: F401  (the supervisor sets it through here)
 from trainctl.job.watch import NodeReading, parse_node_file
 
-WATCH_DIR_ENV = "TRAINCTL_WATCH_DIR"        # set for the training step: rank-exec then gives each rank its socket
 NODE_FILE_MAX_BYTES = 1 << 20               # a node file with thousands of ranks is still far below
 STACKS_REQUEST = "dump-request"
 # what a gate round writes in the gate directory (job/gate_cli.py, the gate step's per-node logs)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support.replay import LIBRARY, write_replay
+from support.replay import LIBRARY, swap_replay, write_replay
 from trainctl.health.status import CheckResult, Status
 from trainctl.job.agent import (ChecksState, Problem, RankProgress, dump_stacks, fold, judge_run, node_file,
                                 run_failed, stacks_text)
@@ -184,9 +184,8 @@ def read_json(path: Path):
 
 
 def stage(bin_dir: Path, recording: Path) -> None:
-    """Serve `recording` as this node's `dmesg -T`, replaced in one rename (never half a script)."""
-    staged = write_replay(bin_dir.parent / "staging", "dmesg", {"-T": recording})
-    os.replace(staged, bin_dir / "dmesg")
+    """Serve `recording` as this node's `dmesg -T`."""
+    swap_replay(bin_dir, "dmesg", {"-T": recording})
 
 
 def test_the_agent_counts_a_ranks_steps_reports_a_new_xid_and_dumps_stacks(tmp_path):

@@ -33,8 +33,9 @@ import pytest
 from support.sites import site_variant
 from support.slurm_jobs import submit, wait_for_job
 from trainctl.devcluster import faults
-from trainctl.devcluster.replay import write_replay
+from support.replay import swap_replay, write_replay
 from trainctl.job.journal import parse_journal
+from trainctl.slurm import expand_hostlist
 
 pytestmark = pytest.mark.cluster
 
@@ -51,9 +52,10 @@ RUNS = int(os.environ.get("TRAINCTL_WATCH_RUNS", "1"))
 SCENARIOS = tuple(os.environ.get("TRAINCTL_WATCH_SCENARIOS", "a,f").split(","))
 HEALTHY_SECONDS = float(os.environ.get("TRAINCTL_WATCH_SECONDS", "60"))
 STEP_S = 0.25
-# dmesg -T recordings (tests/fixtures/library/SOURCES.md): the same host's log without and with Xid lines
-CLEAN_DMESG = LIBRARY / "kernel" / "xid" / "gcm-dmesg-T-xid31-xid48-sm-exception.txt"
-XID_DMESG = LIBRARY / "kernel" / "xid" / "gcm-dmesg-T-xid31-xid48-sm-exception.txt"
+# real kernel logs (tests/fixtures/library/SOURCES.md): one with no Xid line, one with Xid 119
+CLEAN_DMESG = LIBRARY / "kernel" / "syslog" / "imbue-dmesg-mlx5-pcie-link-degraded-x8.txt"
+XID_DMESG = next((LIBRARY / "kernel" / "xid").glob("gpud-xe9680-h100-dmesg-T-xid119*"))
+HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def fault(devcluster, scenario: str, victim: str):
         with faults.stopped(devcluster, victim):
             yield
     elif scenario == "d":
-        write_replay(devcluster.node_bin_dir(victim), "dmesg", {"-T": XID_DMESG})
+        swap_replay(devcluster.node_bin_dir(victim), "dmesg", {"-T": XID_DMESG})
         yield
     else:
         yield
@@ -140,8 +142,10 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
         for node in NODES:
             devcluster.set_rate(node, WIRE)
             undo.callback(devcluster.set_rate, node, None)
-            made = write_replay(devcluster.node_bin_dir(node), "dmesg", {"-T": CLEAN_DMESG})
-            undo.callback(made.unlink, missing_ok=True)
+            for made in (write_replay(devcluster.node_bin_dir(node), "dmesg", {"-T": CLEAN_DMESG}),
+                         # the local-demo gate's nvlink.links reads a replayed `nvidia-smi nvlink -s`
+                         write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})):
+                undo.callback(made.unlink, missing_ok=True)
         result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", "3", "--spare", "1",
                         "--min-nodes", "2", "--", *program)
         assert result.returncode == 0, result.stderr
@@ -151,8 +155,6 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
         events = journal(gate_dir)
         batch_host = next(e["batch_host"] for e in events if e["event"] == "job_start")
         training = next(e for e in events if e["event"] == "training_start")
-        from trainctl.slurm import expand_hostlist
-
         victim = next(n for n in expand_hostlist(training["nodes"]) if n != batch_host)
         fault_t = time.time()
         with fault(devcluster, scenario.name, victim):
@@ -208,7 +210,7 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
     assert outcome["state"] == "COMPLETED", outcome
     if scenario.condemns:
         assert outcome["named"] == [outcome["victim"]], outcome
-        assert outcome["victim"] not in outcome["restart_nodes"], outcome
+        assert outcome["victim"] not in expand_hostlist(outcome["restart_nodes"]), outcome
     else:
         assert outcome["named"] == [], outcome
     if scenario.name == "f":

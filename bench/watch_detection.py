@@ -1,0 +1,77 @@
+"""Detection quality of the in-training watch, N runs per scenario on the dev cluster, as a table
+(by hand, as root).
+
+Runs tests/test_watch_cluster.py with TRAINCTL_WATCH_SCENARIOS and TRAINCTL_WATCH_RUNS (each run
+submits a job of 3 nodes + 1 held spare, injects the scenario's fault at step 20 by PID,
+namespace, cgroup or tc, and reads the job's journal), then summarises
+test-artifacts/watch-detection.tsv: per scenario, runs, runs COMPLETED, runs in which the right
+node (and only it) was named and left out, runs in which a healthy node was left out, and the
+seconds from fault to detection, from fault to decision and from decision to training again
+(median, max).
+
+    TRAINCTL_DEVCLUSTER_INSTANCE=1 .venv/bin/python -P bench/watch_detection.py --scenarios a,b,c,d,e --runs 10
+    .venv/bin/python -P bench/watch_detection.py --scenarios f --runs 20 --seconds 180
+    .venv/bin/python -P bench/watch_detection.py --summary-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIGURES = REPO / "test-artifacts" / "watch-detection.tsv"
+CONDEMNS = {"a", "b", "c", "d"}      # scenarios whose victim must be named (the rest: nobody)
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f}, {max(values):.1f}"
+
+
+def summary(path: Path) -> str:
+    rows = defaultdict(list)
+    for line in path.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 11:  # scenario run job state victim named right detect decide retrain detections
+            rows[fields[0]].append(fields)
+    lines = [f"{'scenario':<8} {'runs':>4} {'COMPLETED':>9} {'right node':>10} {'healthy out':>11}  "
+             f"{'fault->detection s':<19} {'fault->decision s':<18} decision->training s"]
+    for scenario, runs in sorted(rows.items()):
+        def numbers(index: int) -> list[float]:
+            return [float(r[index]) for r in runs if r[index]]
+
+        right = sum(r[6] == "True" for r in runs) if scenario in CONDEMNS else "-"
+        healthy_out = sum(1 for r in runs for node in (r[5].split(",") if r[5] != "-" else [])
+                          if node != r[4] or scenario not in CONDEMNS)
+        lines.append(f"{scenario:<8} {len(runs):>4} {sum(r[3] == 'COMPLETED' for r in runs):>9} {right!s:>10} "
+                     f"{healthy_out:>11}  {spread(numbers(7)):<19} {spread(numbers(8)):<18} {spread(numbers(9))}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", default="a,b,c,d,e,f")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=180.0, help="length of a healthy run (scenario f)")
+    parser.add_argument("--keep", action="store_true", help="append to the last figures instead of starting anew")
+    parser.add_argument("--summary-only", action="store_true")
+    args = parser.parse_args()
+    if not args.summary_only:
+        if not args.keep:
+            FIGURES.unlink(missing_ok=True)
+        env = {**os.environ, "TRAINCTL_WATCH_SCENARIOS": args.scenarios, "TRAINCTL_WATCH_RUNS": str(args.runs),
+               "TRAINCTL_WATCH_SECONDS": str(args.seconds), "PYTHONSAFEPATH": "1"}
+        subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "tests/test_watch_cluster.py"], cwd=REPO, env=env)
+    print(summary(FIGURES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
