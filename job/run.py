@@ -242,7 +242,14 @@ class JobRun:
             except subprocess.TimeoutExpired:
                 seen.poll(self.journal)
                 detection = watch.poll() if watch else None
-        if detection is not None:
+        if detection is None and status != 0 and watch is not None:
+            detection = watch.lost(status)   # Slurm ended the step on a node it lost: the watch saw it go
+            if detection is not None:
+                self.detection = detection
+                self.journal.add("detection", kind=detection.kind, suspects=list(detection.suspects),
+                                 evidence=detection.evidence, details=detection.details)
+                say(f"trainctl: watch: {detection.kind}: {detection.evidence}", err=True)
+        elif detection is not None:
             self.detection = detection
             status = self._stop_training(detection, step, seen)
         if agents is not None:   # scancel: each agent gets SIGTERM, then SIGKILL after KillWait (scancel(1))
@@ -325,6 +332,18 @@ class Watch:
         for node in seen.silent_while_progressing:
             self.job.journal.add("agent_silent", node=node, note="training goes on: not a detection")
         return seen.detection
+
+    def lost(self, status: int):
+        """The step failed by itself: the nodes whose agent fell silent before, as a detection
+        (a node Slurm lost stops its agent too); None when every agent still wrote."""
+        from trainctl.job import watch
+
+        self.poll()
+        silent = watch.silent_nodes(self.limits, self.state, time.time())
+        if not silent:
+            return None
+        return watch.Detection("hung", silent, f"the training step ended with status {status} after the agent of "
+                                               f"{', '.join(silent)} fell silent", {"silent": list(silent)})
 
 
 class CheckpointWatch:

@@ -134,8 +134,7 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
     """One poll: `readings` maps each training node to its agent's latest file (None: none yet)."""
     ranks = [rank for reading in readings.values() if reading for rank in reading.ranks]
     state = _sample(state, now, ranks, readings)
-    silent = tuple(sorted(node for node, reading in readings.items()
-                          if now - state.heard.get(node, now) >= limits.agent_silence_s))
+    silent = silent_nodes(limits, state, now)
 
     sick = [(node, check, reason) for node, reading in sorted(readings.items()) if reading
             for check, reason in reading.failed_checks]
@@ -154,7 +153,7 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
             return Observation(state, Detection(
                 "hung", gone, f"the agent of {', '.join(gone)} fell silent {limits.hang_floor_s:.0f} s ago "
                               "(no rank reports steps: no progress to judge)", {"silent": list(gone)}))
-        return _quiet(state, silent)
+        return _quiet(state, ())
     stalled_s = now - state.progress_t
     hang_after = limits.hang_timeout_s(baseline)
     if stalled_s >= hang_after:
@@ -167,8 +166,15 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
     return _quiet(state, silent)
 
 
+def silent_nodes(limits: WatchLimits, state: WatchState, now: float) -> tuple[str, ...]:
+    """Nodes whose agent wrote once and not for `agent_silence_s` since."""
+    return tuple(sorted(node for node, heard in state.heard.items() if now - heard >= limits.agent_silence_s))
+
+
 def _quiet(state: WatchState, silent: tuple[str, ...]) -> Observation:
-    newly_silent = tuple(node for node in silent if node not in state.silent_noted)
+    # noted only once training went on after the agent should have written again
+    newly_silent = tuple(node for node in silent if node not in state.silent_noted
+                         and state.progress_t > state.heard[node])
     if newly_silent:
         state = replace(state, silent_noted=state.silent_noted + newly_silent)
     return Observation(state, None, newly_silent)

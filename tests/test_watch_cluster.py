@@ -5,7 +5,7 @@ no node.
 
 3 training nodes + 1 held spare (the cluster has 4), examples/train_ddp.py at 0.25 s of work a
 step plus an all_reduce of `--grad-mb` MiB, so that a step is bound by the wire, not by the
-2 shared cores. Scenarios (`TRAINCTL_WATCH_SCENARIOS`, default the two CI runs: a,f):
+2 shared cores (scenario b: 0.05 s and `--matmuls`, bound by the CPUs). Scenarios (`TRAINCTL_WATCH_SCENARIOS`, default the two CI runs: a,f):
 
   a  every link at WIRE; from step 20 the victim's at 0.3 x WIRE (tc tbf, changed mid-run)
   b  from step 20 the victim gets a 50 % CPU quota (cgroup CFS bandwidth)
@@ -48,6 +48,7 @@ WIRE = "100mbit"
 SLOW_WIRE = "30mbit"                    # 0.3 x WIRE
 GRAD_MB = 2                             # about 0.2 s of all_reduce a step at WIRE, 0.7 s at SLOW_WIRE
 FAULT_STEP = 20
+MATMULS = 10                            # scenario b: about 80 ms of CPU a step on one free core
 RUNS = int(os.environ.get("TRAINCTL_WATCH_RUNS", "1"))
 SCENARIOS = tuple(os.environ.get("TRAINCTL_WATCH_SCENARIOS", "a,f").split(","))
 HEALTHY_SECONDS = float(os.environ.get("TRAINCTL_WATCH_SECONDS", "60"))
@@ -78,12 +79,16 @@ ALL = {s.name: s for s in (
 )}
 
 
-def watch_site(tmp_path: Path) -> Path:
+def watch_site(tmp_path: Path, scenario: str) -> Path:
     return site_variant(tmp_path, "local-demo", {
         "watch.hold_spares": 1,
-        # a gate again after a detection must take seconds: one size, small enough for the slow link
+        # the gate again after a detection must take seconds: one size, 6 iterations a pair
+        # (about 0.1 s each at WIRE, 0.3 s at SLOW_WIRE), so it confirms within about 15 s
         "gate.fabric_sizes": ["1M"],
-        "gate.compute": True,           # confirms a node at a CPU quota (scenario b)
+        "gate.fabric_iters": 3,
+        "gate.fabric_passes": 2,
+        # confirms a node at a CPU quota (scenario b); 2 s per node, in turns, elsewhere not needed
+        "gate.compute": scenario == "b",
     })
 
 
@@ -131,10 +136,13 @@ def fault(devcluster, scenario: str, victim: str):
 
 
 def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
-    site = watch_site(tmp_path)
+    site = watch_site(tmp_path, scenario.name)
     checkpoint = tmp_path / "ck.pt"
     healthy_steps = int(HEALTHY_SECONDS / (STEP_S + 0.2))
-    program = [TRAIN, "--steps", str(max(healthy_steps, 150)), "--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB),
+    # b: a step bound by the CPUs (matmuls), not by the wire, so that a CPU quota shows
+    work = ["--step-time", "0.05", "--matmuls", str(MATMULS)] if scenario.name == "b" else \
+        ["--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB)]
+    program = [TRAIN, "--steps", str(max(healthy_steps, 150)), *work,
                "--checkpoint", str(checkpoint), "--checkpoint-every", "10", "--timeout", "120"]
     if scenario.name == "e":
         program += ["--slow-from-step", str(FAULT_STEP), "--slow-step-time", "0.8"]
@@ -158,8 +166,9 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
         victim = next(n for n in expand_hostlist(training["nodes"]) if n != batch_host)
         fault_t = time.time()
         with fault(devcluster, scenario.name, victim):
-            if scenario.condemns:
-                wait_until("a detection", lambda: any(e["event"] == "confirmation" for e in journal(gate_dir)), 240)
+            if scenario.condemns:   # the fault lasts until the watch has judged it, or the job ended
+                wait_until("a decision or the job's end", lambda: any(
+                    e["event"] in ("confirmation", "job_end") for e in journal(gate_dir)), 240)
             record = wait_for_job(devcluster, job_id, timeout_s=600)
     if scenario.name == "c":
         faults.restore_node(devcluster, victim, timeout_s=120)
