@@ -20,7 +20,8 @@ from trainctl.health.slurm_hook import (DRAIN, EPILOG, HEALTH_CHECK, KEEP, NONE,
                                         OwnDrain, Plan, exit_code, plan_action, role_from_env)
 from trainctl.cli import cli
 from trainctl.proc import run, run_checked
-from trainctl.slurm import SINFO_FORMAT, NodeState, parse_scontrol_config, parse_scontrol_oneliner, parse_sinfo_states
+from trainctl.slurm import (SINFO_FORMAT, NodeState, parse_scontrol_config, parse_scontrol_oneliner,
+                            parse_sinfo_states)
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
 CONTRIB = Path(__file__).resolve().parents[1] / "contrib"
@@ -137,8 +138,9 @@ def wait_for_requeue(cluster, job_id: str, timeout_s: float) -> dict[str, str]:
             seen.append(f"{state} Restarts={record.get('Restarts', '?')}")
         if state == "PENDING" and int(record.get("Restarts", "0")) >= 1:
             return record
-        assert state not in TERMINAL_STATES, f"job {job_id} ended instead of being requeued: {' -> '.join(seen)}"
-        assert time.monotonic() < deadline, f"job {job_id} not requeued after {timeout_s:.0f} s: {' -> '.join(seen)}"
+        history = " -> ".join(seen)
+        assert state not in TERMINAL_STATES, f"job {job_id} ended instead of being requeued: {history}"
+        assert time.monotonic() < deadline, f"job {job_id} not requeued after {timeout_s:.0f} s: {history}"
         time.sleep(0.25)
 
 
@@ -163,8 +165,8 @@ def hook_wrapper(cluster, tmp_path: Path) -> Path:
         f'PATH={cluster.base}/nodes/$SLURMD_NODENAME/bin:/usr/sbin:/usr/bin:/sbin:/bin\n'
         f"SLURM_CONF={cluster.slurm_conf}\n"
         "export PATH SLURM_CONF\n"
-        f"exec {TRAINCTL} health slurm-hook --site {DEMO_SITE} --budget {HOOK_BUDGET_S} --state-dir {tmp_path}/state "
-        f"--log {tmp_path}/hook.log\n")
+        f"exec {TRAINCTL} health slurm-hook --site {DEMO_SITE} --budget {HOOK_BUDGET_S} "
+        f"--state-dir {tmp_path}/state --log {tmp_path}/hook.log\n")
     script.chmod(0o755)
     return script
 
@@ -259,12 +261,14 @@ def test_prolog_keeps_the_job_off_a_failing_node_and_drains_it_with_trainctls_re
         # the prolog ends (PrologEpilogTimeout kills it), slurmd sends slurmctld two RPCs, prolog
         # complete then requeue (`_notify_result_rpc_prolog` in src/slurmd/slurmd/req.c; each
         # MessageTimeout), and node2 reports the job's end or is set DOWN after SlurmdTimeout.
-        bound_s = config_seconds(cluster, "PrologEpilogTimeout", "MessageTimeout", "MessageTimeout", "SlurmdTimeout")
+        bound_s = config_seconds(cluster, "PrologEpilogTimeout", "MessageTimeout", "MessageTimeout",
+                                 "SlurmdTimeout")
         record = wait_for_requeue(cluster, job, bound_s)
         node2 = states(cluster)["node2"]
         log = (tmp_path / "hook.log").read_text()
     assert node2.reason == OUR_REASON                         # Slurm kept trainctl's reason, not "Prolog error"
-    assert record["Restarts"] == "1" and record.get("BatchHost", "(null)") == "(null)"   # requeued once, never ran
+    assert record["Restarts"] == "1"                          # requeued once ...
+    assert record.get("BatchHost", "(null)") == "(null)"      # ... and never started anywhere
     assert record["Priority"] != "0"   # not held: nohold_on_prolog_fail lets it start elsewhere
     assert not (tmp_path / "job.out").exists() or "node2" not in (tmp_path / "job.out").read_text()
     assert "trainctl slurm-hook prolog node2: fail" in log and "exit 1]" in log
