@@ -17,7 +17,7 @@ import pytest
 from support.slurm_jobs import submit, wait_for_job
 from support.submit_standins import nasty, read_dumps, standin_site, write_dump_program, write_trainctl
 from trainctl.proc import run_checked
-from trainctl.slurm import parse_scontrol_oneliner
+from trainctl.slurm import parse_scontrol_oneliner, parse_slurm_version
 
 pytestmark = pytest.mark.cluster
 
@@ -60,10 +60,10 @@ def test_train_ddp_runs_on_the_nodes_the_gate_chose(devcluster, tmp_path):
     assert [line.split(" on ")[1].split(":")[0] for line in ranks] == ["node1", "node4"]
 
 
-def slurm_release(devcluster) -> tuple[int, ...]:
-    """(24, 11, 5) from `scontrol --version` ("slurm-wlm 24.11.5", "slurm 22.05.8")."""
-    version = run_checked(["scontrol", "--version"], timeout=15, env=devcluster.client_env()).stdout.split()[-1]
-    return tuple(int(part) for part in version.split(".")[:3])
+def slurm_release(devcluster) -> tuple[int, int, int]:
+    """(24, 11, 5) from the cluster's `scontrol --version`."""
+    result = run_checked(["scontrol", "--version"], timeout=15, env=devcluster.client_env())
+    return parse_slurm_version(result.stdout)
 
 
 def test_a_signal_this_slurm_refuses_is_one_line_at_submit_not_a_hung_job(devcluster, tmp_path):

@@ -12,7 +12,7 @@ from typing import Mapping
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetBase, NodeSetParseError
 from ClusterShell.RangeSet import RangeSet
 
-from trainctl.errors import ExternalCommandError, PrivilegeError, UsageError
+from trainctl.errors import ExternalCommandError, ParseError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
 from trainctl.validate import MAX_NODES, check_node_name
 
@@ -365,6 +365,37 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
         if sep and key.strip() and " " not in key.strip():
             config[key.strip()] = value.strip()
     return config
+
+
+# `scontrol --version` (and every client's, and `slurmd -V`) prints PACKAGE_NAME and SLURM_VERSION_STRING
+# (print_slurm_version, src/common/proc_args.c): "slurm 25.11.0" from SchedMD's build, "slurm-wlm 24.11.5"
+# from Debian's, "-0rc1" appended to a release candidate and "26.05 (unstable svn build ...)" on
+# an unreleased branch (auxdir/slurm.m4).
+SLURM_VERSION_RE = re.compile(r"(slurm[\w-]*) (\d+)\.(\d+)(?:\.(\d+))?(?:-\w+| \(.+\))?")
+
+# `sbatch --requeue=expedite`: new in Slurm 25.11 (RELEASE_NOTES.md, "Expedited Requeue"); slurmctld refuses
+# such a job unless SlurmctldParameters has enable_expedited_requeue (`_expedited_requeue_enabled`, a
+# substring test, in src/slurmctld/job_mgr.c; slurm.conf(5)).
+EXPEDITED_REQUEUE_SINCE = (25, 11)
+EXPEDITED_REQUEUE_PARAMETER = "enable_expedited_requeue"
+
+
+def parse_slurm_version(text: str) -> tuple[int, int, int]:
+    """(major, minor, micro) from `scontrol --version`; micro is 0 where the build names none."""
+    match = SLURM_VERSION_RE.fullmatch(text.strip())
+    if not match:
+        raise ParseError(f"not a Slurm version line: {text.strip()[:80]!r}", source="scontrol --version")
+    major, minor, micro = match.group(2, 3, 4)
+    return int(major), int(minor), int(micro or 0)
+
+
+def expedited_requeue_available(version: tuple[int, int, int], slurmctld_parameters: str) -> bool:
+    """Whether a cluster accepts `sbatch --requeue=expedite`: Slurm 25.11 or later, enabled by its admin.
+
+    `slurmctld_parameters` is `scontrol show config`'s SlurmctldParameters ("(null)" when unset).
+    Nothing in trainctl submits with it yet: docs/slurm-versions.md says why.
+    """
+    return version[:2] >= EXPEDITED_REQUEUE_SINCE and EXPEDITED_REQUEUE_PARAMETER in slurmctld_parameters
 
 
 def require_operator(env: dict[str, str] | None = None) -> None:

@@ -1,0 +1,56 @@
+"""What trainctl reads from a Slurm version: the version line itself and what a version allows (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainctl.errors import ParseError
+from trainctl.slurm import expedited_requeue_available, parse_slurm_version
+
+RECORDED = Path(__file__).parent / "fixtures" / "recorded"
+
+
+@pytest.mark.parametrize("recorded, version", [
+    ("devcluster-slurm-22.05.8/scontrol-version.txt", (22, 5, 8)),
+    ("devcluster-slurm-24.11.5/scontrol-version.txt", (24, 11, 5)),
+])
+def test_debian_version_lines_recorded_on_the_dev_cluster(recorded, version):
+    assert parse_slurm_version((RECORDED / recorded).read_text()) == version
+
+
+@pytest.mark.parametrize("line, version", [
+    # SchedMD's own build: PACKAGE_NAME "slurm" (configure.ac's AC_INIT) and SLURM_VERSION_STRING,
+    # which auxdir/slurm.m4 builds from META: "-<Release>" unless Release is 1, and "MAJOR.MINOR
+    # (unstable svn build DATE)" on an unreleased branch. Not recorded: no such build runs here.
+    ("slurm 25.11.0", (25, 11, 0)),
+    ("slurm 25.11.0-0rc1", (25, 11, 0)),
+    ("slurm 26.05 (unstable svn build 202611270000)", (26, 5, 0)),
+])
+def test_version_lines_of_schedmds_builds(line, version):
+    assert parse_slurm_version(line) == version
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "slurm",
+    "slurm 25",
+    "scontrol: fatal: Could not establish a configuration source",  # 22.05 with no slurm.conf to read
+    "slurm-wlm 24.11.5\nslurm-wlm 24.11.5",
+])
+def test_anything_else_is_a_parse_error_not_a_guess(text):
+    with pytest.raises(ParseError, match="not a Slurm version line"):
+        parse_slurm_version(text)
+
+
+@pytest.mark.parametrize("version, parameters, available", [
+    ((22, 5, 8), "enable_expedited_requeue", False),     # sbatch takes no argument to --requeue before 25.11
+    ((25, 5, 9), "enable_expedited_requeue", False),
+    ((25, 11, 0), "(null)", False),                      # 25.11 refuses the job unless the admin enabled it
+    ((25, 11, 0), "enable_configless", False),
+    ((25, 11, 0), "enable_configless,enable_expedited_requeue", True),
+    ((26, 5, 0), "enable_expedited_requeue", True),
+])
+def test_expedited_requeue_needs_25_11_and_the_admins_parameter(version, parameters, available):
+    assert expedited_requeue_available(version, parameters) is available
