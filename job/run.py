@@ -72,7 +72,8 @@ class JobRun:
             say(f"trainctl: attempt {attempt} of {self.plan.retries + 1}"
                 + (f", excluding {excluding}" if excluding else ""))
         self.journal.add("job_start", attempt=int(attempt) if attempt.isdigit() else attempt,
-                         nodes=list(self.facts.allocated), batch_host=self.facts.batch_host)
+                         nodes=list(self.facts.allocated), batch_host=self.facts.batch_host,
+                         slurm=slurm.slurm_version(self.env))
         self.sentinel = self._start_sentinel() if len(self.facts.allocated) > 1 else None
         state, action = sv.advance(self.facts, sv.JobState(), sv.Started())
         while not isinstance(action, sv.Finish):

@@ -97,6 +97,19 @@ def shrink_job(job_id: str, keep: str, gate_dir: str, env: dict[str, str]) -> tu
         return result, None
 
 
+def slurm_version(env: dict[str, str]) -> str:
+    """"24.11.5" from `scontrol --version`; why not, when it cannot tell (for the journal)."""
+    from trainctl.errors import ParseError
+    from trainctl.slurm import parse_slurm_version
+
+    result = run(["scontrol", "--version"], timeout=SCONTROL_TIMEOUT_S, env=env)
+    try:
+        return ".".join(str(part) for part in parse_slurm_version(result.stdout)) if result.ok else \
+            f"unknown: {result.describe_failure()}"
+    except ParseError as exc:
+        return f"unknown: {exc}"
+
+
 def job_record(job_id: str, env: dict[str, str]) -> dict[str, str]:
     """`scontrol show job -o` as {key: value}; empty when scontrol failed."""
     result = run(["scontrol", "show", "job", "-o", job_id], timeout=SCONTROL_TIMEOUT_S, env=env)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import ParseError
-from trainctl.slurm import expedited_requeue_available, parse_slurm_version
+from trainctl.slurm import parse_slurm_version
 
 RECORDED = Path(__file__).parent / "fixtures" / "recorded"
 
@@ -42,15 +42,3 @@ def test_version_lines_of_schedmds_builds(line, version):
 def test_anything_else_is_a_parse_error_not_a_guess(text):
     with pytest.raises(ParseError, match="not a Slurm version line"):
         parse_slurm_version(text)
-
-
-@pytest.mark.parametrize("version, parameters, available", [
-    ((22, 5, 8), "enable_expedited_requeue", False),     # sbatch takes no argument to --requeue before 25.11
-    ((25, 5, 9), "enable_expedited_requeue", False),
-    ((25, 11, 0), "(null)", False),                      # 25.11 refuses the job unless the admin enabled it
-    ((25, 11, 0), "enable_configless", False),
-    ((25, 11, 0), "enable_configless,enable_expedited_requeue", True),
-    ((26, 5, 0), "enable_expedited_requeue", True),
-])
-def test_expedited_requeue_needs_25_11_and_the_admins_parameter(version, parameters, available):
-    assert expedited_requeue_available(version, parameters) is available

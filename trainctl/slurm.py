@@ -373,13 +373,6 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
 # an unreleased branch (auxdir/slurm.m4).
 SLURM_VERSION_RE = re.compile(r"(slurm[\w-]*) (\d+)\.(\d+)(?:\.(\d+))?(?:-\w+| \(.+\))?")
 
-# `sbatch --requeue=expedite`: new in Slurm 25.11 (RELEASE_NOTES.md, "Expedited Requeue"); slurmctld refuses
-# such a job unless SlurmctldParameters has enable_expedited_requeue (`_expedited_requeue_enabled`, a
-# substring test, in src/slurmctld/job_mgr.c; slurm.conf(5)).
-EXPEDITED_REQUEUE_SINCE = (25, 11)
-EXPEDITED_REQUEUE_PARAMETER = "enable_expedited_requeue"
-
-
 def parse_slurm_version(text: str) -> tuple[int, int, int]:
     """(major, minor, micro) from `scontrol --version`; micro is 0 where the build names none."""
     match = SLURM_VERSION_RE.fullmatch(text.strip())
@@ -387,15 +380,6 @@ def parse_slurm_version(text: str) -> tuple[int, int, int]:
         raise ParseError(f"not a Slurm version line: {text.strip()[:80]!r}", source="scontrol --version")
     major, minor, micro = match.group(2, 3, 4)
     return int(major), int(minor), int(micro or 0)
-
-
-def expedited_requeue_available(version: tuple[int, int, int], slurmctld_parameters: str) -> bool:
-    """Whether a cluster accepts `sbatch --requeue=expedite`: Slurm 25.11 or later, enabled by its admin.
-
-    `slurmctld_parameters` is `scontrol show config`'s SlurmctldParameters ("(null)" when unset).
-    Nothing in trainctl submits with it yet: docs/slurm-versions.md says why.
-    """
-    return version[:2] >= EXPEDITED_REQUEUE_SINCE and EXPEDITED_REQUEUE_PARAMETER in slurmctld_parameters
 
 
 def require_operator(env: dict[str, str] | None = None) -> None:
