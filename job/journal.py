@@ -163,7 +163,8 @@ def describe(event: dict) -> str:
             "gate_end": "gate ended", "released": "released unused nodes", "training_start": "training step started",
             "checkpoint": "checkpoint seen", "step_end": "training step ended", "retry": "retry",
             "job_end": "job ended", "checkpoint_request": "watch: asked the ranks to checkpoint",
-            "stacks": "watch: every rank's stack recorded", "agent_silent": "watch: node agent silent"}.get(kind, kind)
+            "stacks": "watch: every rank's stack recorded", "agent_silent": "watch: node agent silent",
+            "first_step": "first step reported"}.get(kind, kind)
     if detail:
         text += ": " + ", ".join(f"{key} {_value(value)}" for key, value in detail.items())
     return text

@@ -92,10 +92,12 @@ class JobRun:
     # ------------------------------------------------------------ the gate
 
     def _gate(self, action: sv.RunGate) -> sv.Event:
+        again = {}
         if action.nodes:   # again after a detection: the last round's files go aside, as evidence
-            archive_gate_round(self.gate_dir, self.gate_rounds)
+            evidence = archive_gate_round(self.gate_dir, self.gate_rounds)
             self.gate_rounds += 1
-        self.journal.add("gate_start", **({"nodes": list(action.nodes)} if action.nodes else {}))
+            again = {"nodes": list(action.nodes), "evidence": os.path.relpath(evidence, self.gate_dir)}
+        self.journal.add("gate_start", **again)
         step = slurm.start_step(sv.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"]),
                                                   action.nodes), self.env)
         watcher = threading.Thread(target=self._write_gate_status, args=(step,), daemon=True)
@@ -328,8 +330,11 @@ class Watch:
     def poll(self):
         from trainctl.job import watch
 
+        stepped = self.state.progress_steps >= 0
         seen = watch.observe(self.limits, self.state, time.time(), read_node_files(self.job.gate_dir, self.nodes))
         self.state = seen.state
+        if not stepped and self.state.progress_steps >= 0:   # training again: the restart's cost ends here
+            self.job.journal.add("first_step", steps=self.state.progress_steps)
         for node in seen.silent_while_progressing:
             self.job.journal.add("agent_silent", node=node, note="training goes on: not a detection")
         return seen.detection

@@ -153,7 +153,7 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
             return Observation(state, Detection(
                 "hung", gone, f"the agent of {', '.join(gone)} fell silent {limits.hang_floor_s:.0f} s ago "
                               "(no rank reports steps: no progress to judge)", {"silent": list(gone)}))
-        return _quiet(state, ())
+        return _quiet(limits, state, ())
     stalled_s = now - state.progress_t
     hang_after = limits.hang_timeout_s(baseline)
     if stalled_s >= hang_after:
@@ -163,7 +163,7 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
     if slow:
         return Observation(state, slow)
 
-    return _quiet(state, silent)
+    return _quiet(limits, state, silent)
 
 
 def silent_nodes(limits: WatchLimits, state: WatchState, now: float) -> tuple[str, ...]:
@@ -171,10 +171,10 @@ def silent_nodes(limits: WatchLimits, state: WatchState, now: float) -> tuple[st
     return tuple(sorted(node for node, heard in state.heard.items() if now - heard >= limits.agent_silence_s))
 
 
-def _quiet(state: WatchState, silent: tuple[str, ...]) -> Observation:
-    # noted only once training went on after the agent should have written again
+def _quiet(limits: WatchLimits, state: WatchState, silent: tuple[str, ...]) -> Observation:
+    # noted only once training went on for agent_silence_s after the agent's last word
     newly_silent = tuple(node for node in silent if node not in state.silent_noted
-                         and state.progress_t > state.heard[node])
+                         and state.progress_t - state.heard[node] >= limits.agent_silence_s)
     if newly_silent:
         state = replace(state, silent_noted=state.silent_noted + newly_silent)
     return Observation(state, None, newly_silent)

@@ -76,15 +76,18 @@ def request_stacks(gate_dir: str, nodes: tuple[str, ...], wait_s: float) -> dict
 
 
 def archive_gate_round(gate_dir: str, number: int) -> str:
-    """Move the last gate round's files into `rounds/<number>/` before the gate runs again."""
+    """Move the last gate round's files, and the watch's evidence from the training that followed
+    it (node files, stacks), into `rounds/<number>/` before the gate runs again."""
     target = Path(gate_dir, "rounds", str(number))
-    target.mkdir(parents=True, exist_ok=True)
+    (target / "watch").mkdir(parents=True, exist_ok=True)
     for name in GATE_ROUND_FILES:
         source = Path(gate_dir, name)
         if source.exists():
             shutil.move(str(source), str(target / name))
     for log in Path(gate_dir).glob("node-*.log"):
         shutil.move(str(log), str(target / log.name))
+    for evidence in [*Path(watch_dir(gate_dir)).glob("*.json"), *Path(watch_dir(gate_dir)).glob("stacks-*.txt")]:
+        shutil.move(str(evidence), str(target / "watch" / evidence.name))
     return str(target)
 
 

@@ -181,19 +181,24 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
 def summarise(events: list[dict], victim: str, fault_t: float) -> dict:
     detections = [e for e in events if e["event"] == "detection"]
     confirmations = [e for e in events if e["event"] == "confirmation"]
-    restarts = [e for e in events if e["event"] == "training_start" and e.get("restart")]
+    restart_t = min((e["t"] for e in events if e["event"] == "training_start" and e.get("restart")), default=None)
+    # training again: the first step reported after the restart
+    restarts = [e for e in events if e["event"] == "first_step" and restart_t and e["t"] >= restart_t]
     named = sorted({node for c in confirmations for node in c.get("named", {})})
     first = detections[0] if detections else None
-    confirmed = next((c for c in confirmations if c.get("named")), None)
-    restart_after = next((r for r in restarts if confirmed and r["t"] >= confirmed["t"]), None)
+    # the decision: a detection that names the node itself (sick, hung), else the gate's confirmation
+    decided = next((e for e in events if (e["event"] == "detection" and e.get("suspects"))
+                    or (e["event"] == "confirmation" and e.get("named"))), None)
+    restart_after = next((r for r in restarts if decided and r["t"] >= decided["t"]), None)
     return {
         "detections": [(d["kind"], d["suspects"]) for d in detections],
         "named": named,
         "right": named == [victim],
         "fault_to_detection_s": first["t"] - fault_t if first else None,
-        "fault_to_decision_s": confirmed["t"] - fault_t if confirmed else None,
-        "decision_to_training_s": restart_after["t"] - confirmed["t"] if restart_after else None,
-        "restart_nodes": restart_after["nodes"] if restart_after else None,
+        "fault_to_decision_s": decided["t"] - fault_t if decided else None,
+        "decision_to_training_s": restart_after["t"] - decided["t"] if restart_after else None,
+        "restart_nodes": next((e["nodes"] for e in events if e["event"] == "training_start" and e.get("restart")),
+                              None),
     }
 
 
