@@ -19,8 +19,7 @@ Each step and each checkpoint is reported through `trainctl.progress` (what trai
 reads to watch the training); without trainctl installed the calls do nothing. For the watch's
 scenarios: `--grad-mb X` all_reduces an extra X MiB of float32 each step (the step waits on the
 wire: a slow link slows every rank), and `--slow-from-step N --slow-step-time S` makes every rank
-sleep S instead of --step-time from step N on (the program itself slows, on every node alike);
-`--matmuls K` adds K 256x256 matmuls a step (CPU work, timed with `progress.compute()`).
+sleep S instead of --step-time from step N on (the program itself slows, on every node alike).
 
     trainctl submit --site local-demo --nodes 2 --spare 2 -- examples/train_ddp.py
     trainctl submit --site local-demo --nodes 2 --spare 1 --retries 1 --signal USR1@120 -- \
@@ -45,12 +44,9 @@ signal.signal(signal.SIGUSR1, lambda signum, frame: WARNED.append(signum))
 try:
     import trainctl.progress as progress   # standard library only: costs nothing without the job's socket
 except ImportError:  # run without trainctl: report nothing
-    import contextlib
-
     class progress:  # noqa: N801  (stands in for the module)
         step = staticmethod(lambda: None)
         checkpoint = staticmethod(lambda step: None)
-        compute = staticmethod(contextlib.nullcontext)
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns when peer hostnames do not resolve
 import torch  # noqa: E402
@@ -73,9 +69,6 @@ def main() -> int:
                         help="seconds each step sleeps (stands in for real work, so a run lasts long enough)")
     parser.add_argument("--grad-mb", type=float, default=0.0,
                         help="MiB of float32 every step also all_reduces (a wire-bound step; 0: none)")
-    parser.add_argument("--matmuls", type=int, default=0,
-                        help="256x256 float32 matmuls each rank computes each step (work bound by the CPU: "
-                             "a node given less CPU slows every rank)")
     parser.add_argument("--slow-from-step", type=int, default=None,
                         help="from this step on, every rank sleeps --slow-step-time instead of --step-time")
     parser.add_argument("--slow-step-time", type=float, default=0.0,
@@ -103,7 +96,6 @@ def main() -> int:
         print(f"resumed from step {start} ({args.checkpoint}) on rank {rank}", flush=True)
     loss = torch.zeros(())
     wire = torch.zeros(int(args.grad_mb * (1 << 20)) // 4) if args.grad_mb > 0 else None   # float32: 4 bytes
-    work = torch.ones(256, 256)
     for step in range(start, args.steps):
         inputs = torch.randn(args.batch, 16, generator=data)
         targets = inputs.sum(dim=1, keepdim=True)
@@ -111,9 +103,6 @@ def main() -> int:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        with progress.compute():
-            for _ in range(args.matmuls):
-                torch.mm(work, work)
         if wire is not None:
             dist.all_reduce(wire)
         slow = args.slow_from_step is not None and step >= args.slow_from_step

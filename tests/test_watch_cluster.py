@@ -5,14 +5,18 @@ no node.
 
 3 training nodes + 1 held spare (the cluster has 4), examples/train_ddp.py at 0.25 s of work a
 step plus an all_reduce of `--grad-mb` MiB, so that a step is bound by the wire, not by the
-2 shared cores (scenario b: 0.05 s and `--matmuls`, bound by the CPUs). Scenarios (`TRAINCTL_WATCH_SCENARIOS`, default the two CI runs: a,f):
+2 shared cores. Scenarios (`TRAINCTL_WATCH_SCENARIOS`, default the two CI runs: a,f):
 
   a  every link at WIRE; from step 20 the victim's at 0.3 x WIRE (tc tbf, changed mid-run)
-  b  from step 20 the victim gets a 50 % CPU quota (cgroup CFS bandwidth)
   c  from step 20 the victim is hung: SIGSTOP every process in its namespace
   d  from step 20 the victim's replayed kernel log (`dmesg`) has an Xid line
   e  from step 20 the program itself slows on every rank (--slow-from-step)
   f  healthy (TRAINCTL_WATCH_SECONDS long, 60 s unless set)
+
+A 50 % CPU quota on one node (the issue's scenario b) is not among them: the 3 training nodes
+share this machine's 2 cores, so each already gets about 2/3 of a core, and a quota of 1/2 on
+one of them did not change the step time beyond its noise (tried: 10 and 40 256x256 matmuls a
+step, 1.4-2.7 s per 10 steps before and after the quota).
 
 `TRAINCTL_WATCH_RUNS` runs each; every run appends a row to test-artifacts/watch-detection.tsv,
 which bench/watch_detection.py summarises. Assertions are about outcomes (who was named, whether
@@ -48,7 +52,6 @@ WIRE = "100mbit"
 SLOW_WIRE = "30mbit"                    # 0.3 x WIRE
 GRAD_MB = 2                             # about 0.2 s of all_reduce a step at WIRE, 0.7 s at SLOW_WIRE
 FAULT_STEP = 20
-MATMULS = 10                            # scenario b: about 80 ms of CPU a step on one free core
 RUNS = int(os.environ.get("TRAINCTL_WATCH_RUNS", "1"))
 SCENARIOS = tuple(os.environ.get("TRAINCTL_WATCH_SCENARIOS", "a,f").split(","))
 HEALTHY_SECONDS = float(os.environ.get("TRAINCTL_WATCH_SECONDS", "60"))
@@ -71,7 +74,6 @@ class Scenario:
 
 ALL = {s.name: s for s in (
     Scenario("a", True, f"victim's link cut to {SLOW_WIRE} (others {WIRE}) from step {FAULT_STEP}"),
-    Scenario("b", True, f"victim at a 50 % CPU quota from step {FAULT_STEP}"),
     Scenario("c", True, f"victim hung (SIGSTOP) at step {FAULT_STEP}"),
     Scenario("d", True, f"Xid in the victim's kernel log from step {FAULT_STEP}"),
     Scenario("e", False, f"the program slows on every rank from step {FAULT_STEP}"),
@@ -79,7 +81,7 @@ ALL = {s.name: s for s in (
 )}
 
 
-def watch_site(tmp_path: Path, scenario: str) -> Path:
+def watch_site(tmp_path: Path) -> Path:
     return site_variant(tmp_path, "local-demo", {
         "watch.hold_spares": 1,
         # the gate again after a detection must take seconds: one size, 6 iterations a pair
@@ -87,8 +89,6 @@ def watch_site(tmp_path: Path, scenario: str) -> Path:
         "gate.fabric_sizes": ["1M"],
         "gate.fabric_iters": 3,
         "gate.fabric_passes": 2,
-        # confirms a node at a CPU quota (scenario b); 2 s per node, in turns, elsewhere not needed
-        "gate.compute": scenario == "b",
     })
 
 
@@ -122,9 +122,6 @@ def fault(devcluster, scenario: str, victim: str):
     if scenario == "a":
         devcluster.set_rate(victim, SLOW_WIRE)
         yield
-    elif scenario == "b":
-        with faults.cpu_quota(devcluster, victim, 0.5):
-            yield
     elif scenario == "c":
         with faults.stopped(devcluster, victim):
             yield
@@ -136,13 +133,10 @@ def fault(devcluster, scenario: str, victim: str):
 
 
 def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
-    site = watch_site(tmp_path, scenario.name)
+    site = watch_site(tmp_path)
     checkpoint = tmp_path / "ck.pt"
     healthy_steps = int(HEALTHY_SECONDS / (STEP_S + 0.2))
-    # b: a step bound by the CPUs (matmuls), not by the wire, so that a CPU quota shows
-    work = ["--step-time", "0.05", "--matmuls", str(MATMULS)] if scenario.name == "b" else \
-        ["--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB)]
-    program = [TRAIN, "--steps", str(max(healthy_steps, 150)), *work,
+    program = [TRAIN, "--steps", str(max(healthy_steps, 150)), "--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB),
                "--checkpoint", str(checkpoint), "--checkpoint-every", "10", "--timeout", "120"]
     if scenario.name == "e":
         program += ["--slow-from-step", str(FAULT_STEP), "--slow-step-time", "0.8"]
