@@ -12,8 +12,9 @@ looked at right before. Where the job's user lacks Slurm operator rights the rep
 sweep history as a sweep of kind "gate" when the job can write it, so `trainctl resume`
 treats it like its own; otherwise the report says it is not recorded.
 
-Planning is pure (`plan_gate_drains`); `drain_excluded` does the Slurm calls and records the
-drains in the sweep history (trainctl.sweep); `trainctl gate decide` calls it.
+Planning is pure (`plan_gate_drains`; `plan_watch_drains` for the nodes the in-training watch
+condemned); `drain_planned` does the Slurm calls and records the drains in the sweep history
+(trainctl.sweep); `trainctl gate decide` and the job's supervisor call it.
 """
 
 from __future__ import annotations
@@ -70,16 +71,44 @@ def plan_gate_drains(decision: Decision, node_reports: Mapping[str, dict], fabri
     return drains
 
 
+def plan_watch_drains(condemned: Mapping[str, tuple[str, str, str]], drain_on: tuple[str, ...],
+                      job_id: str) -> list[GateDrain]:
+    """The nodes the in-training watch condemned ({node: (kind, check, reason)}), drained as the
+    gate's exclusions are: a check that newly failed ("sick") counts as "fail"; a node that hung
+    and fell silent counts as "unknown" (no check could tell what is wrong with it)."""
+    from trainctl.slurm import tagged_reason
+
+    drains = []
+    for node, (kind, check, reason) in sorted(condemned.items()):
+        if ("fail" if kind == "sick" else "unknown") in drain_on:
+            name, tagged = tagged_reason([(check, reason)], context=f"watch of job {job_id}")
+            drains.append(GateDrain(node, name, tagged))
+    return drains
+
+
 def drain_excluded(site: str | None, config, decision: Decision, node_reports: Mapping[str, dict],
                    fabric: FabricReport | None, environ: Mapping[str, str], clock=time.time) -> list[GateDrain]:
     """Drain what the site's `[gate] drain_on` asks for (`config`: the site, loaded; None: no site);
     never raises for Slurm or rights."""
-    if site is None or config is None:
-        return []
-    if not config.gate.drain_on:
+    if site is None or config is None or not config.gate.drain_on:
         return []
     job_id = environ.get("SLURM_JOB_ID", "?")
-    planned = plan_gate_drains(decision, node_reports, fabric, tuple(config.gate.drain_on), job_id)
+    return drain_planned(plan_gate_drains(decision, node_reports, fabric, tuple(config.gate.drain_on), job_id),
+                         config, site, job_id, clock)
+
+
+def drain_condemned(site: str | None, config, condemned: Mapping[str, tuple[str, str, str]],
+                    environ: Mapping[str, str], clock=time.time) -> list[GateDrain]:
+    """Drain the watch's condemned nodes where `[gate] drain_on` asks (`plan_watch_drains`)."""
+    if site is None or config is None or not config.gate.drain_on:
+        return []
+    job_id = environ.get("SLURM_JOB_ID", "?")
+    return drain_planned(plan_watch_drains(condemned, tuple(config.gate.drain_on), job_id), config, site, job_id,
+                         clock)
+
+
+def drain_planned(planned: list[GateDrain], config, site: str, job_id: str, clock) -> list[GateDrain]:
+    """The Slurm calls for planned drains, then their record in the sweep history."""
     if not planned:
         return []
     from trainctl.slurm import drain_unclaimed, require_operator

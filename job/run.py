@@ -146,6 +146,7 @@ class JobRun:
             self.accepted_step_s = 0.0
             self.journal.add("confirmation", kind=detection.kind, named={**condemned, **named}, checked=list(checked))
             say(f"trainctl: watch: leaving out {', '.join(sorted({**condemned, **named}))}", err=True)
+            self._drain_condemned(detection)
         else:
             if detection.kind == "slow":
                 self.accepted_step_s = detection.details.get("step_s", 0.0)
@@ -153,6 +154,18 @@ class JobRun:
                              note="slowdown not localised" if detection.kind == "slow" else "nobody named")
             say(f"trainctl: watch: the gate names no node ({detection.kind} not localised): "
                 "resuming on the same nodes", err=True)
+
+    def _drain_condemned(self, detection) -> None:
+        """Drain the nodes the detection named itself, where the site's `[gate] drain_on` asks
+        (those the gate named were drained by `gate decide`)."""
+        from trainctl.job.gate_drain import drain_condemned
+
+        failed = {item["node"]: (item["check"], item["reason"]) for item in detection.details.get("failed", [])}
+        condemned = {node: (detection.kind, *failed.get(node, ("watch." + detection.kind, detection.evidence)))
+                     for node in detection.suspects}
+        for drain in drain_condemned(self.policy.site, self.policy.config, condemned, self.env):
+            self.journal.add("drain", node=drain.host, outcome=drain.outcome, reason=drain.reason)
+            say(f"trainctl: {drain.line()}", err=True)
 
     def _healthy_unused(self, chosen: tuple[str, ...]) -> tuple[str, ...]:
         """Nodes the gate passed but did not choose (decision.json), in Slurm's order: the spares."""

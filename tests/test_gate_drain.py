@@ -145,3 +145,15 @@ def test_gate_decide_drains_what_it_excluded_and_resume_resumes_it_as_trainctls(
                        timeout=30)
         shutil.rmtree(work, ignore_errors=True)
         devcluster.wait_idle(timeout_s=60)
+
+
+def test_the_watchs_condemned_nodes_drain_as_the_site_asks():
+    from trainctl.job.gate_drain import plan_watch_drains
+
+    condemned = {"node2": ("sick", "gpu.xid", "Xid 79 on GPU 3"),
+                 "node3": ("hung", "watch.hung", "no rank finished a step for 600 s; the agent of node3 fell silent")}
+    drains = plan_watch_drains(condemned, ("fail",), "42")
+    assert [(d.host, d.check) for d in drains] == [("node2", "gpu.xid")]
+    assert drains[0].reason == "trainctl: gpu.xid: Xid 79 on GPU 3 (watch of job 42)"
+    assert [d.host for d in plan_watch_drains(condemned, ("fail", "unknown"), "42")] == ["node2", "node3"]
+    assert plan_watch_drains(condemned, ("fabric",), "42") == []
