@@ -5,12 +5,14 @@ Runs tests/test_watch_cluster.py with TRAINCTL_WATCH_SCENARIOS and TRAINCTL_WATC
 submits a job of 3 nodes + 1 held spare, injects the scenario's fault at step 20 by PID,
 namespace or tc, and reads the job's journal), then summarises
 test-artifacts/watch-detection.tsv: per scenario, runs, runs COMPLETED, runs in which the right
-node (and only it) was named and left out, runs in which a healthy node was left out, and the
+node (and only it) was named and left out, runs in which a healthy node was left out, the
 seconds from fault to detection, from fault to decision and from decision to training again
-(median, max).
+(median, max), and for the whole chain of jobs (a requeue adds one) the seconds from submit to
+the end and the goodput. `--watch-off` runs the same faults without the watch, with `--retries 1`.
 
     TRAINCTL_DEVCLUSTER_INSTANCE=1 .venv/bin/python -P bench/watch_detection.py --scenarios a,c,d,e --runs 10
     .venv/bin/python -P bench/watch_detection.py --scenarios f --runs 20 --seconds 180
+    .venv/bin/python -P bench/watch_detection.py --scenarios a,c --runs 3 --watch-off --keep
     .venv/bin/python -P bench/watch_detection.py --summary-only
 """
 
@@ -39,19 +41,24 @@ def summary(path: Path) -> str:
     rows = defaultdict(list)
     for line in path.read_text().splitlines():
         fields = line.split("\t")
-        if len(fields) >= 11:  # scenario run job state victim named right detect decide retrain detections
-            rows[fields[0]].append(fields)
-    lines = [f"{'scenario':<8} {'runs':>4} {'COMPLETED':>9} {'right node':>10} {'healthy out':>11}  "
-             f"{'fault->detection s':<19} {'fault->decision s':<18} decision->training s"]
-    for scenario, runs in sorted(rows.items()):
+        # scenario run job state victim named right detect decide retrain detections mode jobs wall goodput
+        if len(fields) >= 15:
+            rows[(fields[0], fields[11])].append(fields)
+    lines = [f"{'scenario':<8} {'watch':<5} {'runs':>4} {'COMPLETED':>9} {'right node':>10} {'healthy out':>11}  "
+             f"{'fault->detection s':<19} {'fault->decision s':<18} {'decision->training s':<21} "
+             f"{'jobs':>4}  {'submit->end s':<14} goodput"]
+    for (scenario, mode), runs in sorted(rows.items()):
         def numbers(index: int) -> list[float]:
             return [float(r[index]) for r in runs if r[index]]
 
-        right = sum(r[6] == "True" for r in runs) if scenario in CONDEMNS else "-"
+        right = sum(r[6] == "True" for r in runs) if scenario in CONDEMNS and mode == "watch" else "-"
         healthy_out = sum(1 for r in runs for node in (r[5].split(",") if r[5] != "-" else [])
                           if node != r[4] or scenario not in CONDEMNS)
-        lines.append(f"{scenario:<8} {len(runs):>4} {sum(r[3] == 'COMPLETED' for r in runs):>9} {right!s:>10} "
-                     f"{healthy_out:>11}  {spread(numbers(7)):<19} {spread(numbers(8)):<18} {spread(numbers(9))}")
+        goodputs = numbers(14)
+        lines.append(f"{scenario:<8} {mode:<5} {len(runs):>4} {sum(r[3] == 'COMPLETED' for r in runs):>9} "
+                     f"{right!s:>10} {healthy_out:>11}  {spread(numbers(7)):<19} {spread(numbers(8)):<18} "
+                     f"{spread(numbers(9)):<21} {max(int(r[12]) for r in runs):>4}  {spread(numbers(13)):<14} "
+                     f"{statistics.median(goodputs):.1%}" if goodputs else "-")
     return "\n".join(lines)
 
 
@@ -61,13 +68,16 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=180.0, help="length of a healthy run (scenario f)")
     parser.add_argument("--keep", action="store_true", help="append to the last figures instead of starting anew")
+    parser.add_argument("--watch-off", action="store_true",
+                        help="the same faults with the watch off and --retries 1 (what a job had before it)")
     parser.add_argument("--summary-only", action="store_true")
     args = parser.parse_args()
     if not args.summary_only:
         if not args.keep:
             FIGURES.unlink(missing_ok=True)
         env = {**os.environ, "TRAINCTL_WATCH_SCENARIOS": args.scenarios, "TRAINCTL_WATCH_RUNS": str(args.runs),
-               "TRAINCTL_WATCH_SECONDS": str(args.seconds), "PYTHONSAFEPATH": "1"}
+               "TRAINCTL_WATCH_SECONDS": str(args.seconds), "PYTHONSAFEPATH": "1",
+               "TRAINCTL_WATCH_OFF": "1" if args.watch_off else "0"}
         subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "tests/test_watch_cluster.py"], cwd=REPO, env=env)
     print(summary(FIGURES))
     return 0
