@@ -45,10 +45,8 @@ from typing import Any
 
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.status import CheckResult, Status
+from trainctl.job.watch import DUMP_REQUEST, NODE_FILE_FORMAT, WATCH_SUBDIR, dump_done_file, stacks_file
 
-NODE_FILE_FORMAT = 1
-WATCH_SUBDIR = "watch"                 # under the gate directory
-DUMP_REQUEST = "dump-request"
 TOKEN_CHARS = 200                      # of a dump request's token, kept
 SELECT_S = 0.2                         # longest wait for a report before the loop looks at its clocks
 DATAGRAMS_PER_PASS = 10_000            # then the loop writes and looks at its checks before reading on
@@ -241,7 +239,7 @@ class Agent:
         self.started_t = time.time()
         self.ranks: dict[int, RankProgress] = {}
         self.checks = ChecksState()
-        self.answered = _read_token(self.folder / f"dump-done-{node}")   # a restarted agent does not dump again
+        self.answered = _read_token(self.folder / dump_done_file(node))   # a restarted agent does not dump again
         self.dumping: threading.Thread | None = None
         self.last_write_error = ""
 
@@ -335,9 +333,9 @@ class Agent:
         from trainctl.files import write_atomically
 
         try:
-            write_atomically(self.folder / f"stacks-{self.node}.txt",
+            write_atomically(self.folder / stacks_file(self.node),
                              dump_stacks(self.node, pids, self.py_spy, self.dump_timeout_s))
-            write_atomically(self.folder / f"dump-done-{self.node}", token + "\n")
+            write_atomically(self.folder / dump_done_file(self.node), token + "\n")
         except UsageError as exc:
             self._say(f"stack dump not written: {exc}")
 

@@ -32,7 +32,19 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Literal, Mapping
 
+# The files the node agents (trainctl.job.agent) and the supervisor (trainctl.job.watch_io) share,
+# in the gate directory's watch/ folder: <node>.json, the stacks request and its answers.
 NODE_FILE_FORMAT = 1
+WATCH_SUBDIR = "watch"
+DUMP_REQUEST = "dump-request"              # holds a token; each agent answers with dump-done-<node>
+
+
+def stacks_file(node: str) -> str:
+    return f"stacks-{node}.txt"
+
+
+def dump_done_file(node: str) -> str:
+    return f"dump-done-{node}"
 MIN_BASELINE_SAMPLES = 5
 MIN_RECENT_SAMPLES = 3
 MAX_SAMPLES = 4096                      # bounded memory, whatever the job's length

@@ -17,16 +17,16 @@ import time
 from pathlib import Path
 
 from trainctl.agent_socket import WATCH_DIR_ENV  # noqa: F401  (the supervisor sets it through here)
-from trainctl.job.watch import NodeReading, parse_node_file
+from trainctl.job.watch import (DUMP_REQUEST, WATCH_SUBDIR, NodeReading, dump_done_file, parse_node_file,
+                                 stacks_file)
 
 NODE_FILE_MAX_BYTES = 1 << 20               # a node file with thousands of ranks is still far below
-STACKS_REQUEST = "dump-request"
 # what a gate round writes in the gate directory (job/gate_cli.py, the gate step's per-node logs)
 GATE_ROUND_FILES = ("nodes", "snapshots", "compute", "fabric.json", "decision.json", "report.txt", "gate-step.status")
 
 
 def watch_dir(gate_dir: str) -> str:
-    return os.path.join(gate_dir, "watch")
+    return os.path.join(gate_dir, WATCH_SUBDIR)
 
 
 def prepare_watch_dir(gate_dir: str) -> str:
@@ -61,17 +61,17 @@ def request_stacks(gate_dir: str, nodes: tuple[str, ...], wait_s: float) -> dict
 
     folder = watch_dir(gate_dir)
     token = secrets.token_hex(8)
-    write_atomically(os.path.join(folder, STACKS_REQUEST), token + "\n")
+    write_atomically(os.path.join(folder, DUMP_REQUEST), token + "\n")
     deadline = time.monotonic() + wait_s
     answered: set[str] = set()
     while True:
         for node in nodes:
-            if node not in answered and _read(os.path.join(folder, f"dump-done-{node}")) == token:
+            if node not in answered and _read(os.path.join(folder, dump_done_file(node))) == token:
                 answered.add(node)
         if len(answered) == len(nodes) or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
-    return {node: (os.path.join(folder, f"stacks-{node}.txt") if node in answered
+    return {node: (os.path.join(folder, stacks_file(node)) if node in answered
                    else f"no answer from its agent within {wait_s:g} s") for node in nodes}
 
 
@@ -79,7 +79,7 @@ def archive_gate_round(gate_dir: str, number: int) -> str:
     """Move the last gate round's files, and the watch's evidence from the training that followed
     it (node files, stacks), into `rounds/<number>/` before the gate runs again."""
     target = Path(gate_dir, "rounds", str(number))
-    (target / "watch").mkdir(parents=True, exist_ok=True)
+    (target / WATCH_SUBDIR).mkdir(parents=True, exist_ok=True)
     for name in GATE_ROUND_FILES:
         source = Path(gate_dir, name)
         if source.exists():
@@ -87,7 +87,7 @@ def archive_gate_round(gate_dir: str, number: int) -> str:
     for log in Path(gate_dir).glob("node-*.log"):
         shutil.move(str(log), str(target / log.name))
     for evidence in [*Path(watch_dir(gate_dir)).glob("*.json"), *Path(watch_dir(gate_dir)).glob("stacks-*.txt")]:
-        shutil.move(str(evidence), str(target / "watch" / evidence.name))
+        shutil.move(str(evidence), str(target / WATCH_SUBDIR / evidence.name))
     return str(target)
 
 
