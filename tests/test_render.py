@@ -275,7 +275,7 @@ def test_the_batch_host_stays_in_the_job_when_the_gate_left_it_out(tmp_path):
     request = SubmitRequest(site_ref="local-demo", program=("/bin/true",), nodes=2, spare=2)
     _, result = run_with_standins(tmp_path, request, "82", decision="node[2-3]\n10.0.0.2")
     assert result.returncode == 0, result.stderr
-    assert scontrol_updates(tmp_path) == ["update JobId=82 NodeList=node1,node[2-3]"]
+    assert scontrol_updates(tmp_path) == ["update JobId=82 NodeList=node[1-3]"]
     assert sentinel_starts(tmp_path) == 1  # node2 stays: the sentinel keeps running there
     _, job_step = srun_steps(tmp_path)
     assert job_step[:2] == ["--nodelist=node[2-3]", "--nodes=2"]
@@ -296,7 +296,7 @@ def test_a_refused_resize_is_one_warning_and_the_job_runs_on(tmp_path):
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
     assert warnings == [f"trainctl: warning: the job keeps all its nodes: scontrol update "
-                        f"NodeList=node1,node4: {refusal}"]
+                        f"NodeList=node[1,4]: {refusal}"]
     assert "PROGRAM RAN" in result.stdout
     assert sentinel_starts(tmp_path) == 2  # cancelled before the attempt (node2 was to go), started again
 
