@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from support.sites import site_variant
 from support.slurm_jobs import TRAINCTL, submit, wait_for_job
 from test_devcluster_jobs import HEALTHY_NVLINK, INACTIVE_LINKS, staged_nvidia_smi
 from trainctl.devcluster import faults
@@ -45,8 +46,10 @@ def running_on(output: str) -> list[str]:
 
 def training_with_a_checkpoint(devcluster, tmp_path: Path, checkpoint: Path) -> tuple[str, Path, str, str]:
     """A `--retries 1` job of 2 nodes and a spare, once its training wrote the checkpoint of step 10:
-    its id, gate dir, output so far and batch host."""
-    result = submit(devcluster, tmp_path, "--site", "local-demo", "--nodes", "2", "--spare", "1",
+    its id, gate dir, output so far and batch host. The watch is off: with it, a lost node is
+    restarted around inside the allocation (tests/test_watch_cluster.py), and this is the requeue."""
+    site = site_variant(tmp_path, "local-demo", {"watch.enabled": False})
+    result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", "2", "--spare", "1",
                     "--retries", "1", "--", TRAIN, "--steps", "100", "--step-time", "0.25",
                     "--checkpoint", str(checkpoint), "--checkpoint-every", "5")
     assert result.returncode == 0, result.stderr
