@@ -261,12 +261,9 @@ class JobRun:
         if detection is None and status != 0 and watch is not None:
             detection = watch.lost(status)   # Slurm ended the step on a node it lost: the watch saw it go
             if detection is not None:
-                self.detection = detection
-                self.journal.add("detection", kind=detection.kind, suspects=list(detection.suspects),
-                                 evidence=detection.evidence, details=detection.details)
-                say(f"trainctl: watch: {detection.kind}: {detection.evidence}", err=True)
+                self._journal_detection(detection)
         elif detection is not None:
-            self.detection = detection
+            self._journal_detection(detection)
             status = self._stop_training(detection, step, seen)
         if agents is not None:   # scancel: each agent gets SIGTERM, then SIGKILL after KillWait (scancel(1))
             slurm.cancel_steps(self.job_id, sv.AGENT_STEP, self.env)
@@ -280,11 +277,15 @@ class JobRun:
             return sv.WatchStopped(detection.kind, detection.suspects, status)
         return sv.StepEnded(status)
 
-    def _stop_training(self, detection, step: subprocess.Popen, seen: "CheckpointWatch") -> int:
-        """Evidence first (stacks of a hung job, a checkpoint of a live one), then end the step."""
+    def _journal_detection(self, detection) -> None:
+        """Kept until the gate after it has judged (`_journal_confirmation`)."""
+        self.detection = detection
         self.journal.add("detection", kind=detection.kind, suspects=list(detection.suspects),
                          evidence=detection.evidence, details=detection.details)
         say(f"trainctl: watch: {detection.kind}: {detection.evidence}", err=True)
+
+    def _stop_training(self, detection, step: subprocess.Popen, seen: "CheckpointWatch") -> int:
+        """Evidence first (stacks of a hung job, a checkpoint of a live one), then end the step."""
         watch = self.policy.watch
         if detection.kind == "hung":
             answering = tuple(node for node in self.training_nodes if node not in detection.suspects)

@@ -61,14 +61,15 @@ def stop_step(step: subprocess.Popen, job_id: str, own_names: tuple[str, ...], e
     job's steps not named in `own_names` (the training step carries the user's job name, which
     trainctl leaves alone); after another `grace_s`, SIGKILL srun. Its exit status.
     `cancel_others` False: the step was cancelled already; only wait, then SIGKILL its srun."""
+    escalation = [step.kill]
     if cancel_others:
         end_step(step)
-    for last_resort in (lambda: cancel_steps(job_id, None, env, but=own_names) if cancel_others else None,
-                        step.kill):
+        escalation.insert(0, lambda: cancel_steps(job_id, None, env, but=own_names))
+    for next_step in escalation:
         try:
             return _status(step.wait(timeout=grace_s))
         except subprocess.TimeoutExpired:
-            last_resort()
+            next_step()
     return _status(step.wait())
 
 

@@ -19,6 +19,7 @@ from typing import Literal, NamedTuple, Union
 
 from trainctl.launcher.plan import RANK_OUTPUT, JobPlan
 from trainctl.slurm import fold_hostlist
+from trainctl.validate import SLURM_SIGNAL
 
 GATE_STEP = "trainctl-gate"          # step names: scancel finds the steps to end by them
 SENTINEL_STEP = "trainctl-sentinel"
@@ -254,19 +255,16 @@ def training_argv(plan: JobPlan, action: RunTraining, gate_dir: str) -> list[str
 
 
 def checkpoint_signal(sbatch_signal: str) -> int | None:
-    """The signal the job's program checkpoints on, from the plan's sbatch --signal value
-    (`[{R|B}:]<sig_num>[@sig_time]`, sbatch(1)); None when there is none, or it goes to the
-    batch shell only (B:), which the ranks never see."""
-    head, _, _ = sbatch_signal.partition("@")
-    flags, _, name = head.rpartition(":")
-    if not name or flags.upper() == "B":
+    """The signal the job's program checkpoints on, from the plan's sbatch --signal value, read
+    with the same pattern that checked it (`trainctl.validate.SLURM_SIGNAL`); None when there is
+    none, or it goes to the batch shell only (B:), which the ranks never see."""
+    match = SLURM_SIGNAL.fullmatch(sbatch_signal)
+    if not match or "B" in (match["prefix"] or "").upper():
         return None
+    name = match["sig"].upper().removeprefix("SIG")
     if name.isdigit():
         return int(name)
-    try:
-        return int(signals.Signals["SIG" + name.upper().removeprefix("SIG")])
-    except KeyError:
-        return None
+    return int(signals.Signals["SIG" + name]) if "SIG" + name in signals.Signals.__members__ else None
 
 
 # ---------------------------------------------------------------- what comes back (parsers, pure)

@@ -16,7 +16,6 @@ import shutil
 import time
 from pathlib import Path
 
-from trainctl.agent_socket import WATCH_DIR_ENV  # noqa: F401  (the supervisor sets it through here)
 from trainctl.job.watch import (DUMP_REQUEST, WATCH_SUBDIR, NodeReading, dump_done_file, parse_node_file,
                                  stacks_file)
 
