@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = REPO / "test-artifacts" / "watch-detection.tsv"
-CONDEMNS = {"a", "c", "d"}           # scenarios whose victim must be named (the rest: nobody)
+CONDEMNS = {"a", "c", "d", "g"}      # scenarios whose victim must be named (the rest: nobody)
 
 
 def spread(values: list[float]) -> str:

@@ -15,8 +15,8 @@ the file named by TRAINCTL_CHECKPOINT_FILE, when set: how trainctl's journal lea
 A SIGUSR1 that arrives while a step sleeps (--step-time) ends the sleep, so the checkpoint is
 written at once rather than a whole step later.
 
-Each step and each checkpoint is reported through `trainctl.progress` (what trainctl's node agent
-reads to watch the training); without trainctl installed the calls do nothing. For the watch's
+Each step, its compute section and each checkpoint are reported through `trainctl.progress` (what
+trainctl's node agent reads to watch the training); without trainctl installed the calls do nothing. For the watch's
 scenarios: `--grad-mb X` all_reduces an extra X MiB of float32 each step (the step waits on the
 wire: a slow link slows every rank), and `--slow-from-step N --slow-step-time S` makes every rank
 sleep S instead of --step-time from step N on (the program itself slows, on every node alike).
@@ -44,9 +44,12 @@ signal.signal(signal.SIGUSR1, lambda signum, frame: WARNED.append(signum))
 try:
     import trainctl.progress as progress   # standard library only: costs nothing without the job's socket
 except ImportError:  # run without trainctl: report nothing
+    import contextlib
+
     class progress:  # noqa: N801  (stands in for the module)
         step = staticmethod(lambda: None)
         checkpoint = staticmethod(lambda step: None)
+        compute = staticmethod(contextlib.nullcontext)
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns when peer hostnames do not resolve
 import torch  # noqa: E402
@@ -106,7 +109,8 @@ def main() -> int:
         if wire is not None:
             dist.all_reduce(wire)
         slow = args.slow_from_step is not None and step >= args.slow_from_step
-        pause(args.slow_step_time if slow else args.step_time)
+        with progress.compute():   # the sleep stands in for the step's compute; the all_reduce is not in it
+            pause(args.slow_step_time if slow else args.step_time)
         progress.step()
         done = step + 1
         signalled = bool(WARNED)

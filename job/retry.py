@@ -128,12 +128,19 @@ def successor_comment(attempt: Attempt, decision: RetryDecision) -> str:
             f"({decision.reason}: {fold_hostlist(list(decision.bad_nodes))})")
 
 
-def successor_argv(attempt: Attempt, decision: RetryDecision, extra_options: tuple[str, ...]) -> list[str]:
+def successor_argv(attempt: Attempt, decision: RetryDecision, extra_options: tuple[str, ...],
+                   nodes: int, spare: int) -> list[str]:
     """sbatch for the successor; the script goes to stdin. Options on the command line win over
-    the script's #SBATCH lines (sbatch(1)), so --exclude is added to the same script."""
+    the script's #SBATCH lines (sbatch(1)), so --exclude is added to the same script.
+
+    Its spares are optional: `--nodes=N-(N+spare)`, "as many nodes as possible within the range
+    specified and without delaying the initiation of the job" (sbatch(1), --nodes). With the bad
+    nodes excluded, N + spare may be more than the partition has left, and a fixed count would
+    then wait or be rejected."""
     from trainctl.slurm import fold_hostlist
 
-    return ["sbatch", "--parsable", *extra_options, f"--exclude={fold_hostlist(list(decision.exclude))}",
+    count = [f"--nodes={nodes}-{nodes + spare}"] if spare else []
+    return ["sbatch", "--parsable", *extra_options, *count, f"--exclude={fold_hostlist(list(decision.exclude))}",
             f"--dependency=afterany:{attempt.job_id}", f"--comment={successor_comment(attempt, decision)}"]
 
 
@@ -217,7 +224,7 @@ def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, e
 
 def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[str], retries: int,
                            script_path: str, sbatch_options: tuple[str, ...], env: dict[str, str],
-                           condemned: tuple[str, ...] = ()) -> dict:
+                           node_count: tuple[int, int], condemned: tuple[str, ...] = ()) -> dict:
     """Collect, decide and (when decided) submit the successor; record it all in retry.json, in the
     successor's attempt.json and in report.txt. Returns the record (`summary_line` says it)."""
     from trainctl.errors import TrainctlError
@@ -229,7 +236,7 @@ def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[s
     decision = decide_retry(attempt, evidence)
     successor = error = None
     if decision.retry:
-        argv = successor_argv(attempt, decision, sbatch_options)
+        argv = successor_argv(attempt, decision, sbatch_options, *node_count)
         try:
             with open(script_path) as handle:
                 script_text = handle.read()

@@ -135,23 +135,20 @@ class JobRun:
     def _journal_confirmation(self, checked: tuple[str, ...]) -> None:
         """After a detection, what the gate said about the nodes: whom it names, or nobody."""
         from trainctl.job.retry import _read_json, gate_bad_nodes
+        from trainctl.job.watch import confirm
 
         detection, self.detection = self.detection, None
         if detection is None:
             return
-        named = {node: why for node, why in gate_bad_nodes(_read_json(os.path.join(self.gate_dir, "decision.json"))).items()
-                 if node in self.training_nodes}
-        condemned = {node: f"{detection.kind}: {detection.evidence}" for node in detection.suspects}
-        if named or condemned:
-            self.accepted_step_s = 0.0
-            self.journal.add("confirmation", kind=detection.kind, named={**condemned, **named}, checked=list(checked))
-            say(f"trainctl: watch: leaving out {', '.join(sorted({**condemned, **named}))}", err=True)
+        gate_named = gate_bad_nodes(_read_json(os.path.join(self.gate_dir, "decision.json")))
+        confirmed = confirm(detection, gate_named, self.training_nodes, self.accepted_step_s)
+        self.accepted_step_s = confirmed.accepted_step_s
+        self.journal.add("confirmation", kind=confirmed.kind, named=dict(confirmed.named), checked=list(checked),
+                         **({"note": confirmed.note} if confirmed.note else {}))
+        if confirmed.named:
+            say(f"trainctl: watch: leaving out {', '.join(sorted(confirmed.named))}", err=True)
             self._drain_condemned(detection)
         else:
-            if detection.kind == "slow":
-                self.accepted_step_s = detection.details.get("step_s", 0.0)
-            self.journal.add("confirmation", kind=detection.kind, named={}, checked=list(checked),
-                             note="slowdown not localised" if detection.kind == "slow" else "nobody named")
             say(f"trainctl: watch: the gate names no node ({detection.kind} not localised): "
                 "resuming on the same nodes", err=True)
 
@@ -318,7 +315,7 @@ class JobRun:
             rec = retrying.retry_around_bad_nodes(self.gate_dir, action.phase, action.status, list(action.nodes),
                                                   self.plan.retries, self.script_path,
                                                   tuple(option.argv for option in on_argv), self.env,
-                                                  action.condemned)
+                                                  (self.plan.nodes, self.plan.spare), action.condemned)
         except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed
             say(f"trainctl: warning: could not decide on a retry: {exc}", err=True)
             self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")

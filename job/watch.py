@@ -10,7 +10,10 @@ The evidence is relative to the job itself, never to a fixed figure:
   at most `baseline_window_s` of them, after `warmup_s`). In synchronous data-parallel training
   every rank waits for the slowest, so the step time says *that* the job slowed, not *who*: a
   slow detection names nobody, and the gate's fabric and compute tests, re-run on the job's
-  nodes, decide who (or "slowdown not localised").
+  nodes, decide who (or "slowdown not localised"). Where the ranks time their compute section
+  (`trainctl.progress.compute()`), the evidence says on which nodes that time rose the same way:
+  on some (those nodes compute slower), on every node (the program itself), or on none (the time
+  goes to waiting: the wire, the input). It narrows what to look at; the gate still decides.
 - **sick**: a node's agent reports a check that passed when training started and fails now
   (an Xid in the kernel log, a port down, error counters growing). The check is the evidence.
 - **hung**: no rank finished a step for the hang timeout: `hang_floor_s`, or `hang_steps` x the
@@ -45,6 +48,8 @@ def stacks_file(node: str) -> str:
 
 def dump_done_file(node: str) -> str:
     return f"dump-done-{node}"
+
+
 MIN_BASELINE_SAMPLES = 5
 MIN_RECENT_SAMPLES = 3
 MAX_SAMPLES = 4096                      # bounded memory, whatever the job's length
@@ -75,6 +80,7 @@ class RankProgress:
     step_seconds: float                 # summed durations of those steps, as the rank measured them
     last_step_t: float                  # wall time the last step ended (0: none yet)
     pid: int = 0
+    compute_seconds: float = 0.0        # summed time inside progress.compute()
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,8 @@ def parse_node_file(text: str) -> NodeReading | None:
         if not isinstance(data, dict) or data.get("format") != NODE_FILE_FORMAT:
             return None
         ranks = tuple(sorted((RankProgress(int(rank), int(r["steps"]), float(r["step_seconds"]),
-                                           float(r.get("last_step_t") or 0.0), int(r.get("pid") or 0))
+                                           float(r.get("last_step_t") or 0.0), int(r.get("pid") or 0),
+                                           float(r.get("compute_seconds") or 0.0))
                               for rank, r in dict(data.get("ranks") or {}).items()), key=lambda r: r.rank))
         checks = dict(data.get("checks") or {})
         failed = tuple((str(item["check"]), str(item.get("reason", "")))
@@ -119,15 +126,23 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class ComputeSample:
+    t: float
+    compute_s: float                     # a node's compute seconds per step since the last poll
+
+
+@dataclass(frozen=True)
 class WatchState:
     started_t: float                     # the training step's start (wall time)
     accepted_step_s: float = 0.0         # a slowdown the gate did not localise: the new normal
     samples: tuple[Sample, ...] = ()
-    last: tuple[tuple[int, int, float], ...] = ()   # (rank, steps, step_seconds) at the last poll
+    last: tuple[tuple[int, int, float, float], ...] = ()   # (rank, steps, step_seconds, compute_seconds) at the last poll
     progress_t: float = 0.0              # when a rank last finished a step (the watch's start before that)
     progress_steps: int = -1             # the most steps any rank had then (-1: no rank reported a step)
     silent_noted: tuple[str, ...] = ()   # agents already reported silent while training went on
     heard: Mapping[str, float] = field(default_factory=dict)   # node -> its agent's latest file time
+    # node -> its compute time per step, over the baseline and slow windows only (bounded)
+    compute: Mapping[str, tuple[ComputeSample, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,30 @@ class Observation:
     state: WatchState
     detection: Detection | None = None
     silent_while_progressing: tuple[str, ...] = ()   # for the journal, once per node
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """What the job makes of a detection once the gate after it has judged."""
+
+    kind: Kind
+    named: Mapping[str, str]             # node -> why it is left out (none: resume on the same nodes)
+    note: str                            # why nobody is named ("" when somebody is)
+    accepted_step_s: float               # the step time the watch takes as normal from now on
+
+
+def confirm(detection: Detection, gate_named: Mapping[str, str], training_nodes: tuple[str, ...],
+            accepted_step_s: float) -> Confirmation:
+    """The nodes left out: those the detection itself named (sick, hung) and those of the training
+    nodes the gate now excludes. When nobody is named after a slowdown, its step time becomes the
+    new normal, so the same slowdown is not detected again; a named node resets it."""
+    named = {node: f"{detection.kind}: {detection.evidence}" for node in detection.suspects}
+    named.update((node, why) for node, why in gate_named.items() if node in training_nodes)
+    if named:
+        return Confirmation(detection.kind, named, "", 0.0)
+    if detection.kind == "slow":
+        return Confirmation("slow", {}, "slowdown not localised", float(detection.details.get("step_s", 0.0)))
+    return Confirmation(detection.kind, {}, "nobody named", accepted_step_s)
 
 
 def start(now: float, accepted_step_s: float = 0.0) -> WatchState:
@@ -145,7 +184,7 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
             readings: Mapping[str, NodeReading | None]) -> Observation:
     """One poll: `readings` maps each training node to its agent's latest file (None: none yet)."""
     ranks = [rank for reading in readings.values() if reading for rank in reading.ranks]
-    state = _sample(state, now, ranks, readings)
+    state = _sample(limits, state, now, ranks, readings)
     silent = silent_nodes(limits, state, now)
 
     sick = [(node, check, reason) for node, reading in sorted(readings.items()) if reading
@@ -192,14 +231,14 @@ def _quiet(limits: WatchLimits, state: WatchState, silent: tuple[str, ...]) -> O
     return Observation(state, None, newly_silent)
 
 
-def _sample(state: WatchState, now: float, ranks: list[RankProgress],
+def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[RankProgress],
             readings: Mapping[str, NodeReading | None]) -> WatchState:
     """The job's step time since the last poll: the median over ranks of each rank's own
     (added step seconds / added steps). Ranks that finished no step add nothing."""
-    before = {rank: (steps, seconds) for rank, steps, seconds in state.last}
+    before = {rank: (steps, seconds, compute) for rank, steps, seconds, compute in state.last}
     step_times = []
     for rank in ranks:
-        steps, seconds = before.get(rank.rank, (rank.steps, rank.step_seconds))
+        steps, seconds, _ = before.get(rank.rank, (rank.steps, rank.step_seconds, rank.compute_seconds))
         if rank.steps > steps and rank.step_seconds >= seconds:
             step_times.append((rank.step_seconds - seconds) / (rank.steps - steps))
     samples = state.samples
@@ -207,7 +246,7 @@ def _sample(state: WatchState, now: float, ranks: list[RankProgress],
         samples = (samples + (Sample(now, statistics.median(step_times)),))[-MAX_SAMPLES:]
     # progress: any rank finished a step since the last poll (a rank whose agent fell silent
     # keeps its old count, so it neither counts as progress nor holds the others back)
-    progressed = any(rank.steps > before.get(rank.rank, (0, 0.0))[0] for rank in ranks)
+    progressed = any(rank.steps > before.get(rank.rank, (0, 0.0, 0.0))[0] for rank in ranks)
     progress_t, progress_steps = state.progress_t, state.progress_steps
     if progressed:
         progress_t, progress_steps = now, max(progress_steps, max(rank.steps for rank in ranks))
@@ -216,7 +255,29 @@ def _sample(state: WatchState, now: float, ranks: list[RankProgress],
         if reading is not None and reading.written_t > heard.get(node, 0.0):
             heard[node] = reading.written_t
     return replace(state, samples=samples, progress_t=progress_t, progress_steps=progress_steps,
-                   last=tuple((r.rank, r.steps, r.step_seconds) for r in ranks) or state.last, heard=heard)
+                   last=tuple((r.rank, r.steps, r.step_seconds, r.compute_seconds) for r in ranks) or state.last,
+                   heard=heard, compute=_compute_samples(limits, state, now, before, readings))
+
+
+def _compute_samples(limits: WatchLimits, state: WatchState, now: float,
+                     before: Mapping[int, tuple[int, float, float]],
+                     readings: Mapping[str, NodeReading | None]) -> Mapping[str, tuple[ComputeSample, ...]]:
+    """Each node's compute seconds per step since the last poll (the median over its ranks),
+    kept only as far back as the detectors look. Nothing for ranks that time no compute."""
+    keep_after = now - limits.slow_window_s - limits.baseline_window_s
+    compute = {}
+    for node, reading in readings.items():
+        kept = tuple(s for s in state.compute.get(node, ()) if s.t >= keep_after)
+        per_step = []
+        for rank in reading.ranks if reading else ():
+            steps, _, seconds = before.get(rank.rank, (rank.steps, 0.0, rank.compute_seconds))
+            if rank.steps > steps and rank.compute_seconds > seconds:
+                per_step.append((rank.compute_seconds - seconds) / (rank.steps - steps))
+        if per_step:
+            kept += (ComputeSample(now, statistics.median(per_step)),)
+        if kept:
+            compute[node] = kept
+    return compute
 
 
 def _baseline(limits: WatchLimits, state: WatchState, now: float) -> float | None:
@@ -237,7 +298,34 @@ def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | 
         return None
     evidence = (f"step time {current:.3g} s over the last {limits.slow_window_s:g} s, "
                 f"{current / normal:.2f}x the job's own {normal:.3g} s")
-    return Detection("slow", (), evidence, {"step_s": current, "baseline_s": normal, "samples": len(recent)})
+    details = {"step_s": current, "baseline_s": normal, "samples": len(recent)}
+    ratios = _compute_ratios(limits, state, now)
+    if ratios:
+        details["compute_ratio"] = ratios
+        evidence += "; " + _compute_note(limits, ratios)
+    return Detection("slow", (), evidence, details)
+
+
+def _compute_ratios(limits: WatchLimits, state: WatchState, now: float) -> dict[str, float]:
+    """node -> its compute time per step over the slow window, divided by that over the window
+    before (the baseline's), for the nodes with enough samples in both."""
+    since = max(state.started_t + limits.warmup_s, now - limits.slow_window_s - limits.baseline_window_s)
+    ratios = {}
+    for node, samples in sorted(state.compute.items()):
+        earlier = [s.compute_s for s in samples if since <= s.t <= now - limits.slow_window_s]
+        recent = [s.compute_s for s in samples if s.t > now - limits.slow_window_s]
+        if len(earlier) >= MIN_BASELINE_SAMPLES and len(recent) >= MIN_RECENT_SAMPLES:
+            ratios[node] = round(statistics.median(recent) / statistics.median(earlier), 2)
+    return ratios
+
+
+def _compute_note(limits: WatchLimits, ratios: Mapping[str, float]) -> str:
+    rose = {node: ratio for node, ratio in ratios.items() if ratio >= limits.slow_factor}
+    if not rose:
+        return "compute time per step is unchanged on every node: the time goes to waiting (the wire, the input)"
+    if len(rose) == len(ratios):
+        return "compute time per step rose on every node alike (the program itself, or every node at once)"
+    return "compute time per step rose on " + ", ".join(f"{node} ({ratio:g}x)" for node, ratio in rose.items())
 
 
 def _hung(state: WatchState, readings: Mapping[str, NodeReading | None], silent: tuple[str, ...],

@@ -23,6 +23,8 @@ class Job:
         self.state = w.start(self.t)
         self.written = {node: self.t for node in NODES}
         self.last_ranks: dict[str, tuple[w.RankProgress, ...]] = {}
+        self.compute_s: dict[str, float] = {}           # node -> compute seconds per step (none: not timed)
+        self.computed = dict.fromkeys(NODES, 0.0)
 
     def poll(self, seconds: float = 1.0) -> w.Observation:
         self.t += seconds
@@ -32,7 +34,10 @@ class Job:
         for index, node in enumerate(NODES):
             if node not in self.frozen:
                 steps = int(self.steps)
-                self.last_ranks[node] = (w.RankProgress(index, steps, steps * self.step_s, self.t, 100 + index),)
+                done = steps - (self.last_ranks[node][0].steps if node in self.last_ranks else 0)
+                self.computed[node] += done * self.compute_s.get(node, 0.0)
+                self.last_ranks[node] = (w.RankProgress(index, steps, steps * self.step_s, self.t, 100 + index,
+                                                        self.computed[node]),)
                 self.written[node] = self.t
             readings[node] = w.NodeReading(node, self.written[node], self.last_ranks.get(node, ()),
                                            self.failed.get(node, ()))
@@ -59,6 +64,52 @@ def test_a_sustained_slowdown_is_detected_naming_nobody_and_a_spike_is_not():
     found = job.run(30)
     assert found and found[0].kind == "slow" and found[0].suspects == ()
     assert "3.20x" in found[0].evidence
+
+
+def slowed(compute_before: dict[str, float], compute_after: dict[str, float], step_after: float = 0.8) -> w.Detection:
+    job = Job()
+    job.compute_s = compute_before
+    assert job.run(60) == []
+    job.step_s, job.compute_s = step_after, compute_after
+    found = job.run(30)
+    assert found and found[0].kind == "slow" and found[0].suspects == ()
+    return found[0]
+
+
+def test_compute_times_say_which_node_computes_slower_but_name_nobody():
+    detection = slowed(dict.fromkeys(NODES, 0.1), {**dict.fromkeys(NODES, 0.1), "node2": 0.6})
+    assert detection.details["compute_ratio"]["node2"] == 6.0
+    assert {n: r for n, r in detection.details["compute_ratio"].items() if n != "node2"} == dict.fromkeys(
+        ("node1", "node3", "node4"), 1.0)
+    assert "compute time per step rose on node2 (6x)" in detection.evidence
+
+
+def test_compute_times_unchanged_point_at_waiting_and_risen_everywhere_at_the_program():
+    waiting = slowed(dict.fromkeys(NODES, 0.1), dict.fromkeys(NODES, 0.1))
+    assert "unchanged on every node" in waiting.evidence
+    everywhere = slowed(dict.fromkeys(NODES, 0.1), dict.fromkeys(NODES, 0.6))
+    assert "rose on every node alike" in everywhere.evidence
+
+
+def test_without_compute_times_the_slow_evidence_says_nothing_of_them():
+    detection = slowed({}, {})
+    assert "compute_ratio" not in detection.details and "compute" not in detection.evidence
+
+
+def test_confirm_leaves_out_the_detections_suspects_and_the_training_nodes_the_gate_names():
+    hung = w.Detection("hung", ("node3",), "no rank finished a step for 31 s")
+    confirmed = w.confirm(hung, {"node1": "fabric: 0.3x the median", "node9": "not training"},
+                          ("node1", "node2", "node3"), 0.4)
+    assert confirmed.named == {"node3": "hung: no rank finished a step for 31 s", "node1": "fabric: 0.3x the median"}
+    assert (confirmed.note, confirmed.accepted_step_s) == ("", 0.0)
+
+
+def test_confirm_makes_an_unexplained_slowdown_the_new_normal_and_keeps_it_after_an_unexplained_hang():
+    slow = w.Detection("slow", (), "step time 0.8 s", {"step_s": 0.8, "baseline_s": 0.25})
+    confirmed = w.confirm(slow, {}, ("node1", "node2"), 0.0)
+    assert (confirmed.named, confirmed.note, confirmed.accepted_step_s) == ({}, "slowdown not localised", 0.8)
+    hung = w.Detection("hung", (), "every rank is at the same step")
+    assert w.confirm(hung, {}, ("node1", "node2"), 0.8).accepted_step_s == 0.8
 
 
 def test_a_slowdown_that_was_accepted_is_the_new_normal():

@@ -364,7 +364,10 @@ def test_a_watched_step_gives_the_program_the_node_agents_socket(tmp_path):
 
 def test_the_agent_socket_path_fits_a_unix_socket_address():
     assert agent_socket_path("77", "node2", {}) == "/tmp/trainctl-progress-77-node2.sock"
-    long_node = "gpu-" + "x" * 120
+    # two clusters on one host (several slurmd there) number their jobs alike: the names keep them apart
+    assert agent_socket_path("77", "node2", {"SLURM_CLUSTER_NAME": "c1"}) == "/tmp/trainctl-progress-c1-77-node2.sock"
+    assert agent_socket_path("77", long_node := "gpu-" + "x" * 120, {"SLURM_CLUSTER_NAME": "c1"}) != \
+        agent_socket_path("77", long_node, {"SLURM_CLUSTER_NAME": "c2"})
     hashed = agent_socket_path("77", long_node, {"TMPDIR": "/scratch/tmp"})
     assert hashed.startswith("/scratch/tmp/trainctl-progress-") and len(hashed) <= 107
     assert hashed != agent_socket_path("78", long_node, {"TMPDIR": "/scratch/tmp"})

@@ -81,11 +81,16 @@ def test_a_gate_that_failed_for_another_reason_is_not_retried():
 
 def test_the_successor_is_the_same_script_around_the_bad_nodes_linked_to_this_job():
     decision = decide_retry(Attempt("41", 1, 2, ("node7",)), step_end(answered=("node1",)))
-    argv = successor_argv(Attempt("41", 1, 2, ("node7",)), decision, ("--job-name=a b",))
-    assert argv[:3] == ["sbatch", "--parsable", "--job-name=a b"]
+    argv = successor_argv(Attempt("41", 1, 2, ("node7",)), decision, ("--job-name=a b",), 3, 1)
+    assert argv[:4] == ["sbatch", "--parsable", "--job-name=a b", "--nodes=3-4"]
     assert "--exclude=node[3,7]" in argv and "--dependency=afterany:41" in argv
     comment = next(arg for arg in argv if arg.startswith("--comment="))
     assert comment.startswith("--comment=trainctl: attempt 2 of 3, after job 41 (a node was lost")
+
+
+def test_a_successor_without_spares_asks_the_scripts_own_node_count():
+    decision = decide_retry(FIRST, step_end(answered=("node1",)))
+    assert not any(arg.startswith("--nodes") for arg in successor_argv(FIRST, decision, (), 3, 0))
 
 
 def test_the_successor_gets_the_attempt_but_not_this_jobs_slurm_variables():

@@ -12,6 +12,7 @@ step plus an all_reduce of `--grad-mb` MiB, so that a step is bound by the wire,
   d  from step 20 the victim's replayed kernel log (`dmesg`) has an Xid line
   e  from step 20 the program itself slows on every rank (--slow-from-step)
   f  healthy (TRAINCTL_WATCH_SECONDS long, 60 s unless set)
+  g  as d, but the job holds no spare: training restarts on the 2 nodes left
 
 A 50 % CPU quota on one node (the issue's scenario b) is not among them: the 3 training nodes
 share this machine's 2 cores, so each already gets about 2/3 of a core, and a quota of 1/2 on
@@ -71,6 +72,7 @@ class Scenario:
     name: str
     condemns: bool                      # the victim must be named and left out
     what: str
+    held_spares: int = 1                # none: the restart runs on the nodes left (--min-nodes 2)
 
     def __str__(self) -> str:
         return self.name
@@ -82,13 +84,14 @@ ALL = {s.name: s for s in (
     Scenario("d", True, f"Xid in the victim's kernel log from step {FAULT_STEP}"),
     Scenario("e", False, f"the program slows on every rank from step {FAULT_STEP}"),
     Scenario("f", False, "healthy"),
+    Scenario("g", True, "as d, with no spare held: training goes on on the 2 nodes left", held_spares=0),
 )}
 
 
-def watch_site(tmp_path: Path) -> Path:
+def watch_site(tmp_path: Path, held_spares: int) -> Path:
     return site_variant(tmp_path, "local-demo", {
         "watch.enabled": not WATCH_OFF,
-        "watch.hold_spares": 1,
+        "watch.hold_spares": held_spares,
         # the gate again after a detection must take seconds: one size, 6 iterations a pair
         # (about 0.1 s each at WIRE, 0.3 s at SLOW_WIRE), so it confirms within about 15 s
         "gate.fabric_sizes": ["1M"],
@@ -125,7 +128,7 @@ def fault(devcluster, scenario: str, victim: str):
     elif scenario == "c":
         with faults.stopped(devcluster, victim):
             yield
-    elif scenario == "d":
+    elif scenario in ("d", "g"):
         swap_replay(devcluster.node_bin_dir(victim), "dmesg", {"-T": XID_DMESG})
         yield
     else:
@@ -133,7 +136,7 @@ def fault(devcluster, scenario: str, victim: str):
 
 
 def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
-    site = watch_site(tmp_path)
+    site = watch_site(tmp_path, scenario.held_spares)
     checkpoint = tmp_path / "ck.pt"
     healthy_steps = int(HEALTHY_SECONDS / (STEP_S + 0.2))
     program = [TRAIN, "--steps", str(max(healthy_steps, 150)), "--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB),
@@ -194,6 +197,7 @@ def summarise(events: list[dict], victim: str, fault_t: float) -> dict:
     restart_after = next((r for r in restarts if decided and r["t"] >= decided["t"]), None)
     return {
         "detections": [(d["kind"], d["suspects"]) for d in detections],
+        "evidence": [d["evidence"] for d in detections],
         "named": named,
         "right": named == [victim],
         "fault_to_detection_s": first["t"] - fault_t if first else None,
@@ -231,8 +235,17 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
     assert outcome["state"] == "COMPLETED", outcome
     if scenario.condemns:
         assert outcome["named"] == [outcome["victim"]], outcome
-        assert outcome["victim"] not in expand_hostlist(outcome["restart_nodes"]), outcome
+        restarted_on = expand_hostlist(outcome["restart_nodes"])
+        assert outcome["victim"] not in restarted_on, outcome
+        assert len(restarted_on) == (3 if scenario.held_spares else 2), outcome
     else:
         assert outcome["named"] == [], outcome
+    # the example times its sleep as compute, outside the all_reduce: a slow wire leaves it
+    # unchanged, a slower program raises it on every node
+    slow_evidence = [line for line in outcome["evidence"] if line.startswith("step time")][:1]
+    if scenario.name == "a":
+        assert slow_evidence and "compute time per step is unchanged on every node" in slow_evidence[0], outcome
+    if scenario.name == "e" and slow_evidence:
+        assert "compute time per step rose on every node alike" in slow_evidence[0], outcome
     if scenario.name == "f":
         assert outcome["detections"] == [], outcome

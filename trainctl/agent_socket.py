@@ -21,13 +21,20 @@ FALLBACK_DIR = "/tmp"
 
 
 def agent_socket_path(job_id: str, node: str, environ: Mapping[str, str] = os.environ) -> str:
-    """`$TMPDIR/trainctl-progress-JOB-NODE.sock` (/tmp without TMPDIR); a hash of the two names
-    where that path is too long for a Unix socket, in /tmp if even that is too long."""
+    """`$TMPDIR/trainctl-progress-[CLUSTER-]JOB-NODE.sock` (/tmp without TMPDIR); a hash of the
+    names where that path is too long for a Unix socket, in /tmp if even that is too long.
+
+    A path-named socket is a file, seen by every network namespace of the host: the cluster's
+    name (SLURM_CLUSTER_NAME, set in every step's environment: srun(1)) keeps apart two clusters
+    whose slurmds share a host and number their jobs alike (several slurmd on one host, as the
+    dev cluster runs them)."""
     directory = environ.get("TMPDIR") or FALLBACK_DIR
-    path = os.path.join(directory, f"trainctl-progress-{job_id}-{node}.sock")
+    cluster = environ.get("SLURM_CLUSTER_NAME", "")
+    names = f"{cluster}-{job_id}-{node}" if cluster else f"{job_id}-{node}"
+    path = os.path.join(directory, f"trainctl-progress-{names}.sock")
     if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
         return path
-    digest = hashlib.sha256(f"{job_id}\0{node}".encode()).hexdigest()[:24]
+    digest = hashlib.sha256(f"{cluster}\0{job_id}\0{node}".encode()).hexdigest()[:24]
     short = os.path.join(directory, f"trainctl-progress-{digest}.sock")
     if len(os.fsencode(short)) <= MAX_SOCKET_PATH_BYTES:
         return short
