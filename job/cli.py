@@ -36,7 +36,9 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
     first submit; productive time is the training step's time, less the work after the last
     checkpoint seen when a step failed (the program writes $TRAINCTL_CHECKPOINT_FILE after each
     checkpoint; one that never does loses a failed step's whole time). The lost time is split
-    into queue, gate, restart and lost work.
+    into queue, gate, restart and lost work. With the watch, each detection's cost (to training
+    again) and the work it threw away, and the goodput without the watch where the journal
+    allows an estimate (a slowdown that left a node out or was not localised).
 
     Ranks whose last lines are identical are folded into one group; the odd ones out come
     first, with how long before the newest write each stopped writing: in a hung job, that is

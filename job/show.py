@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trainctl.errors import ExternalCommandError, UsageError
-from trainctl.job.journal import JOURNAL_FILE, Goodput, goodput, goodput_lines, parse_journal, timeline_lines
+from trainctl.job.goodput import Goodput, WatchAccount, goodput, goodput_lines, watch_account, watch_lines
+from trainctl.job.journal import JOURNAL_FILE, parse_journal, timeline_lines
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
 
@@ -165,14 +166,22 @@ def chain_start(journals: tuple[tuple[str, tuple[dict, ...]], ...]) -> float | N
     return min(times) if times else None
 
 
-def timeline_and_goodput(view: JobView, now: float) -> tuple[list[str], Goodput | None]:
+def chain_goodput(view: JobView, now: float) -> tuple[Goodput | None, WatchAccount | None]:
+    """The chain's goodput, and the watch's account where it detected something."""
+    attempts = [list(events) for _, events in view.journals]
+    result = goodput(attempts, now)
+    return result, watch_account(attempts, result, now) if result else None
+
+
+def timeline_and_goodput(view: JobView, now: float) -> list[str]:
     start = chain_start(view.journals)
     if start is None:
-        return ["timeline: no journal.jsonl (a job script from an older trainctl, or the job has not started)"], None
-    result = goodput([list(events) for _, events in view.journals], now)
+        return ["timeline: no journal.jsonl (a job script from an older trainctl, or the job has not started)"]
+    result, account = chain_goodput(view, now)
     lines = ["timeline (from the first submit):"]
     lines += timeline_lines([(job, list(events)) for job, events in view.journals], start)
-    return lines + (goodput_lines(result) if result else []), result
+    lines += goodput_lines(result) if result else []
+    return lines + (watch_lines(account) if account else [])
 
 
 def format_job(view: JobView, line_count: int, now: float) -> str:
@@ -181,7 +190,7 @@ def format_job(view: JobView, line_count: int, now: float) -> str:
     lines += attempt_lines(view.slurm)
     lines += chain_lines(view.chain, view.job_id)
     lines += gate_summary(view.decision)
-    lines += timeline_and_goodput(view, now)[0]
+    lines += timeline_and_goodput(view, now)
     if not view.ranks:
         lines.append("ranks: no rank-<node>-<rank>.out files (the job step did not start, or the site "
                      "sets launch.rank_output = false: see slurm-<id>.out)")
@@ -206,10 +215,11 @@ def format_job(view: JobView, line_count: int, now: float) -> str:
 
 
 def to_json(view: JobView, line_count: int, now: float) -> dict:
-    result = timeline_and_goodput(view, now)[1]
+    result, account = chain_goodput(view, now)
     return {"job_id": view.job_id, "gate_dir": view.gate_dir, "slurm": view.slurm, "decision": view.decision,
             "timeline": [{"job_id": job, "events": list(events)} for job, events in view.journals],
             "goodput": result.to_json() if result else None,
+            "watch": account.to_json() if account else None,
             "lines": line_count, "flight_recorder_dumps": list(view.flight_dumps),
             "attempts": [{"job_id": link["job_id"], "retry": link.get("retry")} for link in view.chain],
             "groups": [{"ranks": list(g.ranks), "nodes": list(g.nodes), "tail": list(g.tail),

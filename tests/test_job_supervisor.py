@@ -4,7 +4,8 @@ what it reads back from gate decide and scontrol, and the goodput of a chain of 
 import pytest
 
 from trainctl.job import supervisor as sv
-from trainctl.job.journal import Journal, goodput, parse_journal
+from trainctl.job.goodput import goodput
+from trainctl.job.journal import Journal, parse_journal
 from trainctl.launcher.plan import JobPlan, SubmitRequest, plan_job
 from trainctl.site import load_site
 
