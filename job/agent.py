@@ -16,9 +16,12 @@ The first check run is the baseline: `failed` holds the checks that FAIL now and
 baseline (counter checks: their growth since the baseline's reading). `unknown` holds what the
 last run could not tell (a probe that failed, a run that raised or overran): it condemns nothing.
 
-When GATE_DIR/watch/dump-request appears holding a token it has not answered, it dumps each
-rank's Python stacks (`py-spy dump --pid PID`, bounded) into watch/stacks-NODE.txt, then writes
-the token into watch/dump-done-NODE.
+When GATE_DIR/watch/dump-request appears holding a token it has not answered, it asks each
+rank's NCCL flight recorder for a dump (one line into the rank's pipe, GATE_DIR/nccl-trace-pipe-
+rank-RANK.pipe, never blocking), dumps each rank's Python stacks (`py-spy dump --pid PID`,
+bounded) into watch/stacks-NODE.txt, waits (as long as py-spy may take) for the asked ranks'
+dumps, GATE_DIR/nccl-trace-rank-RANK, adds what it asked and what was dumped to the stacks file,
+then writes the token into watch/dump-done-NODE.
 
 The pure part (folding reports, judging a run against the baseline, the node file) is apart
 from the I/O loop (`run_agent`), so it is tested without sockets or probes.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import select
 import shutil
@@ -46,12 +50,17 @@ from typing import Any
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.status import CheckResult, Status
 from trainctl.job.watch import DUMP_REQUEST, NODE_FILE_FORMAT, WATCH_SUBDIR, dump_done_file, stacks_file
+from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept
 SELECT_S = 0.2                         # longest wait for a report before the loop looks at its clocks
 DATAGRAMS_PER_PASS = 10_000            # then the loop writes and looks at its checks before reading on
 RUN_MARGIN_S = 10.0                    # a check run past 2 probe timeouts + this is reported as overrunning
 STACKS_CAP_BYTES = 256 << 10           # of each rank's py-spy output
+DUMP_POLL_S = 0.2                      # between looks for the flight recorder dumps asked for
+ASK_LINE = b"dump\n"                   # what a rank's flight recorder pipe gets: any bytes ask for one dump
+NO_PIPE = "no pipe: not an NCCL job, or its flight recorder is off"
+NO_READER = "its pipe has no reader: no NCCL process group reads it now"
 BASELINE_WINDOW = "since the agent's first check run"
 
 
@@ -157,6 +166,33 @@ def stacks_text(node: str, dumps: Iterable[tuple[int, int, str]]) -> str:
     return "".join(parts) or f"{node}: no rank has reported its pid: no stacks\n"
 
 
+def _ranks(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    return f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
+
+
+def flight_recorder_text(node: str, asked: Mapping[int, str], dumped: Iterable[int]) -> str:
+    """The stacks file's flight recorder section: `asked` is {rank: "" when its pipe took the line,
+    else why not}; `dumped`, the asked ranks whose dump file was (re)written since."""
+    if not asked:
+        return ""
+    lines = [f"=== {node} NCCL flight recorder ===\n"]
+    took = sorted(rank for rank, why in asked.items() if not why)
+    if took:
+        written = sorted(set(dumped) & set(took))
+        missing = sorted(set(took) - set(written))
+        lines.append(f"flight recorder asked: {_ranks(took)}"
+                     + (f"; dumped: {_ranks(written)} ({FLIGHT_RECORDER_PREFIX}<rank> in the gate dir)"
+                        if written else "")
+                     + (f"; no dump seen yet: {_ranks(missing)}" if missing else "") + "\n")
+    reasons: dict[str, list[int]] = {}
+    for rank, why in sorted(asked.items()):
+        if why:
+            reasons.setdefault(why, []).append(rank)
+    lines.extend(f"not asked: {_ranks(ranks)} ({why})\n" for why, ranks in reasons.items())
+    return "".join(lines)
+
+
 # ---------------------------------------------------------------- I/O
 
 def watch_dir(gate_dir: str | Path) -> Path:
@@ -219,12 +255,64 @@ def dump_stacks(node: str, pids: Mapping[int, int], py_spy: str, timeout_s: floa
         return stacks_text(node, pool.map(one, sorted(pids.items())))
 
 
+def ask_flight_recorder(pipe: Path) -> str:
+    """Write one line into a rank's flight recorder pipe without ever blocking; "" when it took it,
+    else why not. O_NONBLOCK makes opening a FIFO that no process reads fail with ENXIO instead of
+    waiting for a reader (fifo(7)); a path that is not a FIFO is never opened."""
+    try:
+        if not stat.S_ISFIFO(os.lstat(pipe).st_mode):
+            return f"{pipe.name} is not a pipe"
+        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return NO_PIPE
+    except OSError as exc:
+        return NO_READER if exc.errno == errno.ENXIO else f"{pipe.name}: {exc.strerror or exc}"
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return f"{pipe.name} is not a pipe"
+        os.write(fd, ASK_LINE)
+    except BlockingIOError:
+        return "its pipe is full: earlier requests are still unread"
+    except OSError as exc:
+        return f"{pipe.name}: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    return ""
+
+
+def _dump_stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        seen = os.stat(path)
+    except OSError:
+        return None
+    return seen.st_ino, seen.st_mtime_ns, seen.st_size
+
+
+def await_flight_recorder_dumps(gate_dir: Path, before: Mapping[int, tuple[int, int, int] | None],
+                                deadline: float) -> set[int]:
+    """The ranks of `before` whose dump file, FLIGHT_RECORDER_PREFIX + rank, has changed since
+    `before` was read, is not empty and stayed the same between two looks (written whole), by
+    `deadline` (time.monotonic()) at the latest."""
+    last: dict[int, tuple[int, int, int] | None] = dict(before)
+    done: set[int] = set()
+    while True:
+        for rank in set(before) - done:
+            now = _dump_stamp(gate_dir / f"{FLIGHT_RECORDER_PREFIX}{rank}")
+            if now is not None and now != before[rank] and now == last[rank] and now[2] > 0:
+                done.add(rank)
+            last[rank] = now
+        if done == set(before) or time.monotonic() >= deadline:
+            return done
+        time.sleep(DUMP_POLL_S)
+
+
 class Agent:
     def __init__(self, gate_dir: str, node: str, job_id: str, config, part, environ: Mapping[str, str]):
         from trainctl.agent_socket import agent_socket_path
         from trainctl.health.node import node_policy
 
         self.node, self.watch = node, config.watch
+        self.gate_dir = Path(gate_dir)
         self.folder = watch_dir(gate_dir)
         self.node_path = self.folder / f"{node}.json"
         self.socket_path = agent_socket_path(job_id, node, environ)
@@ -332,9 +420,17 @@ class Agent:
         from trainctl.errors import UsageError
         from trainctl.files import write_atomically
 
+        # The flight recorders first: their dumps are written meanwhile, by the ranks' own threads.
+        ranks = sorted(pids)
+        before = {rank: _dump_stamp(self.gate_dir / f"{FLIGHT_RECORDER_PREFIX}{rank}") for rank in ranks}
+        asked = {rank: ask_flight_recorder(self.gate_dir / flight_recorder_pipe(rank)) for rank in ranks}
+        deadline = time.monotonic() + self.dump_timeout_s
+        stacks = dump_stacks(self.node, pids, self.py_spy, self.dump_timeout_s)
+        took = {rank: before[rank] for rank in ranks if not asked[rank]}
+        dumped = await_flight_recorder_dumps(self.gate_dir, took, deadline)
         try:
             write_atomically(self.folder / stacks_file(self.node),
-                             dump_stacks(self.node, pids, self.py_spy, self.dump_timeout_s))
+                             stacks + flight_recorder_text(self.node, asked, dumped))
             write_atomically(self.folder / dump_done_file(self.node), token + "\n")
         except UsageError as exc:
             self._say(f"stack dump not written: {exc}")

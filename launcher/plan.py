@@ -32,6 +32,8 @@ OWNED_ENV = {
 RANK_OUTPUT = "rank-%N-%t.out"
 # PyTorch appends the rank to this prefix for each rank's flight recorder dump.
 FLIGHT_RECORDER_PREFIX = "nccl-trace-rank-"
+# Each rank's named pipe that asks its flight recorder for a dump now (flight_recorder_pipe).
+FLIGHT_RECORDER_PIPE_PREFIX = "nccl-trace-pipe-rank-"
 # sbatch --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 TIME_LIMIT_RE = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}(:\d{1,2})?)?)$")
 
@@ -298,6 +300,8 @@ def flight_recorder_environment(entries: int) -> tuple[EnvSetting, ...]:
     DUMP_ON_TIMEOUT needs TRACE_BUFFER_SIZE > 0; the dump file is the prefix with the rank appended.
     Newer PyTorch reads the prefix as TORCH_FR_DUMP_TEMP_FILE and still accepts the older
     TORCH_NCCL_DEBUG_INFO_TEMP_FILE (both are in torch 2.13's libtorch), so both are set.
+    TORCH_NCCL_DEBUG_INFO_PIPE_FILE gives each rank a named pipe that dumps on demand
+    (`flight_recorder_pipe`): the watch writes to it on a hang, before it ends the step.
     """
     if entries <= 0:
         return ()
@@ -310,4 +314,24 @@ def flight_recorder_environment(entries: int) -> tuple[EnvSetting, ...]:
                    "one dump per rank in the gate directory (PyTorch appends the rank)", in_gate_dir=True),
         EnvSetting("TORCH_FR_DUMP_TEMP_FILE", FLIGHT_RECORDER_PREFIX,
                    "the same, under the name newer PyTorch reads", in_gate_dir=True),
+        EnvSetting("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", FLIGHT_RECORDER_PIPE_PREFIX,
+                   "each rank's pipe (PyTorch appends <rank>.pipe): a line written into it dumps now "
+                   "(the watch does, on a hang)", in_gate_dir=True),
     )
+
+
+def flight_recorder_pipe(rank: int) -> str:
+    """The name of global rank `rank`'s dump-on-demand pipe in the gate directory.
+
+    PyTorch's rule (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp, struct DumpPipe;
+    https://github.com/pytorch/pytorch/blob/main/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp):
+    when TORCH_NCCL_DEBUG_INFO_PIPE_FILE is set and TORCH_NCCL_TRACE_BUFFER_SIZE > 0, the rank
+    itself unlinks and mkfifo()s `<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe` and holds it open
+    O_RDONLY|O_NONBLOCK. Only the default process group makes one, named by the global rank
+    (ProcessGroupNCCL.cpp, HeartbeatMonitor::runLoop: `dumpPipe.emplace(pg_->globalRank(), ...)`).
+    That thread polls it (every TORCH_NCCL_COORD_CHECK_MILSEC, 1 s by default, while
+    TORCH_NCCL_DUMP_ON_TIMEOUT is on) and any bytes read start `dumpDebuggingInfo()` in the
+    background, which writes the dump to the TEMP_FILE prefix + rank: FLIGHT_RECORDER_PREFIX + rank.
+    PyTorch's own test writes "1\n" to it (test/distributed/test_c10d_nccl.py, test_dump_pipe).
+    """
+    return f"{FLIGHT_RECORDER_PIPE_PREFIX}{rank}.pipe"

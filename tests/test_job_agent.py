@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,8 +18,9 @@ import pytest
 
 from support.replay import LIBRARY, swap_replay, write_replay
 from trainctl.health.status import CheckResult, Status
-from trainctl.job.agent import (ChecksState, Problem, RankProgress, dump_stacks, fold, judge_run, node_file,
-                                run_failed, stacks_text)
+from trainctl.job.agent import (NO_PIPE, NO_READER, ChecksState, Problem, RankProgress, ask_flight_recorder,
+                                await_flight_recorder_dumps, dump_stacks, flight_recorder_text, fold, judge_run,
+                                node_file, run_failed, stacks_text)
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
@@ -148,6 +151,88 @@ def test_without_py_spy_the_stacks_file_is_one_line_saying_so(tmp_path):
     assert text == f"node2: py-spy not found ({tmp_path / 'py-spy'}): no stacks (pip install 'slurm-trainctl[node]')\n"
 
 
+# ---------------------------------------------------------------- the NCCL flight recorder's pipes
+
+class PipeReader:
+    """What PyTorch does with a rank's dump pipe (ProcessGroupNCCL.hpp, DumpPipe): keep the FIFO
+    open O_RDONLY|O_NONBLOCK and poll it from a thread; here, whatever is read is kept and, when
+    `dump` is given, written there (the flight recorder's dump)."""
+
+    def __init__(self, fifo: Path, dump: Path | None = None):
+        self.fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self.dump, self.got, self.stop = dump, b"", threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.stop.is_set():
+            readable, _, _ = select.select([self.fd], [], [], 0.05)
+            data = os.read(self.fd, 128) if readable else b""
+            if data:
+                self.got += data
+                if self.dump is not None:
+                    self.dump.write_bytes(b"flight recorder entries\n")
+
+    def close(self) -> bytes:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        os.close(self.fd)
+        return self.got
+
+
+def test_a_ranks_pipe_with_a_reader_gets_one_line(tmp_path):
+    fifo = tmp_path / "nccl-trace-pipe-rank-0.pipe"
+    os.mkfifo(fifo)
+    reader = PipeReader(fifo)
+    try:
+        assert ask_flight_recorder(fifo) == ""
+        poll(lambda: reader.got, lambda got: got.endswith(b"\n"), "the line in the pipe", deadline_s=10)
+    finally:
+        got = reader.close()
+    assert got.count(b"\n") == 1, got
+
+
+def test_a_pipe_nobody_reads_does_not_block_and_is_not_asked(tmp_path):
+    fifo = tmp_path / "nccl-trace-pipe-rank-1.pipe"
+    os.mkfifo(fifo)   # left by a rank that has exited: nothing holds it open
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(ask_flight_recorder(fifo)), daemon=True)
+    asking.start()
+    asking.join(timeout=2.0)   # a blocking open would wait for a reader for ever: fail, do not hang
+    assert answers == [NO_READER]
+
+
+def test_a_missing_pipe_or_a_file_that_is_not_one_is_reported_and_left_alone(tmp_path):
+    assert ask_flight_recorder(tmp_path / "nccl-trace-pipe-rank-2.pipe") == NO_PIPE
+    plain = tmp_path / "nccl-trace-pipe-rank-3.pipe"
+    plain.write_text("")
+    assert ask_flight_recorder(plain) == "nccl-trace-pipe-rank-3.pipe is not a pipe"
+    assert plain.read_text() == ""
+
+
+def test_only_a_dump_written_after_the_ask_counts(tmp_path):
+    old = tmp_path / "nccl-trace-rank-0"
+    old.write_text("an earlier step's dump\n")
+    before = {0: (old.stat().st_ino, old.stat().st_mtime_ns, old.stat().st_size), 1: None}
+    writer = threading.Timer(0.3, (tmp_path / "nccl-trace-rank-1").write_text, args=("entries\n",))
+    writer.start()
+    started = time.monotonic()
+    assert await_flight_recorder_dumps(tmp_path, before, time.monotonic() + 1.5) == {1}
+    assert time.monotonic() - started < 2.5
+    writer.join()
+
+
+def test_the_flight_recorder_section_says_who_was_asked_who_dumped_and_why_not():
+    text = flight_recorder_text("node2", {0: "", 1: "", 2: NO_PIPE, 3: NO_PIPE}, {0})
+    assert text == ("=== node2 NCCL flight recorder ===\n"
+                    "flight recorder asked: ranks 0,1; dumped: rank 0 (nccl-trace-rank-<rank> in the gate dir); "
+                    "no dump seen yet: rank 1\n"
+                    f"not asked: ranks 2,3 ({NO_PIPE})\n")
+    assert flight_recorder_text("node2", {4: NO_READER}, set()) == (
+        f"=== node2 NCCL flight recorder ===\nnot asked: rank 4 ({NO_READER})\n")
+    assert flight_recorder_text("node2", {}, set()) == ""
+
+
 # ---------------------------------------------------------------- the agent on this machine
 
 REPORTER = """
@@ -227,12 +312,21 @@ def test_the_agent_counts_a_ranks_steps_reports_a_new_xid_and_dumps_stacks(tmp_p
         assert poll(lambda: read_json(node_path), lambda d: d["ranks"]["3"]["checkpoint_step"],
                     "a checkpoint")["ranks"]["3"]["checkpoint_step"] % 20 == 0
 
-        (gate / "watch" / "dump-request").write_text("token-1\n")
-        poll(lambda: (gate / "watch" / "dump-done-node2").read_text() if (gate / "watch" / "dump-done-node2").exists()
-             else None, lambda token: token == "token-1\n", "the dump answered")
+        os.mkfifo(gate / "nccl-trace-pipe-rank-3.pipe")   # as rank 3's NCCL process group makes it
+        recorder = PipeReader(gate / "nccl-trace-pipe-rank-3.pipe", dump=gate / "nccl-trace-rank-3")
+        try:
+            (gate / "watch" / "dump-request").write_text("token-1\n")
+            poll(lambda: (gate / "watch" / "dump-done-node2").read_text()
+                 if (gate / "watch" / "dump-done-node2").exists() else None,
+                 lambda token: token == "token-1\n", "the dump answered")
+        finally:
+            asked = recorder.close()
+        assert asked == b"dump\n"
         stacks = (gate / "watch" / "stacks-node2.txt").read_text()
         assert stacks.startswith(f"=== node2 rank 3 pid {rank.pid} ===\n"), stacks
         assert f"Thread {rank.pid}" in stacks and "<module> (<string>:" in stacks, stacks   # py-spy's dump
+        assert stacks.endswith("=== node2 NCCL flight recorder ===\nflight recorder asked: rank 3; dumped: rank 3 "
+                               "(nccl-trace-rank-<rank> in the gate dir)\n"), stacks
     finally:
         stop.touch()
         if rank is not None:

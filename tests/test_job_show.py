@@ -17,7 +17,8 @@ from support.replay import LIBRARY, write_replay
 from support.slurm_jobs import submit, wait_for_job
 from trainctl.errors import ExternalCommandError
 from trainctl.job.show import LocalFiles, RankLog, fold_numbers, fold_tails, last_lines
-from trainctl.launcher.plan import SubmitRequest, plan_job
+from trainctl.launcher.plan import (FLIGHT_RECORDER_PIPE_PREFIX, FLIGHT_RECORDER_PREFIX, SubmitRequest,
+                                   flight_recorder_environment, flight_recorder_pipe, plan_job)
 from trainctl.launcher.render import render_script
 from trainctl.proc import run_checked
 from trainctl.site import load_site
@@ -59,8 +60,20 @@ def test_rank_files_and_flight_recorder_are_per_site_and_can_be_turned_off():
     assert '"rank_output": true' in on
     assert 'export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$gate_dir"/nccl-trace-rank-' in on
     assert "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000" in on and "export TORCH_NCCL_DUMP_ON_TIMEOUT=1" in on
+    assert 'export TORCH_NCCL_DEBUG_INFO_PIPE_FILE="$gate_dir"/nccl-trace-pipe-rank-' in on
     off = render_for("dgx-h100", rank_output=False, flight_recorder_entries=0)
     assert '"rank_output": false' in off and "TORCH_" not in off
+
+
+def test_each_rank_gets_a_dump_pipe_that_job_show_does_not_take_for_a_dump():
+    """PyTorch names the pipe <TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe (ProcessGroupNCCL.hpp,
+    DumpPipe) and the dump <TEMP_FILE><rank>: the pipes must not match the dumps' prefix."""
+    settings = {s.name: s for s in flight_recorder_environment(2000)}
+    pipe = settings["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
+    assert pipe.in_gate_dir and pipe.value == FLIGHT_RECORDER_PIPE_PREFIX
+    assert flight_recorder_pipe(12) == "nccl-trace-pipe-rank-12.pipe"
+    assert not flight_recorder_pipe(0).startswith(FLIGHT_RECORDER_PREFIX)
+    assert flight_recorder_environment(0) == ()
 
 
 # ---------------------------------------------------------------- a hung job on the dev cluster

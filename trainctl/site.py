@@ -136,7 +136,9 @@ class LaunchConfig:
         "shrink the job (docs: For Slurm admins, Release unused nodes)", True)
     flight_recorder_entries: int = doc(
         "PyTorch's NCCL flight recorder: collectives kept per rank (TORCH_NCCL_TRACE_BUFFER_SIZE), dumped "
-        "into the gate dir when a collective times out (TORCH_NCCL_DUMP_ON_TIMEOUT); 0: off", 2000)
+        "into the gate dir when a collective times out (TORCH_NCCL_DUMP_ON_TIMEOUT), and on demand through "
+        "each rank's pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE) when the watch finds the job hung, before it "
+        "ends the step; 0: off", 2000)
     retries: int = doc(
         "default for submit --retries: times a job submits its successor, excluding the bad nodes, when the "
         "gate finds too few healthy nodes or a node is lost during training (0: never; docs: Submitting "
