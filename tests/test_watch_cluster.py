@@ -12,7 +12,7 @@ step plus an all_reduce of `--grad-mb` MiB, so that a step is bound by the wire,
   d  from step 20 the victim's replayed kernel log (`dmesg`) has an Xid line
   e  from step 20 the program itself slows on every rank (--slow-from-step)
   f  healthy (TRAINCTL_WATCH_SECONDS long, 60 s unless set)
-  g  as d, but the job holds no spare: training restarts on the 2 nodes left
+  g  as d, but the job has no spare (--spare 0): training restarts on the 2 nodes left
 
 A 50 % CPU quota on one node (the issue's scenario b) is not among them: the 3 training nodes
 share this machine's 2 cores, so each already gets about 2/3 of a core, and a quota of 1/2 on
@@ -73,7 +73,7 @@ class Scenario:
     name: str
     condemns: bool                      # the victim must be named and left out
     what: str
-    held_spares: int = 1                # none: the restart runs on the nodes left (--min-nodes 2)
+    spare: int = 1                      # allocated and held through training; none: the restart runs on the nodes left
 
     def __str__(self) -> str:
         return self.name
@@ -85,14 +85,14 @@ ALL = {s.name: s for s in (
     Scenario("d", True, f"Xid in the victim's kernel log from step {FAULT_STEP}"),
     Scenario("e", False, f"the program slows on every rank from step {FAULT_STEP}"),
     Scenario("f", False, "healthy"),
-    Scenario("g", True, "as d, with no spare held: training goes on on the 2 nodes left", held_spares=0),
+    Scenario("g", True, "as d, with no spare: training goes on on the 2 nodes left", spare=0),
 )}
 
 
-def watch_site(tmp_path: Path, held_spares: int) -> Path:
+def watch_site(tmp_path: Path, spare: int) -> Path:
     return site_variant(tmp_path, "local-demo", {
         "watch.enabled": not WATCH_OFF,
-        "watch.hold_spares": held_spares,
+        "watch.hold_spares": spare,
         # the gate again after a detection must take seconds: one size, 6 iterations a pair
         # (about 0.1 s each at WIRE, 0.3 s at SLOW_WIRE), so it confirms within about 15 s
         "gate.fabric_sizes": ["1M"],
@@ -137,7 +137,7 @@ def fault(devcluster, scenario: str, victim: str):
 
 
 def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
-    site = watch_site(tmp_path, scenario.held_spares)
+    site = watch_site(tmp_path, scenario.spare)
     checkpoint = tmp_path / "ck.pt"
     healthy_steps = int(HEALTHY_SECONDS / (STEP_S + 0.2))
     program = [TRAIN, "--steps", str(max(healthy_steps, 150)), "--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB),
@@ -153,7 +153,7 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
                          write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})):
                 undo.callback(made.unlink, missing_ok=True)
         retries = ["--retries", "1"] if WATCH_OFF else []
-        result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", "3", "--spare", "1",
+        result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", "3", "--spare", str(scenario.spare),
                         "--min-nodes", "2", *retries, "--", *program)
         assert result.returncode == 0, result.stderr
         job_id = result.stdout.strip().splitlines()[-1]
@@ -238,15 +238,16 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
         assert outcome["named"] == [outcome["victim"]], outcome
         restarted_on = expand_hostlist(outcome["restart_nodes"])
         assert outcome["victim"] not in restarted_on, outcome
-        assert len(restarted_on) == (3 if scenario.held_spares else 2), outcome
+        assert len(restarted_on) == (3 if scenario.spare else 2), outcome
     else:
         assert outcome["named"] == [], outcome
-    # the example times its sleep as compute, outside the all_reduce: a slow wire leaves it
-    # unchanged, a slower program raises it on every node
+    # The example times its sleep as compute, outside the all_reduce: a slow wire leaves it
+    # unchanged. A slower program raises it on every node, but the detection may come first from
+    # a busy machine's slower all_reduce: then it is unchanged too. Never on some nodes only.
     slow_evidence = [line for line in outcome["evidence"] if line.startswith("step time")][:1]
     if scenario.name == "a":
         assert slow_evidence and "compute time per step is unchanged on every node" in slow_evidence[0], outcome
-    if scenario.name == "e" and slow_evidence:
-        assert "compute time per step rose on every node alike" in slow_evidence[0], outcome
+    if scenario.name == "e":
+        assert not any("compute time per step rose on node" in line for line in slow_evidence), outcome
     if scenario.name == "f":
         assert outcome["detections"] == [], outcome
