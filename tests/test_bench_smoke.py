@@ -49,3 +49,15 @@ def test_gate_scale_bench_names_slow_missing_and_dead_nodes_at_tiny_n():
         assert row["false"] == 0 and row["missing"] == "1/1" and row["died"] == "1/1"
         assert row["rank0_fds"] > 0 and row["store_keys"] > 0 and row["peak_rss_mb"] > 0
     assert "exponent_of_coordination_s_in_N" in fit and "n_log_n_exponent_over_same_range" in fit
+
+
+def test_watch_scale_bench_polls_real_node_files_at_tiny_n():
+    out = subprocess.run([sys.executable, "-P", str(BENCH / "watch_scale.py"), "--nodes", "2,4",
+                          "--ranks", "2", "--rounds", "1", "--polls", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()
+            if line.split()[:1] in (["2"], ["4"]) and len(line.split()) == 10]   # the table's rows
+    assert [(row[0], row[1]) for row in rows] == [("2", "4"), ("4", "8")]   # nodes, ranks
+    assert all(int(row[-1].replace(",", "")) > 0 for row in rows)           # bytes per node file
+    assert "4 nodes:" in out.stdout and "cores" in out.stdout
