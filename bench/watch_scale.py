@@ -22,7 +22,8 @@ one untimed poll then records every rank's counts.
 
 The N values are interleaved: each round runs `--polls` polls of every N, in a shuffled order.
 Printed per N: the median seconds per poll (its read and observe parts), that as a share of the
-default poll_s (of one core: the supervisor is one Python thread), the part of it spent in
+default poll_s (of one core: the supervisor is one Python thread), how often the supervisor then
+polls (poll_s, or less often where a poll would take more than WATCH_SHARE of it), the part spent in
 Python's cyclic garbage collector, the cost per node, the agent's write per node file and the
 bytes of one. Then each N's poll cost against the smallest N's and the N's before it, next to
 the ratio of their node counts. The files are read from the page cache of a local
@@ -48,6 +49,7 @@ import time
 from pathlib import Path
 
 from trainctl.job import agent, watch
+from trainctl.job.run import WATCH_SHARE
 from trainctl.job.watch_io import prepare_watch_dir, read_node_files
 from trainctl.progress import RECORD, VERSION, decode
 from trainctl.site import WatchConfig
@@ -278,14 +280,15 @@ def report(polls: dict[int, list[tuple[float, float, float]]], writes: dict[int,
            config: WatchConfig, args: argparse.Namespace) -> None:
     print(f"{args.rounds} interleaved rounds x {args.polls} polls per N; medians")
     print(f"{'nodes':>6} {'ranks':>7} {'poll ms':>9} {'read ms':>9} {'observe ms':>10} {'gc ms':>7} "
-          f"{'of poll_s':>9} {'us/node':>8} {'write us/file':>13} {'bytes/file':>10}")
+          f"{'of poll_s':>9} {'polls every s':>13} {'us/node':>8} {'write us/file':>13} {'bytes/file':>10}")
     cost = {}
     for n, times in polls.items():
         cost[n] = statistics.median(read + observe for read, observe, _ in times)
         read, observe, collect = (statistics.median(column) for column in list(zip(*times)))
         write = statistics.median(seconds for seconds, _ in writes[n])
         print(f"{n:>6} {n * args.ranks:>7} {cost[n] * 1e3:>9.2f} {read * 1e3:>9.2f} {observe * 1e3:>10.2f} "
-              f"{collect * 1e3:>7.2f} {cost[n] / config.poll_s:>9.2%} {cost[n] / n * 1e6:>8.1f} "
+              f"{collect * 1e3:>7.2f} {cost[n] / config.poll_s:>9.2%} {max(config.poll_s, cost[n] / WATCH_SHARE):>13.1f} "
+              f"{cost[n] / n * 1e6:>8.1f} "
               f"{write * 1e6:>13.1f} {writes[n][-1][1]:>10,}")
     counts = list(polls)
     smallest, largest = counts[0], counts[-1]
@@ -296,8 +299,9 @@ def report(polls: dict[int, list[tuple[float, float, float]]], writes: dict[int,
               f"the nodes; {cost[n] / cost[before]:5.1f}x {before} nodes' for {n / before:g}x")
     rate = largest / config.agent_write_s
     print(f"at {largest} nodes the agents write {rate:,.0f} files a second "
-          f"({rate * writes[largest][-1][1] / 1e6:.1f} MB/s) into the watch directory; "
-          f"the supervisor reads them all every {config.poll_s:g} s")
+          f"({rate * writes[largest][-1][1] / 1e6:.1f} MB/s) into the watch directory; the supervisor "
+          f"reads them all every poll_s, or less often where a poll costs more than {WATCH_SHARE:.0%} of it "
+          "('polls every s')")
 
 
 def profile(agents: Remote, supervisor: Supervisor, polls: int) -> int:

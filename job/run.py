@@ -27,6 +27,9 @@ from trainctl.proc import run
 GATE_STEP_GRACE_S = 5.0                 # the gate step ends by itself just after the decision, unless a node is lost
 DECIDE_MARGIN_S = 60.0                  # beyond decide's own deadline, before it counts as hung
 STEP_POLL_S = 2.0                       # how often the training step's checkpoint file is looked at
+# The watch's polls take at most this share of the batch host's core (a training node's): a
+# poll's cost grows with the job's nodes (bench/watch_scale.py), so large jobs poll less often.
+WATCH_SHARE = 0.05
 
 
 def say(line: str, *, err: bool = False) -> None:
@@ -250,7 +253,7 @@ class JobRun:
         detection = None
         while detection is None:
             try:
-                status = step.wait(timeout=self.policy.watch.poll_s if watching else STEP_POLL_S)
+                status = step.wait(timeout=watch.wait_s() if watch else STEP_POLL_S)
                 break
             except subprocess.TimeoutExpired:
                 seen.poll(self.journal)
@@ -337,8 +340,21 @@ class Watch:
         self.nodes = tuple(expand_hostlist(action.job_nodes))
         self.limits = job.policy.watch_limits
         self.state = watch.start(started, job.accepted_step_s)
+        self.poll_s = job.policy.watch.poll_s
+        self.cost_s = 0.0                       # the last poll's
+
+    def wait_s(self) -> float:
+        """Until the next poll: the site's poll_s, longer where a poll costs more than WATCH_SHARE of it."""
+        return max(self.poll_s, self.cost_s / WATCH_SHARE)
 
     def poll(self):
+        began = time.monotonic()
+        try:
+            return self._poll()
+        finally:
+            self.cost_s = time.monotonic() - began
+
+    def _poll(self):
         from trainctl.job import watch
 
         stepped = self.state.progress_steps >= 0

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Literal, Mapping
+from typing import Literal, Mapping, NamedTuple
 
 # The files the node agents (trainctl.job.agent) and the supervisor (trainctl.job.watch_io) share,
 # in the gate directory's watch/ folder: <node>.json, the stacks request and its answers.
@@ -73,8 +73,7 @@ class WatchLimits:
         return max(self.hang_floor_s, self.hang_steps * baseline_step_s if baseline_step_s else 0.0)
 
 
-@dataclass(frozen=True)
-class RankProgress:
+class RankProgress(NamedTuple):      # a tuple: one per rank per poll, built by the ten thousand
     rank: int
     steps: int
     step_seconds: float                 # summed durations of those steps, as the rank measured them
@@ -136,7 +135,8 @@ class WatchState:
     started_t: float                     # the training step's start (wall time)
     accepted_step_s: float = 0.0         # a slowdown the gate did not localise: the new normal
     samples: tuple[Sample, ...] = ()
-    last: tuple[tuple[int, int, float, float], ...] = ()   # (rank, steps, step_seconds, compute_seconds) at the last poll
+    # rank -> (steps, step_seconds, compute_seconds) at the last poll
+    last: Mapping[int, tuple[int, float, float]] = field(default_factory=dict)
     progress_t: float = 0.0              # when a rank last finished a step (the watch's start before that)
     progress_steps: int = -1             # the most steps any rank had then (-1: no rank reported a step)
     silent_noted: tuple[str, ...] = ()   # agents already reported silent while training went on
@@ -235,7 +235,7 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
             readings: Mapping[str, NodeReading | None]) -> WatchState:
     """The job's step time since the last poll: the median over ranks of each rank's own
     (added step seconds / added steps). Ranks that finished no step add nothing."""
-    before = {rank: (steps, seconds, compute) for rank, steps, seconds, compute in state.last}
+    before = state.last
     step_times = []
     for rank in ranks:
         steps, seconds, _ = before.get(rank.rank, (rank.steps, rank.step_seconds, rank.compute_seconds))
@@ -255,7 +255,7 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
         if reading is not None and reading.written_t > heard.get(node, 0.0):
             heard[node] = reading.written_t
     return replace(state, samples=samples, progress_t=progress_t, progress_steps=progress_steps,
-                   last=tuple((r.rank, r.steps, r.step_seconds, r.compute_seconds) for r in ranks) or state.last,
+                   last={r.rank: (r.steps, r.step_seconds, r.compute_seconds) for r in ranks} or state.last,
                    heard=heard, compute=_compute_samples(limits, state, now, before, readings))
 
 
@@ -264,10 +264,14 @@ def _compute_samples(limits: WatchLimits, state: WatchState, now: float,
                      readings: Mapping[str, NodeReading | None]) -> Mapping[str, tuple[ComputeSample, ...]]:
     """Each node's compute seconds per step since the last poll (the median over its ranks),
     kept only as far back as the detectors look. Nothing for ranks that time no compute."""
+    if not state.compute and not any(rank.compute_seconds for r in readings.values() if r for rank in r.ranks):
+        return {}   # a program that times no compute section pays nothing for it
     keep_after = now - limits.slow_window_s - limits.baseline_window_s
     compute = {}
     for node, reading in readings.items():
-        kept = tuple(s for s in state.compute.get(node, ()) if s.t >= keep_after)
+        kept = state.compute.get(node, ())
+        if kept and kept[0].t < keep_after:   # oldest first: most polls drop nothing
+            kept = tuple(s for s in kept if s.t >= keep_after)
         per_step = []
         for rank in reading.ranks if reading else ():
             steps, _, seconds = before.get(rank.rank, (rank.steps, 0.0, rank.compute_seconds))

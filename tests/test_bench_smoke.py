@@ -57,7 +57,8 @@ def test_watch_scale_bench_polls_real_node_files_at_tiny_n():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split() for line in out.stdout.splitlines()
-            if line.split()[:1] in (["2"], ["4"]) and len(line.split()) == 10]   # the table's rows
+            if line.split()[:1] in (["2"], ["4"]) and len(line.split()) == 11]   # the table's rows
     assert [(row[0], row[1]) for row in rows] == [("2", "4"), ("4", "8")]   # nodes, ranks
     assert all(int(row[-1].replace(",", "")) > 0 for row in rows)           # bytes per node file
+    assert all(float(row[7]) >= 1.0 for row in rows)                        # polls every: at least poll_s
     assert "4 nodes:" in out.stdout and "cores" in out.stdout
