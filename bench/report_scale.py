@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # support: replays, test site
-from timing import interleaved_medians  # noqa: E402
+from timing import interleaved, interleaved_medians  # noqa: E402
 
 from trainctl.health.registry import all_checks  # noqa: E402
 from trainctl.sweep.db import History  # noqa: E402
@@ -116,12 +116,8 @@ def bench_report_size(nodes: int, args, tmp: Path) -> dict:
     commands = {fmt: [*base, "--format", fmt, "--out", str(tmp / f"report-{nodes}.{fmt}")]
                 for fmt in args.formats.split(",")}
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
-    rng = random.Random(0)
-    for _ in range(args.rounds):
-        order = list(commands)
-        rng.shuffle(order)
-        for name in order:
-            samples[name].append(run_measured(commands[name]))
+    for name in interleaved(commands, args.rounds):
+        samples[name].append(run_measured(commands[name]))
     line = {"nodes": nodes, "sweeps": args.sweeps, "db_mb": round(facts["bytes"] / 2**20),
             "load_avg_1m": round(os.getloadavg()[0], 1)}
     for name, runs in samples.items():

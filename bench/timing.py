@@ -31,6 +31,15 @@ def time_once(argv: list[str], env: dict[str, str] | None = None, timeout_s: flo
     return elapsed
 
 
+def interleaved(keys, rounds: int):
+    """Every key once a round, in an order shuffled anew each round (seeded, so that runs compare)."""
+    rng = random.Random(0)
+    for _ in range(rounds):
+        order = list(keys)
+        rng.shuffle(order)
+        yield from order
+
+
 def interleaved_medians(commands: dict[str, list[str]], rounds: int, warmup: int = 2,
                         env: dict[str, str] | None = None) -> dict[str, float]:
     """Median wall time in seconds of each named command over `rounds` interleaved rounds."""
@@ -38,12 +47,8 @@ def interleaved_medians(commands: dict[str, list[str]], rounds: int, warmup: int
         for argv in commands.values():
             time_once(argv, env)
     samples: dict[str, list[float]] = {name: [] for name in commands}
-    rng = random.Random(0)
-    for _ in range(rounds):
-        order = list(commands)
-        rng.shuffle(order)
-        for name in order:
-            samples[name].append(time_once(commands[name], env))
+    for name in interleaved(commands, rounds):
+        samples[name].append(time_once(commands[name], env))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

@@ -48,11 +48,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainctl.job import agent, watch
-from trainctl.job.run import WATCH_SHARE
-from trainctl.job.watch_io import prepare_watch_dir, read_node_files
-from trainctl.progress import RECORD, VERSION, decode
-from trainctl.site import WatchConfig
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import interleaved  # noqa: E402
+from trainctl.job import agent, watch  # noqa: E402
+from trainctl.job.run import WATCH_SHARE  # noqa: E402
+from trainctl.job.watch_io import prepare_watch_dir, read_node_files  # noqa: E402
+from trainctl.progress import RECORD, VERSION, decode  # noqa: E402
+from trainctl.site import WatchConfig  # noqa: E402
 
 STEP_S = 0.5                   # the simulated training step
 STEPS_PER_WRITE = 2            # steps each rank finishes between two writes of its agent
@@ -257,14 +259,10 @@ def main() -> int:
             supervisors[n] = Remote(functools.partial(Supervisor, gate_dir, n, limits, history))
         polls: dict[int, list[tuple[float, float, float]]] = {n: [] for n in counts}
         writes: dict[int, list[tuple[float, int]]] = {n: [] for n in counts}
-        rng = random.Random(0)
-        for _ in range(args.rounds):
-            order = list(counts)
-            rng.shuffle(order)
-            for n in order:
-                for _ in range(args.polls):
-                    writes[n].append(agents[n].call("advance"))
-                    polls[n].append(supervisors[n].call("poll"))
+        for n in interleaved(counts, args.rounds):
+            for _ in range(args.polls):
+                writes[n].append(agents[n].call("advance"))
+                polls[n].append(supervisors[n].call("poll"))
         report(polls, writes, config, args)
     finally:
         for remote in [*agents.values(), *supervisors.values()]:
