@@ -169,14 +169,14 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
                 wait_until("a decision or the job's end", lambda: any(
                     e["event"] in ("confirmation", "job_end") for e in journal(gate_dir)), 240)
             record = wait_for_job(devcluster, job_id, timeout_s=600)
-    if scenario.name == "c":
-        faults.restore_node(devcluster, victim, timeout_s=120)
-    chain = [journal(gate_dir)]
-    successor = (json.loads((gate_dir / "retry.json").read_text()).get("successor")
-                 if (gate_dir / "retry.json").exists() else None)
-    if successor:   # without the watch: the requeued job, to its end
-        record = wait_for_job(devcluster, successor, timeout_s=600)
-        chain.append(journal(tmp_path / f"trainctl-gate-{successor}"))
+        if scenario.name == "c":
+            faults.restore_node(devcluster, victim, timeout_s=120)
+        chain = [journal(gate_dir)]
+        successor = (json.loads((gate_dir / "retry.json").read_text()).get("successor")
+                     if (gate_dir / "retry.json").exists() else None)
+        if successor:   # without the watch: the requeued job, to its end, its nodes' replays still in place
+            record = wait_for_job(devcluster, successor, timeout_s=600)
+            chain.append(journal(tmp_path / f"trainctl-gate-{successor}"))
     outcome = summarise(chain[0], victim, fault_t)
     wall = goodput(chain, time.time())
     outcome.update(job_id=job_id, state=record["JobState"], victim=victim, gate_dir=str(gate_dir),
