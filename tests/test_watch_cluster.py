@@ -167,7 +167,7 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
         with fault(devcluster, scenario.name, victim):
             if scenario.condemns:   # the fault lasts until the watch has judged it, or the job ended
                 wait_until("a decision or the job's end", lambda: any(
-                    e["event"] in ("confirmation", "job_end") for e in journal(gate_dir)), 240)
+                    e["event"] in ("confirmation", "job_end") for e in journal(gate_dir)), 600 if WATCH_OFF else 240)
             record = wait_for_job(devcluster, job_id, timeout_s=600)
         if scenario.name == "c":
             faults.restore_node(devcluster, victim, timeout_s=120)
