@@ -324,12 +324,17 @@ def _compute_ratios(limits: WatchLimits, state: WatchState, now: float) -> dict[
 
 
 def _compute_note(limits: WatchLimits, ratios: Mapping[str, float]) -> str:
+    """Some nodes are named only when every other node's compute time is unchanged: while a
+    slowdown of the whole program fills the window, nodes cross the factor at different polls."""
     rose = {node: ratio for node, ratio in ratios.items() if ratio >= limits.slow_factor}
-    if not rose:
+    unchanged = [node for node, ratio in ratios.items() if ratio < (1 + limits.slow_factor) / 2]
+    if len(unchanged) == len(ratios):
         return "compute time per step is unchanged on every node: the time goes to waiting (the wire, the input)"
     if len(rose) == len(ratios):
         return "compute time per step rose on every node alike (the program itself, or every node at once)"
-    return "compute time per step rose on " + ", ".join(f"{node} ({ratio:g}x)" for node, ratio in rose.items())
+    if rose and len(rose) + len(unchanged) == len(ratios):
+        return "compute time per step rose on " + ", ".join(f"{node} ({ratio:g}x)" for node, ratio in rose.items())
+    return "compute time per step rose unevenly: " + ", ".join(f"{node} {ratio:g}x" for node, ratio in ratios.items())
 
 
 def _hung(state: WatchState, readings: Mapping[str, NodeReading | None], silent: tuple[str, ...],

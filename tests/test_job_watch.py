@@ -91,6 +91,12 @@ def test_compute_times_unchanged_point_at_waiting_and_risen_everywhere_at_the_pr
     assert "rose on every node alike" in everywhere.evidence
 
 
+def test_a_node_is_singled_out_only_while_the_others_compute_as_before():
+    uneven = slowed(dict.fromkeys(NODES, 0.1), {**dict.fromkeys(NODES, 0.135), "node2": 0.6})
+    assert "rose unevenly" in uneven.evidence and "node2 6x" in uneven.evidence
+    assert "rose on node2" not in uneven.evidence
+
+
 def test_without_compute_times_the_slow_evidence_says_nothing_of_them():
     detection = slowed({}, {})
     assert "compute_ratio" not in detection.details and "compute" not in detection.evidence
