@@ -49,7 +49,7 @@ from typing import Any
 
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.status import CheckResult, Status
-from trainctl.job.watch import DUMP_REQUEST, NODE_FILE_FORMAT, WATCH_SUBDIR, dump_done_file, stacks_file
+from trainctl.job.watch import DUMP_REQUEST, NODE_FILE_FORMAT, dump_done_file, stacks_file, watch_dir
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept
@@ -194,10 +194,6 @@ def flight_recorder_text(node: str, asked: Mapping[int, str], dumped: Iterable[i
 
 
 # ---------------------------------------------------------------- I/O
-
-def watch_dir(gate_dir: str | Path) -> Path:
-    return Path(gate_dir) / WATCH_SUBDIR
-
 
 class CheckRunner:
     """Runs the checks in a thread, so the reports are read and the node file written meanwhile."""

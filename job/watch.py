@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal, Mapping, NamedTuple
 
 # The files the node agents (trainctl.job.agent) and the supervisor (trainctl.job.watch_io) share,
@@ -40,6 +41,10 @@ from typing import Literal, Mapping, NamedTuple
 NODE_FILE_FORMAT = 1
 WATCH_SUBDIR = "watch"
 DUMP_REQUEST = "dump-request"              # holds a token; each agent answers with dump-done-<node>
+
+
+def watch_dir(gate_dir: str | Path) -> Path:
+    return Path(gate_dir) / WATCH_SUBDIR
 
 
 def stacks_file(node: str) -> str:

@@ -17,15 +17,11 @@ import time
 from pathlib import Path
 
 from trainctl.job.watch import (DUMP_REQUEST, WATCH_SUBDIR, NodeReading, dump_done_file, parse_node_file,
-                                 stacks_file)
+                                 stacks_file, watch_dir)
 
 NODE_FILE_MAX_BYTES = 1 << 20               # a node file with thousands of ranks is still far below
 # what a gate round writes in the gate directory (job/gate_cli.py, the gate step's per-node logs)
 GATE_ROUND_FILES = ("nodes", "snapshots", "compute", "fabric.json", "decision.json", "report.txt", "gate-step.status")
-
-
-def watch_dir(gate_dir: str) -> str:
-    return os.path.join(gate_dir, WATCH_SUBDIR)
 
 
 def prepare_watch_dir(gate_dir: str) -> str:
@@ -36,7 +32,7 @@ def prepare_watch_dir(gate_dir: str) -> str:
         if name.endswith(".json") or name.startswith(("dump-", "stacks-")):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(path, name))
-    return path
+    return str(path)
 
 
 def read_node_files(gate_dir: str, nodes: tuple[str, ...]) -> dict[str, NodeReading | None]:
@@ -85,7 +81,7 @@ def archive_gate_round(gate_dir: str, number: int) -> str:
             shutil.move(str(source), str(target / name))
     for log in Path(gate_dir).glob("node-*.log"):
         shutil.move(str(log), str(target / log.name))
-    for evidence in [*Path(watch_dir(gate_dir)).glob("*.json"), *Path(watch_dir(gate_dir)).glob("stacks-*.txt")]:
+    for evidence in [*watch_dir(gate_dir).glob("*.json"), *watch_dir(gate_dir).glob("stacks-*.txt")]:
         shutil.move(str(evidence), str(target / WATCH_SUBDIR / evidence.name))
     return str(target)
 
