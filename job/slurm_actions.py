@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainctl.errors import ExternalCommandError
-from trainctl.job.supervisor import PROBE_STEP
+from trainctl.job.supervisor import OWN_STEPS, PROBE_STEP
 from trainctl.proc import ProcResult, run, run_checked
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
 
@@ -31,11 +31,28 @@ PROBE_TIMEOUT_S = 45.0              # srun gives up on an unreachable slurmd aft
 
 
 def start_step(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """A job step in the background; its srun writes to the job's output, as the batch script's would."""
+    """A job step in the background. The training step's srun writes to the job's output, as the
+    batch script's would. trainctl's own steps (gate, agents, sentinel) are ended by trainctl on
+    purpose, and srun reports that as task errors ("task 0: Killed", "Job step aborted"): their
+    srun's own messages go to `srun-<step>.log` beside the step's output files, and the job's
+    output keeps trainctl's lines."""
+    log = own_step_srun_log(argv)
     try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+        if log is None:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+        with open(log, "ab") as stderr:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=stderr, env=env)
     except OSError as exc:   # no srun on this PATH, say: the machine's, not a bug
         raise ExternalCommandError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+
+
+def own_step_srun_log(argv: list[str]) -> str | None:
+    """Where srun's own messages go for one of trainctl's steps: `srun-<step>.log` in the folder of
+    the step's `--output=` files (the job's gate directory); None for any other step."""
+    options = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in argv if arg.startswith("--") and "=" in arg}
+    if options.get("--job-name") not in OWN_STEPS or "--output" not in options:
+        return None
+    return str(Path(options["--output"]).parent / f"srun-{options['--job-name']}.log")
 
 
 def wait_step(step: subprocess.Popen, poll_s: float, on_poll: Callable[[], None] = lambda: None) -> int:

@@ -86,8 +86,11 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
         import getpass
 
         target = parse_remote(login, getpass.getuser())
-    # A site file given by path must be found by the nodes too, from the job's directory.
-    site_ref = str(loaded.path.resolve()) if _is_path(site) and target is None else site
+    # The nodes read the very file loaded here, by its absolute path: a name looked up again on a
+    # node would search from the job's directory (missing ./site-configs under --chdir) and could
+    # find another copy (/etc/trainctl/site-configs). Over --remote the file here may not exist
+    # there, so the login node's search path resolves the name.
+    site_ref = str(loaded.path.resolve()) if target is None else site
     request = SubmitRequest(site_ref=site_ref, program=program, nodes=nodes, partition=partition, spare=spare,
                             min_nodes=min_nodes, gpus_per_node=gpus_per_node, time_limit=time_limit,
                             job_name=job_name, nccl_debug=nccl_debug, retries=retries, signal=signal_spec)
@@ -170,10 +173,6 @@ def _echo_json(summary: dict) -> None:
     import json  # only for --json: a plain dry run skips the import
 
     click.echo(json.dumps(summary, indent=1))
-
-
-def _is_path(site: str) -> bool:
-    return site.endswith(".toml") or os.sep in site
 
 
 def _this_trainctl() -> str:

@@ -153,6 +153,23 @@ def test_chdir_submits_from_that_directory(tmp_path):
     assert f"would run in {workdir}:" in result.stderr
 
 
+def test_a_site_name_reaches_the_nodes_as_the_absolute_path_it_resolved_to(tmp_path):
+    # A site found by name in ./site-configs of the directory submit runs in: the job runs in
+    # --chdir, where that name would not be found again; the nodes get the loaded file's path.
+    sites = tmp_path / "site-configs"
+    sites.mkdir()
+    (sites / "mine.toml").write_text((REPO / "site-configs" / "local-demo.toml").read_text())
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "job.py").write_text("print(1)\n")
+    result = submit(tmp_path, "--site", "mine", "--nodes", "1", "--chdir", str(workdir), "--dry-run", "--json",
+                    "--", "job.py")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    plan_text = report["script"].split("<<'TRAINCTL_PLAN'\n", 1)[1].rsplit("TRAINCTL_PLAN", 1)[0]
+    assert json.loads(plan_text)["site_ref"] == str((sites / "mine.toml").resolve())
+
+
 def test_a_bare_script_name_runs_the_file_the_check_found(tmp_path):
     # `submit -- run.sh`: an executable in the submit directory, no slash. Exec'd by that bare
     # name, the job's exec would search PATH; the plan names the file the check found instead.

@@ -1,0 +1,33 @@
+"""`job/slurm_actions.py`: srun's own messages for the steps trainctl ends on purpose stay out of
+the job's output."""
+
+import os
+
+from trainctl.job import supervisor as sv
+from trainctl.job.slurm_actions import own_step_srun_log, start_step, wait_step
+from trainctl.launcher.plan import SubmitRequest, plan_job
+from trainctl.site import load_site
+
+
+def _plan():
+    return plan_job(load_site("local-demo").config, SubmitRequest(site_ref="local-demo", program=("/bin/true",),
+                                                                  nodes=2, spare=1),
+                    node_trainctl="/n/trainctl", node_python="/n/python", command=("trainctl", "submit"), version="0")
+
+
+def test_trainctls_own_steps_log_srun_beside_their_output_and_the_training_step_does_not():
+    plan, gate = _plan(), "/shared/trainctl-gate-7"
+    action = sv.RunTraining(job_nodes="node[1-2]", node_count=2, master_addr="node1", start_sentinel=False)
+    assert own_step_srun_log(sv.gate_step_argv(plan, gate, 3)) == f"{gate}/srun-trainctl-gate.log"
+    assert own_step_srun_log(sv.sentinel_argv(plan, gate)) == f"{gate}/srun-trainctl-sentinel.log"
+    assert own_step_srun_log(sv.agent_argv(plan, action, gate)) == f"{gate}/watch/srun-trainctl-agent.log"
+    assert own_step_srun_log(sv.training_argv(plan, action, gate)) is None
+
+
+def test_an_own_steps_srun_stderr_goes_to_its_log(tmp_path):
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\necho 'srun: error: node2: task 0: Killed' >&2\nexit 0\n")
+    srun.chmod(0o755)
+    argv = [str(srun), f"--job-name={sv.GATE_STEP}", f"--output={tmp_path}/node-%N.log", "trainctl"]
+    assert wait_step(start_step(argv, dict(os.environ)), poll_s=5) == 0
+    assert (tmp_path / "srun-trainctl-gate.log").read_text() == "srun: error: node2: task 0: Killed\n"
