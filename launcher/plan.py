@@ -54,6 +54,7 @@ class SubmitRequest:
     nccl_debug: str | None = None
     retries: int | None = None           # None: the site's launch.retries
     signal: str | None = None            # None: the site's launch.signal; "": none
+    sbatch: tuple[str, ...] = ()         # submit --sbatch: more sbatch options for this job, e.g. --qos=high
 
 
 class SbatchOption(NamedTuple):  # NamedTuple, not dataclass: a third of the import time
@@ -185,6 +186,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
         job_name=job_name,
         sbatch_options=sbatch_options(site, partition_name, request.nodes + request.spare, gpus,
                                       max(gpus, 1), job_name, time_limit)
+        + job_sbatch_options(request.sbatch)
         + ((SbatchOption("--signal", signal),) if signal else ()),
         environment=(nccl_environment(part, nccl_debug)
                      + flight_recorder_environment(site.launch.flight_recorder_entries)
@@ -247,6 +249,31 @@ def sbatch_options(site: SiteConfig, partition_name: str, allocated_nodes: int, 
         name, sep, value = extra.partition("=")
         options.append(SbatchOption(name, value if sep else None))
     return tuple(options)
+
+
+# sbatch options trainctl sets itself, each with the submit option that sets it: `--sbatch` refuses them.
+OWN_SBATCH_OPTIONS = {
+    "--job-name": "--job-name", "--partition": "--partition", "--nodes": "--nodes and --spare",
+    "--ntasks": "--gpus-per-node", "--ntasks-per-node": "--gpus-per-node", "--gpus-per-node": "--gpus-per-node",
+    "--gpus": "--gpus-per-node", "--gres": "--gpus-per-node", "--time": "--time", "--signal": "--signal",
+    "--chdir": "--chdir", "--no-kill": "nothing (every job keeps its allocation when a node fails)",
+    "--exclude": "--retries (a successor excludes the bad nodes)", "--dependency": "--retries",
+    "--output": "nothing (trainctl job show reads slurm-<jobid>.out)", "--error": "nothing",
+}
+
+
+def job_sbatch_options(options: tuple[str, ...]) -> tuple[SbatchOption, ...]:
+    """`submit --sbatch` options: long sbatch options (`--qos=high`, `--exclusive`), after the site's
+    own; one that trainctl sets itself is refused, naming the submit option for it."""
+    parsed = []
+    for option in options:
+        name, sep, value = option.partition("=")
+        if not name.startswith("--") or len(name) < 3:
+            raise UsageError(f"--sbatch {option!r}: expected a long sbatch option, e.g. --qos=high or --exclusive")
+        if name in OWN_SBATCH_OPTIONS:
+            raise UsageError(f"--sbatch {option!r}: trainctl sets {name} itself; use {OWN_SBATCH_OPTIONS[name]}")
+        parsed.append(SbatchOption(name, value if sep else None))
+    return tuple(parsed)
 
 
 def nccl_ib_hca(entries: tuple[str, ...]) -> str:

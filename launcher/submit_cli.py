@@ -42,6 +42,10 @@ class _CommandRecordingArgs(click.Command):
 @click.option("--signal", "signal_spec", metavar="[R:]SIG[@SECONDS]", default=None,
               help="Slurm sends SIG to the program's ranks SECONDS before the time limit, e.g. USR1@120, so it "
                    "can checkpoint (default: the site's launch.signal; '' for none).")
+@click.option("--sbatch", "sbatch", multiple=True, metavar="--OPTION[=VALUE]",
+              help="One more sbatch option for this job, after the site's [slurm] options, e.g. "
+                   "--sbatch=--qos=high --sbatch=--constraint=h100 (repeat it; options trainctl sets itself "
+                   "are refused).")
 @click.option("--chdir", help="Submit from this directory (default: the current one): the job runs there, "
               "SCRIPT is relative to it, the gate report and slurm-<id>.out land there.")
 @click.option("--dry-run", is_flag=True, help="Print the script and the sbatch command; submit nothing.")
@@ -56,7 +60,8 @@ class _CommandRecordingArgs(click.Command):
 @click.pass_context
 def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spare: int,
            min_nodes: int | None, gpus_per_node: int | None, time_limit: str | None, job_name: str | None,
-           nccl_debug: str | None, retries: int | None, signal_spec: str | None, chdir: str | None,
+           nccl_debug: str | None, retries: int | None, signal_spec: str | None, sbatch: tuple[str, ...],
+           chdir: str | None,
            dry_run: bool, remote: str | None,
            identity: str | None, known_hosts: str | None, as_json: bool, program: tuple[str, ...]) -> None:
     """Render an sbatch script for SITE's hardware and submit it (here, or over SSH).
@@ -93,7 +98,8 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     site_ref = str(loaded.path.resolve()) if target is None else site
     request = SubmitRequest(site_ref=site_ref, program=program, nodes=nodes, partition=partition, spare=spare,
                             min_nodes=min_nodes, gpus_per_node=gpus_per_node, time_limit=time_limit,
-                            job_name=job_name, nccl_debug=nccl_debug, retries=retries, signal=signal_spec)
+                            job_name=job_name, nccl_debug=nccl_debug, retries=retries, signal=signal_spec,
+                            sbatch=sbatch)
 
     def plan_for(resolved: str):
         """The plan with SCRIPT as the pre-submit check found it: the job execs that very file."""

@@ -276,3 +276,18 @@ def test_remote_targets(text, expected):
 def test_a_bad_remote_target_is_a_usage_error():
     with pytest.raises(UsageError, match="expected"):
         parse_remote("a b@c", "me")
+
+
+def test_sbatch_passes_more_options_for_this_job_and_refuses_what_trainctl_sets(tmp_path):
+    result = submit(tmp_path, "--site", "local-demo", "--nodes", "1", "--sbatch=--qos=high", "--sbatch",
+                    "--constraint=h100&ib", "--sbatch=--exclusive", "--dry-run", "--", TRAIN_DDP)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines.index("#SBATCH --qos=high") < lines.index("#SBATCH --constraint=h100&ib") \
+        < lines.index("#SBATCH --exclusive")
+    for option, message in (("--time=1", "trainctl sets --time itself; use --time"),
+                            ("--nodes=3", "trainctl sets --nodes itself; use --nodes and --spare"),
+                            ("-A", "expected a long sbatch option")):
+        refused = submit(tmp_path, "--site", "local-demo", "--nodes", "1", f"--sbatch={option}", "--", TRAIN_DDP)
+        assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1 and message in refused.stderr
+        assert not sbatch_ran(tmp_path)
