@@ -237,6 +237,8 @@ def goodput_lines(result: Goodput) -> list[str]:
     ratio = "n/a" if result.ratio is None else f"{result.ratio:.1%}"
     lines = [f"goodput: {ratio} ({hms(result.productive_s)} productive of {hms(result.wall_s)} since the "
              f"first submit{', still running' if result.running else ''})"]
+    lines.append("  measures: the share of the wall time since the first submit that trained; the start-up "
+                 "(queue, gate) weighs most in a short job")
     lines.append("  lost: " + ", ".join(f"{kind.replace('_', ' ')} {hms(result.lost_s.get(kind, 0.0))}"
                                        for kind in LOST_KINDS))
     lines.append("  productive: training step time, less the work after the last checkpoint seen "
