@@ -99,9 +99,13 @@ def _ssh_access(config):
               help="SSH: nodes at once (default: site's [sweep] fanout).")
 @click.option("--timeout", "timeout_s", type=Number(float, Bounds(1, DAY_S)),
               help="Seconds a node's checks may take before it counts as timed out (default: site).")
+@click.option("--exit-zero", is_flag=True,
+              help="Exit 0 once every node's result is recorded, whatever the nodes' verdicts: for systemd and "
+                   "cron, where a non-zero exit must mean that the sweep itself failed (2 bad input or site, "
+                   "4 Slurm or SSH, 70 a bug), not that it found a failing node.")
 @db_option
 @json_option
-def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as_json):
+def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, exit_zero, db_path, as_json):
     """Check every node of a partition (or a hostlist) and record the results in the history.
 
     With --via slurm (the default) one job runs on the idle nodes, one task per node; nodes
@@ -109,8 +113,8 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
     node whose checks outrun --timeout is recorded as timed out, apart from failing nodes.
     Each node is committed as its answer arrives. Progress goes to stderr.
 
-    Exit code: the worst node status (0 ok, 1 warn, 2 fail, 3 unknown or no verdict);
-    4 if Slurm or SSH itself failed.
+    Exit code: the worst node status (0 ok, 1 warn, 2 fail, 3 unknown or no verdict), or 0
+    with --exit-zero; 2 for bad input, 4 if Slurm or SSH itself failed.
     """
     from trainctl.errors import UsageError
     from trainctl.site import partition as pick_partition
@@ -145,9 +149,10 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
                 _progress(f"history: removed {removed} sweep(s) older than {config.sweep.keep_days:g} days "
                           "([sweep] keep_days)")
     nodes_out = sorted(result.nodes.values(), key=lambda n: n.host)
+    code = 0 if exit_zero else result.exit_code
     if as_json:
         click.echo(json.dumps({
-            "sweep": result.sweep_id, "db": str(history.path), "exit_code": result.exit_code,
+            "sweep": result.sweep_id, "db": str(history.path), "exit_code": code,
             "nodes": [{"host": n.host, "outcome": n.outcome, "status": n.status, "slurm_state": n.slurm_state,
                        "detail": n.detail, "duration_s": n.duration_s,
                        "checks": [{"name": c.name, "status": c.status, "reason": c.reason} for c in n.checks]}
@@ -156,7 +161,7 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
         click.echo(f"sweep #{result.sweep_id} recorded in {history.path}")
         for node in nodes_out:
             click.echo(f"  {describe(node)}")
-    return result.exit_code
+    return code
 
 
 # ---------------------------------------------------------------- report

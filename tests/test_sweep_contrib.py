@@ -32,7 +32,7 @@ def accepts(argv: list[str]) -> None:
     command.make_context(argv[0], argv[1:])
 
 
-def test_service_commands_parse_and_node_findings_do_not_fail_the_unit():
+def test_service_commands_parse_and_only_the_sweeps_own_failure_fails_the_unit():
     settings = unit_settings((CONTRIB / "trainctl-sweep.service").read_text())
     env = dict(item.split("=", 1) for item in settings["Environment"])
     commands = settings["ExecStart"] + settings["ExecStopPost"]
@@ -42,7 +42,8 @@ def test_service_commands_parse_and_node_findings_do_not_fail_the_unit():
         assert argv[0] == "/usr/local/bin/trainctl"
         accepts(argv[1:])
     assert shlex.split(settings["ExecStart"][0])[1] == "sweep"
-    assert settings["SuccessExitStatus"] == ["1 2 3"]   # warn/fail/unknown are findings; 4 and 70 are failures
+    # failing nodes are findings (--exit-zero); every non-zero exit (2 a broken config, 4, 70) fails the unit
+    assert "--exit-zero" in shlex.split(settings["ExecStart"][0]) and "SuccessExitStatus" not in settings
 
 
 def test_cron_line_runs_the_same_sweep_and_report():
@@ -51,10 +52,14 @@ def test_cron_line_runs_the_same_sweep_and_report():
     (line,) = lines
     fields = line.split(None, 6)
     assert fields[5] == "root"
-    for command in fields[6].split(";"):
+    sweep_part, report = fields[6].split(";")
+    sweep_command, on_failure = sweep_part.split("||")
+    assert shlex.split(on_failure)[0] == "echo"   # cron mails a failed sweep's one line to MAILTO
+    for command in (sweep_command, report):
         argv = [word for word in shlex.split(command) if not word.startswith((">", "2>"))]
         assert argv[0] == "trainctl"
         accepts(argv[1:])
+    assert "--exit-zero" in shlex.split(sweep_command)
 
 
 def test_bad_option_is_caught_by_the_parse_check():
@@ -86,3 +91,17 @@ def test_an_unknown_contrib_file_is_one_line_naming_the_files():
     out = subprocess.run([TRAINCTL, "contrib", "slurm.conf"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "trainctl-slurm-hook.sh" in out.stderr
+
+
+def test_exit_zero_keeps_node_findings_out_of_the_exit_code_but_not_a_broken_config(tmp_path):
+    # a node that gives no verdict (its host key cannot be verified) is a finding: exit 3, or 0 with
+    # --exit-zero; a site that does not load is the sweep's own failure: exit 2 either way
+    site = tmp_path / "site.toml"
+    site.write_text((CONTRIB.parent / "site-configs" / "local-demo.toml").read_text().replace(
+        "/tmp/trainctl-devcluster/ssh/known_hosts", str(tmp_path / "no-known-hosts")))
+    sweep = [TRAINCTL, "sweep", "--site", str(site), "--via", "ssh", "--nodes", "nosuchnode",
+             "--db", str(tmp_path / "sweeps.db")]
+    assert subprocess.run(sweep, capture_output=True, timeout=60).returncode == 3
+    assert subprocess.run([*sweep, "--exit-zero"], capture_output=True, timeout=60).returncode == 0
+    site.write_text("name = 1\n")
+    assert subprocess.run([*sweep, "--exit-zero"], capture_output=True, timeout=60).returncode == 2
