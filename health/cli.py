@@ -98,7 +98,8 @@ def check(snapshot_dir, site, partition, only, keep_dir, timeout_s, as_json):
               help="Comma-separated checks or families (default: the site's gate checks).")
 @click.option("--budget", "budget_s", type=Number(float, Bounds(1, 55)), default=8.0, show_default=True,
               help="Seconds for the whole run: probes get half, Slurm calls the rest. Keep it inside "
-                   "MessageTimeout (Prolog) and slurmd's 60 s kill (HealthCheckProgram).")
+                   "MessageTimeout (slurm.conf(5) expects a Prolog to end within it; PrologEpilogTimeout "
+                   "ends one that does not) and slurmd's 60 s kill (HealthCheckProgram).")
 @click.option("--state-dir", default="/var/lib/trainctl/slurm-hook", show_default=True,
               help="Where the hook remembers the drain it set on this node (node-local is fine).")
 @click.option("--drain-unknown", is_flag=True,

@@ -24,9 +24,10 @@ SCRIPTS" and HealthCheckProgram, https://slurm.schedmd.com/slurm.conf.html):
 
 The time budget (`--budget`, default 8 s) covers the whole run: probes get half of it (they
 run at once), Slurm calls the rest. slurmd kills a HealthCheckProgram after 60 s and expects a
-Prolog to finish "in less time than MessageTimeout" (default 10 s); PrologEpilogTimeout
-(default: wait forever) is the backstop that kills a wedged prolog, drains the node and
-requeues the job, so set it well above the budget (contrib/trainctl-slurm-hook.conf uses 30 s).
+Prolog to finish "in less time than MessageTimeout" (default 10 s), advice rather than a limit
+(slurmd answers the launch request before it runs the prolog); PrologEpilogTimeout (default:
+wait forever) is what kills a wedged prolog, drains the node and requeues the job, so set it
+well above the budget (contrib/trainctl-slurm-hook.conf uses 30 s).
 
 Planning is pure (`plan_action`, `exit_code`); `run_hook` does the I/O.
 """
