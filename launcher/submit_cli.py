@@ -204,7 +204,8 @@ def _this_trainctl() -> str:
 @click.option("--master-addr", required=True, help="Address of the node that hosts rank 0.")
 @click.option("--gate-dir", help="The gate's directory: its topology snapshot of this node is used if there.")
 @click.option("--bind/--no-bind", default=True, show_default=True,
-              help="Bind each rank to its GPU's CPUs, NUMA node and nearest NIC.")
+              help="Bind each rank to its GPU's CPUs and NUMA node (every rank of a node gets the node's "
+                   "whole HCA list for NCCL).")
 @click.argument("program", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- PROGRAM [ARGS]...")
 def rank_exec(site: str, partition: str | None, master_addr: str, gate_dir: str | None, bind: bool,
               program: tuple[str, ...]) -> None:
