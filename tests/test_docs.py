@@ -3,7 +3,15 @@
 - They carry no references to this project's own issues or commits: readers get the product,
   not its development history. Upstream citations such as NVIDIA/nccl#1478 are fine.
 - Every `trainctl ...` command they show in code exists in the Click tree, so a renamed or
-  removed command cannot leave the README pointing at nothing.
+  removed command cannot leave the README pointing at nothing; every command line in a code block
+  parses against the real CLI, options and their values included, and every option named in
+  inline code exists on its command.
+- Every default they quote for a site key (`key = value` ... default, `[table] key`, default
+  `value`) is the site model's default (trainctl/site.py).
+- Every sample output they show (a ```text block) is produced by a real run: each block is
+  preceded by a `<!-- sample: ... -->` comment that says where it comes from, and the test
+  reproduces it (see SAMPLES below). Diagrams say so: `<!-- sample: none, a diagram -->`.
+- No development diary: "this project", "was lent", history of runs.
 
 The strict MkDocs build (scripts/docs) checks links, anchors and the nav; this test needs no
 docs tooling and no network.
@@ -11,7 +19,10 @@ docs tooling and no network.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import shlex
+import typing
 from pathlib import Path
 
 import click
@@ -97,3 +108,221 @@ def test_the_checks_catch_what_they_are_for():
     assert _unknown_prefix(("admin", "contrib")) == "trainctl has no subcommand 'admin'"
     assert _unknown_prefix(("health", "chek")) == "trainctl health has no subcommand 'chek'"
     assert _unknown_prefix(("submit", "train")) is None
+
+
+# ---------------------------------------------------------------- every command line parses
+
+SHELL_BLOCKS = {"bash", "sh", "shell", "console"}
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+PLACEHOLDER = re.compile(r"<[A-Za-z][\w.-]*>")       # <jobid>, <node>: a word in the reader's hands
+OPERATORS = set(";&|()<>")
+LONG_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _command_lines(text: str) -> list[str]:
+    """The shell lines of the code blocks (continuations joined), and the `$ ` lines of text blocks."""
+    lines = []
+    for lang, body in FENCE.findall(text):
+        for line in body.replace("\\\n", " ").splitlines():
+            if lang.strip() in SHELL_BLOCKS:
+                lines.append(line)
+            elif line.startswith("$ "):
+                lines.append(line[2:])
+    return lines
+
+
+def _is_trainctl(word: str) -> bool:
+    return "$" not in word and word.rsplit("/", 1)[-1] == "trainctl"
+
+
+def _invocations(line: str) -> list[list[str]]:
+    """The arguments of each trainctl command on a shell line, up to the next shell operator."""
+    lexer = shlex.shlex(PLACEHOLDER.sub("X", line), posix=True, punctuation_chars=";&|()<>")
+    lexer.whitespace_split = True
+    found: list[list[str]] = []
+    argv: list[str] | None = None
+    for token in lexer:
+        if argv is not None and set(token) <= OPERATORS:
+            found.append(argv)
+            argv = None
+        elif argv is not None:
+            argv.append(token)
+        elif _is_trainctl(token):
+            argv = []
+        elif "$(" in token:          # "$(trainctl dev-cluster env)"
+            found += _invocations(token.split("$(", 1)[1].rsplit(")", 1)[0])
+    return found + ([argv] if argv is not None else [])
+
+
+def _parse_error(argv: list[str]) -> str | None:
+    """Parse `trainctl ARGV` with the real Click tree, as `trainctl` would, without running it."""
+    try:
+        ctx = cli.make_context("trainctl", list(argv))
+        command: click.Command = cli
+        while isinstance(command, click.Group):
+            rest = [*ctx._protected_args, *ctx.args]
+            if not rest:
+                return None
+            name, command, rest = command.resolve_command(ctx, rest)
+            ctx = command.make_context(name, rest, parent=ctx)
+    except click.exceptions.Exit:   # --help, --version
+        return None
+    except click.BadParameter as exc:
+        if isinstance(exc.param.type if exc.param else None, click.Path):
+            return None             # a path of the reader's, not on this machine: parsed all the same
+        return exc.format_message()
+    except click.ClickException as exc:
+        return exc.format_message()
+    return None
+
+
+@pytest.mark.parametrize("path", USER_DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_command_line_in_the_docs_parses_against_the_cli(path):
+    problems = []
+    for line in _command_lines(path.read_text(encoding="utf-8")):
+        for argv in _invocations(line):
+            if (error := _parse_error(argv)) is not None:
+                problems.append(f"trainctl {shlex.join(argv)}: {error}")
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def _inline_option_problems(text: str) -> list[str]:
+    problems = []
+    for code in INLINE.findall(FENCED.sub("", text)):
+        for match in INVOCATION.finditer(code):
+            words = tuple(match.group(1).split())
+            command: click.Command = cli
+            ctx = click.Context(cli, info_name="trainctl")
+            for word in words:
+                if not isinstance(command, click.Group) or (sub := command.get_command(ctx, word)) is None:
+                    break
+                command, ctx = sub, click.Context(sub, parent=ctx, info_name=word)
+            if isinstance(command, click.Group):
+                continue
+            known = {name for param in command.params for name in (*param.opts, *param.secondary_opts)}
+            known.add("--help")
+            own = code[match.start():].split(" -- ", 1)[0]     # after `--`: the program's own arguments
+            problems += [f"`{code}`: {command.name} has no option {option}"
+                         for option in LONG_OPTION.findall(own) if option not in known]
+    return problems
+
+
+@pytest.mark.parametrize("path", USER_DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_option_named_in_inline_code_exists(path):
+    problems = _inline_option_problems(path.read_text(encoding="utf-8"))
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+# ---------------------------------------------------------------- every default quoted is the model's
+
+KEY_THEN_DEFAULT = re.compile(
+    r"`\[(?P<table>[\w.]+)\] (?P<key>\w+)`(?:\)?,| \(|:)\s*(?:the )?default:?\s+(?P<value>`[^`]+`|[\w.\"-]+)")
+KEY_VALUE_THEN_DEFAULT = re.compile(
+    r"`(?:\[(?P<table>[\w.]+)\] )?(?P<key>[\w.]+) = (?P<value>[^`]+)`\s*\((?:the )?default\b")
+KEY_COLON_VALUE_DEFAULT = re.compile(r"`\[(?P<table>[\w.]+)\] (?P<key>\w+)`:\s*(?P<value>`[^`]+`)\s*\((?:the )?default\)")
+BARE_KEY_DEFAULT = re.compile(r"`(?P<key>[a-z][a-z0-9_]+)`,? \((?:the )?default:? (?P<value>`[^`]+`|[\w.\"-]+)")
+
+
+def _site_defaults() -> dict[str, str]:
+    """Every site key with a default, as `table.key` (partitions: `partitions.key`), in TOML."""
+    from trainctl.site import PartitionConfig, SiteConfig
+
+    def toml(value) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, str):
+            return f'"{value}"'
+        if isinstance(value, (tuple, list)):
+            return "[" + ", ".join(toml(v) for v in value) + "]"
+        return repr(value)
+
+    def fields(cls, prefix: str, out: dict[str, str]) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            if dataclasses.is_dataclass(hint):
+                fields(hint, f"{f.name}.", out)
+            elif typing.get_origin(hint) is dict and typing.get_args(hint)[1] is PartitionConfig:
+                fields(PartitionConfig, "partitions.", out)
+            elif f.default is not dataclasses.MISSING:
+                out[prefix + f.name] = toml(f.default)
+            elif f.default_factory is not dataclasses.MISSING:   # type: ignore[misc]
+                out[prefix + f.name] = toml(f.default_factory())  # type: ignore[misc]
+    out: dict[str, str] = {}
+    fields(SiteConfig, "", out)
+    return out
+
+
+def _same_value(quoted: str, model: str) -> bool:
+    quoted = quoted.strip("`").strip()
+    quoted = {"on": "true", "off": "false"}.get(quoted, quoted)
+    if quoted.strip('"') == model.strip('"'):
+        return True
+    try:
+        return float(quoted) == float(model)
+    except ValueError:
+        return False
+
+
+def _quoted_defaults(text: str) -> list[tuple[str | None, str, str]]:
+    text = re.sub(r"\s+", " ", FENCED.sub("", text))
+    return [(m.groupdict().get("table"), m["key"], m["value"])
+            for pattern in (KEY_THEN_DEFAULT, KEY_VALUE_THEN_DEFAULT, KEY_COLON_VALUE_DEFAULT, BARE_KEY_DEFAULT)
+            for m in pattern.finditer(text)]
+
+
+def _default_problems(text: str, defaults: dict[str, str]) -> list[str]:
+    problems = []
+    for table, key, value in _quoted_defaults(text):
+        if table:
+            path = f"{table}.{key}"
+            if path not in defaults:
+                problems.append(f"`[{table}] {key}` is not a site key with a default")
+                continue
+        else:   # a bare key: the one site key of that name, if it is one
+            paths = [p for p in defaults if p.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]
+                     and p.endswith(key)]
+            if len(paths) != 1:
+                continue
+            path = paths[0]
+        if not _same_value(value, defaults[path]):
+            problems.append(f"{path}: the docs say the default is {value}, the model says {defaults[path]}")
+    return problems
+
+
+@pytest.mark.parametrize("path", USER_DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_default_the_docs_quote_is_the_site_models(path):
+    problems = _default_problems(path.read_text(encoding="utf-8"), _site_defaults())
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+# ---------------------------------------------------------------- no development diary
+
+DIARY = re.compile(r"\bthis project\b|\bwas lent\b|\bno GPU machine\b|\bstopped after \d+ runs\b"
+                   r"|\bwe (?:tried|found|had)\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", USER_DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_user_docs_tell_no_project_history(path):
+    found = [f"line {number}: {m.group(0)!r}" for number, line in
+             enumerate(path.read_text(encoding="utf-8").splitlines(), 1) for m in DIARY.finditer(line)]
+    assert not found, f"{path.name}: development history in user docs: " + "; ".join(found)
+
+
+def test_the_drift_checks_catch_what_they_are_for():
+    assert _invocations('eval "$(.venv/bin/trainctl dev-cluster env)"') == [["dev-cluster", "env"]]
+    assert _invocations("srun -N 1 trainctl health check --site x | head  # note") == [
+        ["health", "check", "--site", "x"]]
+    assert _invocations("trainctl job show <jobid> && trainctl report") == [["job", "show", "X"], ["report"]]
+    assert _parse_error(["submit", "--site", "s", "--nodes", "N", "--", "t.py"])   # N is not a number
+    assert _parse_error(["sweep", "--site", "s", "--zork"])
+    assert _parse_error(["submit", "--site", "s", "--nodes", "2", "--", "t.py", "--zork"]) is None
+    assert _inline_option_problems("run `trainctl sweep --site S --zork`") == [
+        "`trainctl sweep --site S --zork`: sweep has no option --zork"]
+    defaults = _site_defaults()
+    assert defaults["launch.release_unused"] == "true" and defaults["watch.hold_spares"] == "0"
+    assert _default_problems("`[launch] release_unused`, default `false`", defaults)
+    assert _default_problems("`[watch] hold_spares = 2` (the default)", defaults)
+    assert not _default_problems("`[gate] drain_on`, default `[]` (off); `[launch] release_unused` (default on)",
+                                 defaults)
+    assert DIARY.search("No GPU machine was lent to this project")
