@@ -251,6 +251,7 @@ def sbatch_options(site: SiteConfig, partition_name: str, allocated_nodes: int, 
     return tuple(options)
 
 
+SBATCH_LONG_OPTION = re.compile(r"--[a-z][a-z0-9-]*")   # as sbatch(1) names its long options
 # sbatch options trainctl sets itself, each with the submit option that sets it: `--sbatch` refuses them.
 OWN_SBATCH_OPTIONS = {
     "--job-name": "--job-name", "--partition": "--partition", "--nodes": "--nodes and --spare",
@@ -268,7 +269,7 @@ def job_sbatch_options(options: tuple[str, ...]) -> tuple[SbatchOption, ...]:
     parsed = []
     for option in options:
         name, sep, value = option.partition("=")
-        if not name.startswith("--") or len(name) < 3:
+        if not SBATCH_LONG_OPTION.fullmatch(name):
             raise UsageError(f"--sbatch {option!r}: expected a long sbatch option, e.g. --qos=high or --exclusive")
         if name in OWN_SBATCH_OPTIONS:
             raise UsageError(f"--sbatch {option!r}: trainctl sets {name} itself; use {OWN_SBATCH_OPTIONS[name]}")

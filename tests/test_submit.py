@@ -287,7 +287,8 @@ def test_sbatch_passes_more_options_for_this_job_and_refuses_what_trainctl_sets(
         < lines.index("#SBATCH --exclusive")
     for option, message in (("--time=1", "trainctl sets --time itself; use --time"),
                             ("--nodes=3", "trainctl sets --nodes itself; use --nodes and --spare"),
-                            ("-A", "expected a long sbatch option")):
+                            ("-A", "expected a long sbatch option"),
+                            ("--qos high", "expected a long sbatch option")):
         refused = submit(tmp_path, "--site", "local-demo", "--nodes", "1", f"--sbatch={option}", "--", TRAIN_DDP)
         assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1 and message in refused.stderr
         assert not sbatch_ran(tmp_path)
