@@ -139,6 +139,8 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
         odd_node_fails=config.gate.odd_node_out == "fail")
     with History.open(_db(db_path, config), write=True) as history:
         result = run_sweep(request, history, _progress)
+        if config.fleet.journal_dir:
+            _fold(history, config, ())
         if config.sweep.keep_days > 0:
             removed = history.prune(time.time() - config.sweep.keep_days * DAY_S)
             if removed:
@@ -157,6 +159,53 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
         for node in nodes_out:
             click.echo(f"  {describe(node)}")
     return result.exit_code
+
+
+# ---------------------------------------------------------------- history
+
+def _fold(history, config, paths: tuple[str, ...]):
+    """Fold the site's journal directory (and `paths`) into the open history; progress to stderr."""
+    from trainctl.sweep.fleet import fold_journals, journal_paths
+
+    now = time.time()
+    keep_after = now - config.sweep.keep_days * DAY_S if config.sweep.keep_days > 0 else 0.0
+    found = journal_paths(config.fleet.journal_dir, paths)
+    result = fold_journals(history, found, site=config.name, now=now, keep_after=keep_after, say=_progress)
+    _progress(f"history: folded in {result.folded} job journal(s) ({result.events} node verdicts), "
+              f"{result.unchanged} unchanged, {len(result.refused)} refused")
+    return result
+
+
+@click.group("history")
+def history():
+    """The node history: sweeps, drains, and every job's verdicts on its nodes."""
+
+
+@history.command("ingest")
+@click.option("--site", required=True, help="Site name or .toml file: its name, [fleet] journal_dir and [sweep] db.")
+@click.argument("paths", nargs=-1, type=click.Path())
+@db_option
+@json_option
+def history_ingest(site, paths, db_path, as_json):
+    """Fold jobs' journals into the history, once each: the site's [fleet] journal_dir and PATHS.
+
+    A PATH is a journal, a directory of journals (*.jsonl), or a directory of job directories
+    (trainctl-gate-*/journal.jsonl, e.g. a submit directory). A journal folded in before adds
+    nothing; one that is damaged, from another site or from the future is refused with one
+    line. Exit code: 0, or 1 if any journal was refused.
+    """
+    from trainctl.errors import UsageError
+    from trainctl.sweep.db import History
+
+    config, _ = _load_site(site)
+    if not config.fleet.journal_dir and not paths:
+        raise UsageError(f"site {config.name!r} names no [fleet] journal_dir: name journals or directories to fold in")
+    with History.open(_db(db_path, config), write=True) as opened:
+        result = _fold(opened, config, paths)
+    if as_json:
+        click.echo(json.dumps({"db": str(opened.path), "folded": result.folded, "events": result.events,
+                               "unchanged": result.unchanged, "refused": result.refused}, indent=1))
+    return 1 if result.refused else 0
 
 
 # ---------------------------------------------------------------- report
