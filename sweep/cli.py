@@ -227,26 +227,31 @@ def report(since_text, fmt, out_file, prom_file, site, db_path):
 
     Nodes are folded into hostlists; each group says since when it has failed (the first
     sweep of the current streak) and whether it flaps. Also lists nodes that timed out or
-    gave no verdict, nodes not swept with their Slurm state, and the nodes trainctl drained.
+    gave no verdict, nodes not swept with their Slurm state, and the nodes trainctl drained;
+    per node, the jobs that left it out, the watch's detections, the sweeps it failed and the
+    jobs it served; and the lemons by the site's [fleet] rule, with their evidence.
     Reads the history only; never changes it.
     """
     import time
 
     from trainctl.files import write_atomically
+    from trainctl.site import FleetConfig
     from trainctl.sweep import render
     from trainctl.sweep.db import History
+    from trainctl.sweep.fleet import LemonRule
     from trainctl.sweep.report import build_report, load_report_data
 
     config, _ = _load_site(site)
     now = time.time()
     since = now - parse_since(since_text)
+    rule = LemonRule.from_site(config.fleet if config else FleetConfig())
     with History.open(_db(db_path, config), write=False) as history:
-        built = build_report(load_report_data(history, since), now, since)
+        built = build_report(load_report_data(history, since, rule, now), now, since)
         if prom_file:
             full = [s for s in history.sweeps() if s.kind == "sweep"]   # a resume's re-check is no sweep
             write_atomically(prom_file, render.to_prometheus(
                 history.latest_checked_results(), history.current_nodes(1), history.drains(open_only=True),
-                full[-1] if full else None))
+                full[-1] if full else None, built.fleet))
     text = {"text": render.to_text, "json": render.to_json, "markdown": render.to_markdown,
             "html": render.to_html}[fmt](built)
     if out_file:
