@@ -283,16 +283,20 @@ def _print_actions(actions, as_json: bool, applied: bool, extra: dict | None = N
 @click.option("--apply", is_flag=True, help="Drain for real (needs Slurm operator rights). "
                                             "Without it, print what would be drained.")
 @click.option("--sweep", "sweep_id", type=int, help="Drain from this sweep (default: the newest finished one).")
-@click.option("--site", help="Site whose [sweep] db to use.")
+@click.option("--lemons", is_flag=True, help="Drain the lemons by the site's [fleet] rule instead of a sweep's "
+                                              "failures, with reason `trainctl: fleet.lemon: ...`.")
+@click.option("--site", help="Site whose [sweep] db (and, with --lemons, [fleet] rule) to use.")
 @db_option
 @json_option
-def drain(apply, sweep_id, site, db_path, as_json):
+def drain(apply, sweep_id, lemons, site, db_path, as_json):
     """Drain the nodes that failed the newest sweep, with reason `trainctl: <check>: <reason>`.
 
     Only nodes without any reason are drained: a node someone else drained, or that Slurm
     marked down with a reason, is left alone. Nodes that timed out or could not be judged
     are listed but never drained. Each drain is recorded in the history with the exact
     reason set, so `trainctl resume` can later tell trainctl's drains from everyone else's.
+    With --lemons, the lemons are drained instead (same rules; resume keeps them drained
+    while they are lemons).
     """
     from trainctl.errors import UsageError
     from trainctl.slurm import node_states, require_operator
@@ -301,6 +305,10 @@ def drain(apply, sweep_id, site, db_path, as_json):
 
     config, _ = _load_site(site)
     path = _db(db_path, config)
+    if lemons:
+        if sweep_id:
+            raise UsageError("--lemons drains by the lemon rule, not from a sweep: leave out --sweep")
+        return _drain_lemons(apply, config, path, as_json)
     with History.open(path, write=False) as history:
         sweeps = history.sweeps()
         chosen = next((s for s in sweeps if s.id == sweep_id), None) if sweep_id else latest_sweep(sweeps)
@@ -319,6 +327,26 @@ def drain(apply, sweep_id, site, db_path, as_json):
         with History.open(path, write=True) as history:
             actions = apply_drains(history, chosen.id, actions)
     _print_actions(actions, as_json, apply, {"sweep": chosen.id})
+
+
+def _drain_lemons(apply: bool, config, path: Path, as_json: bool) -> None:
+    from trainctl.site import FleetConfig
+    from trainctl.slurm import node_states, require_operator
+    from trainctl.sweep.db import History
+    from trainctl.sweep.drain import LEMON_SWEEP, apply_drains, plan_lemon_drains
+    from trainctl.sweep.fleet import LemonRule, current_lemons
+
+    rule = LemonRule.from_site(config.fleet if config else FleetConfig())
+    with History.open(path, write=False) as history:
+        found = current_lemons(history, rule, time.time())
+        open_drains = history.drains(open_only=True)
+    states = node_states(nodes=[lemon.host for lemon in found]) if found else {}
+    actions = plan_lemon_drains(found, rule, states, open_drains)
+    if apply and any(a.action == "drain" for a in actions):
+        require_operator()
+        with History.open(path, write=True) as history:
+            actions = apply_drains(history, LEMON_SWEEP, actions)
+    _print_actions(actions, as_json, apply, {"lemons": [lemon.host for lemon in found], "rule": rule.describe()})
 
 
 @click.command("resume")
@@ -344,11 +372,18 @@ def resume(apply, site, timeout_s, db_path, as_json):
 
     config, given_site = _load_site(site, runs_checks=True)
     path = _db(db_path, config)
+    from trainctl.sweep.drain import LEMON_CHECK, keep_lemons_drained
+    from trainctl.sweep.fleet import LemonRule, current_lemons
+
+    rule = LemonRule.from_site(config.fleet)
     with History.open(path, write=False) as history:
         open_drains = history.drains(open_only=True)
+        lemons = ({lemon.host for lemon in current_lemons(history, rule, time.time())}
+                  if any(d.check == LEMON_CHECK for d in open_drains) else set())
     states = node_states(nodes=[d.host for d in open_drains]) if open_drains else {}
     planned = plan_resumes(open_drains, states)
-    candidates = [a for a in planned if a.action == RECHECK]
+    candidates, kept = keep_lemons_drained([a for a in planned if a.action == RECHECK], lemons, rule)
+    planned = [a for a in planned if a.action != RECHECK] + kept + candidates
     if apply and planned:
         require_operator()
     rechecked = {}

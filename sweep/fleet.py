@@ -337,3 +337,11 @@ def current_lemons(history, rule: LemonRule, now: float) -> list[Lemon]:
     """The lemons by the rule, now, from the history."""
     since = now - rule.days * 86400
     return find_lemons(rule, history.job_events(since, (EXCLUSION, DETECTION)), history.sweep_failures(since))
+
+
+def site_lemons(config, now: float) -> list[Lemon]:
+    """The site's lemons now, from its [sweep] db (read-only); UsageError if it cannot be read."""
+    from trainctl.sweep.db import History
+
+    with History.open(Path(config.sweep.db).expanduser(), write=False) as history:
+        return current_lemons(history, LemonRule.from_site(config.fleet), now)

@@ -365,8 +365,8 @@ def timeline_svg(host: str, items, tz: datetime.tzinfo | None = None) -> str:
            f'<line x1="{pad}" y1="14" x2="{width - pad}" y2="14" stroke="#999"/>']
     for item in items:
         x = pad + (item.at - first) / span * (width - 2 * pad)
-        out.append(f'<rect x="{x - 3:.1f}" y="8" width="6" height="12" fill="{TIMELINE_COLOURS.get(item.kind, "#999")}">'
-                   f"<title>{_h(local_time(item.at, tz))} {_h(item.source)}: {_h(item.text or item.kind)}</title></rect>")
+        out.append(f'<circle cx="{x:.1f}" cy="14" r="5" fill="{TIMELINE_COLOURS.get(item.kind, "#999")}">'
+                   f"<title>{_h(local_time(item.at, tz))} {_h(item.source)}: {_h(item.text or item.kind)}</title></circle>")
     out.append(f'<text x="{pad}" y="31">{_h(local_time(first, tz))}</text>')
     out.append(f'<text x="{width - pad}" y="31" text-anchor="end">{_h(local_time(last, tz))}</text></svg>')
     return "".join(out)
