@@ -651,8 +651,7 @@ ROW_SUSPECTS = {
              "OR typeof(size) != 'integer' OR lines < 0 OR size < 0"),
     "job_events": ("SELECT job_id, line, host, kind, at, what, detail FROM job_events "
                    f"WHERE kind NOT IN ({_quoted(JOB_EVENT_KINDS)}) OR typeof(line) != 'integer' OR line < 1 "
-                   f"OR {_not_text('job_id', 'host', 'what', 'detail')} OR {_TIME_SQL.format('at')} "
-                   "OR job_id NOT IN (SELECT job_id FROM jobs)"),
+                   f"OR {_not_text('job_id', 'host', 'what', 'detail')} OR {_TIME_SQL.format('at')}"),
 }
 
 
@@ -679,6 +678,12 @@ def _check_every_row(conn: sqlite3.Connection, path: Path, tables: tuple[str, ..
                     _job(path, row)
                 else:
                     _job_event(path, row)
+    if "job_events" in tables:   # every event belongs to a job folded in (the key folding is idempotent by)
+        orphan = conn.execute("SELECT job_id, line FROM job_events WHERE job_id NOT IN (SELECT job_id FROM jobs) "
+                              "LIMIT 1").fetchone()
+        if orphan:
+            raise _damaged(path, f"event of job {printable(str(orphan[0])[:40])!r} line {str(orphan[1])[:20]}: "
+                                 "no such job")
     for table in ("nodes", "results", "drains", "job_events"):  # host names: each distinct one once
         if table not in tables:
             continue
