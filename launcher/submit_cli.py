@@ -164,14 +164,13 @@ def _lemons_to_exclude(config) -> list[str]:
 
     from trainctl.errors import UsageError
     from trainctl.slurm import fold_hostlist
-    from trainctl.sweep.fleet import site_lemons
+    from trainctl.sweep.fleet import site_lemon_hosts
 
     try:
-        lemons = site_lemons(config, time.time())
+        hosts = site_lemon_hosts(config, time.time())
     except UsageError as exc:
         click.echo(f"trainctl: warning: not leaving out the site's lemons: {exc}", err=True)
         return []
-    hosts = [lemon.host for lemon in lemons]
     if hosts:
         click.echo(f"trainctl: leaving out the site's lemons ({len(hosts)}): {fold_hostlist(hosts)} "
                    "(fleet.submit_excludes_lemons; --keep-lemons keeps them in)", err=True)

@@ -139,7 +139,7 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, db_path, as
         odd_node_fails=config.gate.odd_node_out == "fail")
     with History.open(_db(db_path, config), write=True) as history:
         result = run_sweep(request, history, _progress)
-        if config.fleet.journal_dir:
+        if config.fleet.journal_dir or config.fleet.lemons_file:
             _fold(history, config, ())
         if config.sweep.keep_days > 0:
             removed = history.prune(time.time() - config.sweep.keep_days * DAY_S)
@@ -173,6 +173,11 @@ def _fold(history, config, paths: tuple[str, ...]):
     result = fold_journals(history, found, site=config.name, now=now, keep_after=keep_after, say=_progress)
     _progress(f"history: folded in {result.folded} job journal(s) ({result.events} node verdicts), "
               f"{result.unchanged} unchanged, {len(result.refused)} refused")
+    if config.fleet.lemons_file:
+        from trainctl.sweep.fleet import publish_lemons
+
+        count = publish_lemons(history, config, now)
+        _progress(f"history: {count} lemon(s) written to {config.fleet.lemons_file}")
     return result
 
 
@@ -198,7 +203,7 @@ def history_ingest(site, paths, db_path, as_json):
     from trainctl.sweep.db import History
 
     config, _ = _load_site(site)
-    if not config.fleet.journal_dir and not paths:
+    if not (config.fleet.journal_dir or config.fleet.lemons_file or paths):
         raise UsageError(f"site {config.name!r} names no [fleet] journal_dir: name journals or directories to fold in")
     with History.open(_db(db_path, config), write=True) as opened:
         result = _fold(opened, config, paths)

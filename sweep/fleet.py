@@ -339,9 +339,64 @@ def current_lemons(history, rule: LemonRule, now: float) -> list[Lemon]:
     return find_lemons(rule, history.job_events(since, (EXCLUSION, DETECTION)), history.sweep_failures(since))
 
 
-def site_lemons(config, now: float) -> list[Lemon]:
-    """The site's lemons now, from its [sweep] db (read-only); UsageError if it cannot be read."""
+LEMONS_FORMAT = "trainctl-lemons-1"
+LEMONS_FILE_MAX_BYTES = 16 << 20
+
+
+def lemons_document(site: str, rule: LemonRule, lemons: list[Lemon], now: float) -> str:
+    """The lemons file: what submit needs (hosts), and why, for a human who opens it."""
+    import json
+
+    return json.dumps({"format": LEMONS_FORMAT, "site": site, "generated_at": now, "rule": rule.describe(),
+                       "lemons": [{"host": lemon.host, "strikes": lemon.strikes, "jobs": list(lemon.jobs)}
+                                  for lemon in lemons]}, indent=1) + "\n"
+
+
+def publish_lemons(history, config, now: float) -> int:
+    """Rewrite the site's fleet.lemons_file (atomically) from the history; the number of lemons."""
+    from trainctl.files import write_atomically
+
+    rule = LemonRule.from_site(config.fleet)
+    lemons = current_lemons(history, rule, now)
+    write_atomically(os.path.expanduser(config.fleet.lemons_file), lemons_document(config.name, rule, lemons, now))
+    return len(lemons)
+
+
+def read_lemons_file(path: str, site: str, now: float, max_age_s: float) -> list[str]:
+    """The hosts of a lemons file; UsageError (one line) for anything `lemons_document` never wrote,
+    another site's, or one older than `max_age_s` (no sweep or ingest has rewritten it)."""
+    import json
+
+    from trainctl.errors import UsageError
+    from trainctl.validate import check_node_name
+
+    try:
+        data, _ = read_journal(path)   # the same guarded read: a regular file, no blocking, a size cap
+    except JournalRefused as exc:
+        raise UsageError(f"lemons file {path}: {exc}") from None
+    try:
+        document = json.loads(data.decode("utf-8"))
+        hosts = [check_node_name(item["host"], f"lemons file {path}") for item in document["lemons"]]
+        made, from_site = float(document["generated_at"]), document["site"]
+        assert document["format"] == LEMONS_FORMAT
+    except UsageError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError, RecursionError):
+        raise UsageError(f"lemons file {path}: not a trainctl lemons file ({LEMONS_FORMAT})") from None
+    if from_site != site:
+        raise UsageError(f"lemons file {path}: of site {str(from_site)[:60]!r}, not {site!r}")
+    if not now - max_age_s <= made <= now + FUTURE_SLACK_S:
+        raise UsageError(f"lemons file {path}: written {_iso(made)}, not within the rule's {max_age_s / 86400:g} days")
+    return hosts
+
+
+def site_lemon_hosts(config, now: float) -> list[str]:
+    """The site's lemons now: from fleet.lemons_file where the site names one (JSON: no SQLite on a login
+    node), else from its [sweep] db (read-only). UsageError if neither can be read."""
+    if config.fleet.lemons_file:
+        return read_lemons_file(os.path.expanduser(config.fleet.lemons_file), config.name, now,
+                                config.fleet.lemon_days * 86400)
     from trainctl.sweep.db import History
 
     with History.open(Path(config.sweep.db).expanduser(), write=False) as history:
-        return current_lemons(history, LemonRule.from_site(config.fleet), now)
+        return [lemon.host for lemon in current_lemons(history, LemonRule.from_site(config.fleet), now)]

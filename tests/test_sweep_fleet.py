@@ -305,3 +305,30 @@ def test_submit_leaves_the_lemons_out_where_the_site_opts_in_and_keeps_them_on_r
     assert "no sqlite3" in kept.stderr     # a submit that does not look at the lemons never loads the history code
     site.write_text(site.read_text().replace("submit_excludes_lemons = true", ""))
     assert "#SBATCH --exclude=n3" in submit("--exclude-lemons").stdout
+
+
+def test_submit_reads_the_published_lemons_file_and_never_the_history(tmp_path):
+    db = history_with_three_jobs_and_a_sweep(tmp_path)
+    lemons = tmp_path / "shared" / "lemons.json"
+    lemons.parent.mkdir()
+    site = site_file(tmp_path, db, lemons_file=str(lemons), submit_excludes_lemons=True)
+    out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "1 lemon(s) written to" in out.stderr, out.stderr
+    assert json.loads(lemons.read_text())["lemons"][0]["host"] == "n3"
+    db.rename(tmp_path / "elsewhere.db")   # a login node that cannot see the history
+    (tmp_path / "train.py").write_text("print('hi')\n")
+
+    def submit():
+        return subprocess.run([TRAINCTL, "submit", "--site", str(site), "--nodes", "2", "--dry-run", "--",
+                               "train.py"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    opted = submit()
+    assert opted.returncode == 0 and "#SBATCH --exclude=n3\n" in opted.stdout, opted.stderr
+    document = json.loads(lemons.read_text())
+    for change, said in (({"site": "other"}, "of site 'other', not 'test'"),
+                         ({"generated_at": NOW - 30 * DAY}, "not within the rule's 7 days"),
+                         ({"lemons": [{"host": "n[1-9]"}]}, "is not a node name")):
+        lemons.write_text(json.dumps(document | change))
+        refused = submit()
+        assert refused.returncode == 0 and "#SBATCH --exclude" not in refused.stdout
+        assert "warning: not leaving out the site's lemons: lemons file" in refused.stderr and said in refused.stderr

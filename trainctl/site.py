@@ -129,9 +129,13 @@ class FleetConfig:
     exclusion_strike: float = doc("strikes for each job whose gate left the node out", 1.0)
     detection_strike: float = doc("strikes for each job whose watch named the node (slow, sick, hung, lost)", 1.0)
     sweep_strike: float = doc("strikes for each nightly sweep the node failed", 1.0)
+    lemons_file: str = doc(
+        "the lemons, as JSON, rewritten by every sweep and `trainctl history ingest`: what submit reads "
+        "(on a shared filesystem; SQLite's history is not to be read over one) (empty: submit reads sweep.db)",
+        "")
     submit_excludes_lemons: bool = doc(
-        "submit adds the current lemons to the job's --exclude (the submitting user needs read access to "
-        "sweep.db; per job: submit --keep-lemons)", False)
+        "submit adds the current lemons to the job's --exclude, from lemons_file (else sweep.db); per job: "
+        "submit --keep-lemons", False)
 
 
 @dataclass(frozen=True, kw_only=True)
