@@ -205,7 +205,9 @@ def history_ingest(site, paths, db_path, as_json):
     config, _ = _load_site(site)
     if not (config.fleet.journal_dir or config.fleet.lemons_file or paths):
         raise UsageError(f"site {config.name!r} names no [fleet] journal_dir: name journals or directories to fold in")
-    with History.open(_db(db_path, config), write=True) as opened:
+    from trainctl.sweep.db import FLEET_TABLES
+
+    with History.open(_db(db_path, config), write=True, judged=FLEET_TABLES) as opened:
         result = _fold(opened, config, paths)
     if as_json:
         click.echo(json.dumps({"db": str(opened.path), "folded": result.folded, "events": result.events,

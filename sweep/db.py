@@ -74,6 +74,7 @@ CREATE TABLE job_events (
     PRIMARY KEY (job_id, line, host)
 ) WITHOUT ROWID;
 CREATE INDEX job_events_by_time ON job_events (at, kind, host, job_id);
+CREATE INDEX job_events_by_host ON job_events (host, at);
 """
 FLEET_TABLES = ("jobs", "job_events")
 JOB_EVENT_KINDS = ("exclusion", "detection", "served")
@@ -165,7 +166,10 @@ class History:
 
     # -- opening
     @classmethod
-    def open(cls, path: str | Path, *, write: bool = False) -> History:
+    def open(cls, path: str | Path, *, write: bool = False, judged: tuple[str, ...] = TABLES) -> History:
+        """`judged`: the tables whose every row a writer judges first (all of them, but for a writer
+        that writes only the job tables: `history ingest` judges the file's pages and those tables,
+        and leaves the sweeps' rows, which it neither reads nor writes, to the sweep)."""
         path = Path(path).expanduser()
         try:
             os.stat(path)
@@ -177,7 +181,7 @@ class History:
         except OSError as exc:  # a directory this user cannot enter, a file where a directory should be
             raise UsageError(f"{path}: cannot {'write' if write else 'read'} sweep history: "
                              f"{exc.strerror or exc}") from exc
-        readonly_uri, version = inspect_file(path, thorough=write)
+        readonly_uri, version = inspect_file(path, thorough=write, judged=judged)
         try:
             conn = sqlite3.connect(path if write else readonly_uri, uri=not write,
                                    timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
@@ -510,7 +514,7 @@ def _create(path: Path) -> None:
                 os.unlink(leftover)
 
 
-def inspect_file(path: Path, *, thorough: bool) -> tuple[str, int]:
+def inspect_file(path: Path, *, thorough: bool, judged: tuple[str, ...] = TABLES) -> tuple[str, int]:
     """Refuse (UsageError, file untouched) anything but a readable trainctl history of a known schema.
 
     Returns the URI a reader opens it with, and the schema version: read-only, and where this user may not create the
@@ -537,13 +541,13 @@ def inspect_file(path: Path, *, thorough: bool) -> tuple[str, int]:
     uri = _readonly_uri(path)
     try:
         try:
-            version = _look_inside(uri, path, thorough)
+            version = _look_inside(uri, path, thorough, judged)
         except sqlite3.OperationalError as exc:
             if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_READONLY_DIRECTORY", "SQLITE_CANTOPEN") \
                     or _wal_pending(path):
                 raise
             uri += "&immutable=1"
-            version = _look_inside(uri, path, thorough)
+            version = _look_inside(uri, path, thorough, judged)
     except sqlite3.DatabaseError as exc:
         raise _refused(path, exc, "read") from exc
     except UnicodeDecodeError as exc:
@@ -551,7 +555,7 @@ def inspect_file(path: Path, *, thorough: bool) -> tuple[str, int]:
     return uri, version
 
 
-def _look_inside(uri: str, path: Path, thorough: bool) -> int:
+def _look_inside(uri: str, path: Path, thorough: bool, judged: tuple[str, ...] = TABLES) -> int:
     """The verdict on an open file: its schema objects, version and (`thorough`, for a writer)
     its pages and every row; returns the version. Raises UsageError; sqlite3 errors go to the caller."""
     conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
@@ -588,7 +592,7 @@ def _look_inside(uri: str, path: Path, thorough: bool) -> int:
             raise UsageError(f"{path}: sweep history schema version {version}; this trainctl reads versions "
                              f"1 to {SCHEMA_VERSION}", hint="use the trainctl that wrote it")
         if thorough:
-            _check_every_row(conn, path, expected_tables)
+            _check_every_row(conn, path, tuple(t for t in expected_tables if t in judged))
         return version
     finally:
         conn.close()

@@ -92,12 +92,13 @@ def load_fleet_data(history: History, since: float, rule: LemonRule, now: float 
     import time
 
     rule_since = (time.time() if now is None else now) - rule.days * DAY_S
-    strikes = history.job_events(rule_since, (EXCLUSION, DETECTION))
-    strike_sweeps = history.sweep_failures(rule_since)
-    lemons = [lemon.host for lemon in find_lemons(rule, strikes, strike_sweeps)][:LEMON_TIMELINES]
     both = min(since, rule_since)
-    return FleetData(rule, history.job_counts(since), history.sweep_failures(since), strikes, strike_sweeps,
-                     history.job_events(both, (EXCLUSION, DETECTION, SERVED), lemons) if lemons else [],
+    failed = history.sweep_failures(both)   # one pass over the node rows for both windows
+    strikes = history.job_events(rule_since, (EXCLUSION, DETECTION))
+    strike_sweeps = [row for row in failed if row[2] >= rule_since]
+    lemons = [lemon.host for lemon in find_lemons(rule, strikes, strike_sweeps)][:LEMON_TIMELINES]
+    return FleetData(rule, history.job_counts(since), [row for row in failed if row[2] >= since], strikes,
+                     strike_sweeps, history.job_events(both, (EXCLUSION, DETECTION, SERVED), lemons) if lemons else [],
                      history.sweep_passes(both, lemons) if lemons else [])
 
 

@@ -18,7 +18,7 @@ from trainctl.errors import UsageError
 from trainctl.site import FleetConfig
 from trainctl.slurm import NodeState
 from trainctl.sweep import render
-from trainctl.sweep.db import BASE_TABLES, History
+from trainctl.sweep.db import BASE_TABLES, FLEET_TABLES, TABLES, History
 from trainctl.sweep.drain import (DRAIN, LEMON_CHECK, RECHECK, SKIP, Action, keep_lemons_drained,
                                   plan_lemon_drains)
 from trainctl.sweep.fleet import (DETECTION, EXCLUSION, SERVED, JournalRefused, LemonRule, current_lemons,
@@ -186,9 +186,10 @@ def test_the_integrity_verdict_covers_the_job_tables(tmp_path, sql, message):
     with sqlite3.connect(db) as conn:
         conn.execute(sql)
     before = db.read_bytes()
-    with pytest.raises(UsageError, match="damaged sweep history") as refused:
-        History.open(db, write=True)
-    assert message in str(refused.value)
+    for judged in (TABLES, FLEET_TABLES):   # a sweep judges every table; `history ingest` the job tables
+        with pytest.raises(UsageError, match="damaged sweep history") as refused:
+            History.open(db, write=True, judged=judged)
+        assert message in str(refused.value)
     assert db.read_bytes() == before
 
 
