@@ -2,7 +2,8 @@
 nvlink -s` replays a V100 with NVLinks 3 and 5 inactive) drop their journals into the site's
 journal directory; `trainctl history ingest` folds them in, the report names node4 a lemon
 with three jobs, and a fourth `submit` from the site, which opts in, excludes node4 before
-any gate runs (Slurm's ExcNodeList).
+any gate runs (Slurm's ExcNodeList). `drain --lemons` then drains node4 with trainctl's tagged
+reason, and `resume` keeps that drain while node4 is still a lemon.
 
 Each of the three jobs asks for 2 nodes with node4 among them (the site's extra sbatch option
 --nodelist=node4), so the gate always sees the replay, and trains 1 step on the other node."""
@@ -41,6 +42,7 @@ def test_three_jobs_that_exclude_node4_make_it_a_lemon_the_next_submit_leaves_ou
         jobs = three_gated_jobs(devcluster, tmp_path, gating)
         lemon_reported(journals, jobs, opting)
         fourth_job_leaves_the_lemon_out(devcluster, tmp_path, opting)
+    lemon_drained_and_kept_drained(devcluster, opting, jobs)
 
 
 def three_gated_jobs(devcluster, tmp_path: Path, gating: Path) -> list[str]:
@@ -85,3 +87,25 @@ def fourth_job_leaves_the_lemon_out(devcluster, tmp_path: Path, opting: Path) ->
     assert record["JobState"] == "COMPLETED" and LEMON not in record["NodeList"], job_output(tmp_path, job)
     start = json.loads((tmp_path / f"trainctl-gate-{job}" / "journal.jsonl").read_text().splitlines()[0])
     assert LEMON not in start["nodes"]
+
+
+def lemon_drained_and_kept_drained(devcluster, opting: Path, jobs: list[str]) -> None:
+    def trainctl(*args):
+        done = subprocess.run([TRAINCTL, *args, "--site", str(opting), "--apply", "--json"], capture_output=True,
+                              text=True, timeout=120, env=devcluster.client_env())
+        assert done.returncode == 0, done.stderr
+        return {action["host"]: action for action in json.loads(done.stdout)["actions"]}
+
+    try:
+        drained = trainctl("drain", "--lemons")[LEMON]
+        head = "trainctl: fleet.lemon: 3 strikes in 7 days: "
+        reason = drained["text"]   # the jobs in the order they struck (Slurm runs the queued three in any order)
+        assert drained["action"] == "drain" and reason.startswith(head)
+        assert sorted(reason[len(head):].split(", ")) == sorted(f"job {job}" for job in jobs)
+        shown = run_checked(["sinfo", "-h", "-n", LEMON, "-o", "%E"], timeout=15, env=devcluster.client_env())
+        assert shown.stdout.strip() == reason
+        kept = trainctl("resume")[LEMON]
+        assert kept["action"] == "skip" and kept["text"].startswith("kept drained: still a lemon")
+    finally:
+        run_checked(["scontrol", "update", f"nodename={LEMON}", "state=resume"], timeout=15,
+                    env=devcluster.client_env())
