@@ -43,6 +43,30 @@ class Journal:
         return entry
 
 
+def drop_journal(path: str, directory: str, job_id: str) -> str:
+    """Copy the journal at `path` to `directory`/<job_id>.jsonl (a partial copy is never seen
+    under that name); returns "" or what went wrong, in a few words."""
+    target = os.path.join(os.path.expanduser(directory), f"{job_id}{os.path.splitext(JOURNAL_FILE)[1]}")
+    part = os.path.join(os.path.dirname(target), f".{job_id}.part-{os.getpid()}")
+    try:
+        with open(path, "rb") as source:
+            data = source.read()
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(part, target)
+    except OSError as exc:
+        try:
+            os.unlink(part)
+        except OSError:
+            pass
+        return f"{exc.filename or target}: {exc.strerror or exc}"
+    return ""
+
+
 def parse_journal(text: str) -> list[dict]:
     """The events of one journal, in order; a torn or foreign line is skipped."""
     events = []
@@ -84,7 +108,9 @@ def describe(event: dict) -> str:
         if not named:
             return f"watch: the gate names no node: {event.get('note', 'nobody named')}; same nodes again"
         return "watch: left out " + "; ".join(f"{node}: {why}" for node, why in named.items())
-    detail = {key: value for key, value in event.items() if key not in ("t", "at", "event") and not key.endswith("_t")}
+    # job_start's job and site are for the fleet history (trainctl.sweep.fleet): the timeline names the job already
+    hidden = ("t", "at", "event", "job", "site") if kind == "job_start" else ("t", "at", "event")
+    detail = {key: value for key, value in event.items() if key not in hidden and not key.endswith("_t")}
     text = {"job_start": "job started", "gate_start": "gate started", "node_verdict": "node verdict",
             "gate_end": "gate ended", "released": "released unused nodes", "training_start": "training step started",
             "checkpoint": "checkpoint seen", "step_end": "training step ended", "retry": "retry",

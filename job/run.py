@@ -65,6 +65,20 @@ class JobRun:
         except Stopped as exc:  # scancel or the time limit: the end is journaled, then the CLI reports it
             self.journal.add("job_end", status=128 + exc.signum, cause=f"stopped by signal {exc.signum}")
             raise
+        finally:
+            self._drop_journal()
+
+    def _drop_journal(self) -> None:
+        """Where the site names a journal directory, a copy of the finished journal goes there for
+        the history to fold in (`trainctl.sweep.fleet`): written aside, then renamed into place."""
+        from trainctl.job.journal import drop_journal
+
+        config = self.policy.config
+        if config is not None and config.fleet.journal_dir:
+            problem = drop_journal(self.journal.path, config.fleet.journal_dir, self.job_id)
+            if problem:
+                say(f"trainctl: warning: the site's journal directory keeps no copy of this job's journal: {problem}",
+                    err=True)
 
     def _run(self) -> int:
         from trainctl.job.retry import ENV_ATTEMPT, ENV_EXCLUDE
@@ -74,7 +88,8 @@ class JobRun:
             excluding = self.env.get(ENV_EXCLUDE, "")
             say(f"trainctl: attempt {attempt} of {self.plan.retries + 1}"
                 + (f", excluding {excluding}" if excluding else ""))
-        self.journal.add("job_start", attempt=int(attempt) if attempt.isdigit() else attempt,
+        self.journal.add("job_start", job=self.job_id, site=self.policy.config.name if self.policy.config else "",
+                         attempt=int(attempt) if attempt.isdigit() else attempt,
                          nodes=list(self.facts.allocated), batch_host=self.facts.batch_host,
                          slurm=slurm.slurm_version(self.env))
         self.sentinel = self._start_sentinel() if len(self.facts.allocated) > 1 else None

@@ -48,6 +48,9 @@ class _CommandRecordingArgs(click.Command):
                    "are refused).")
 @click.option("--chdir", help="Submit from this directory (default: the current one): the job runs there, "
               "SCRIPT is relative to it, the gate report and slurm-<id>.out land there.")
+@click.option("--exclude-lemons/--keep-lemons", "exclude_lemons", default=None,
+              help="Leave the site's current lemons out of the allocation (sbatch --exclude), or not "
+                   "(default: the site's fleet.submit_excludes_lemons, off).")
 @click.option("--dry-run", is_flag=True, help="Print the script and the sbatch command; submit nothing.")
 @click.option("--remote", is_flag=False, flag_value="", metavar="[USER@]HOST[:PORT]",
               help="Submit on this login node over SSH (without a value: the site's login_host).")
@@ -61,8 +64,7 @@ class _CommandRecordingArgs(click.Command):
 def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spare: int,
            min_nodes: int | None, gpus_per_node: int | None, time_limit: str | None, job_name: str | None,
            nccl_debug: str | None, retries: int | None, signal_spec: str | None, sbatch: tuple[str, ...],
-           chdir: str | None,
-           dry_run: bool, remote: str | None,
+           chdir: str | None, exclude_lemons: bool | None, dry_run: bool, remote: str | None,
            identity: str | None, known_hosts: str | None, as_json: bool, program: tuple[str, ...]) -> None:
     """Render an sbatch script for SITE's hardware and submit it (here, or over SSH).
 
@@ -101,14 +103,21 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
                             job_name=job_name, nccl_debug=nccl_debug, retries=retries, signal=signal_spec,
                             sbatch=sbatch)
 
+    # Only where asked for: reading the history costs sqlite3 and a query, which a plain submit never pays.
+    if loaded.config.fleet.submit_excludes_lemons if exclude_lemons is None else exclude_lemons:
+        lemons = _lemons_to_exclude(loaded.config)
+    else:
+        lemons = []
+
     def plan_for(resolved: str):
         """The plan with SCRIPT as the pre-submit check found it: the job execs that very file."""
         import dataclasses
 
-        return plan_job(loaded.config, dataclasses.replace(request, program=(resolved, *program[1:])),
-                        node_trainctl=loaded.config.launch.trainctl or _this_trainctl(),
-                        node_python=sys.executable, version=__version__,
-                        command=("trainctl", "submit", *ctx.meta["trainctl.raw_args"]))
+        planned = plan_job(loaded.config, dataclasses.replace(request, program=(resolved, *program[1:])),
+                           node_trainctl=loaded.config.launch.trainctl or _this_trainctl(),
+                           node_python=sys.executable, version=__version__,
+                           command=("trainctl", "submit", *ctx.meta["trainctl.raw_args"]))
+        return _excluding(planned, lemons) if lemons else planned
 
     submit_dir = Path.cwd() / (chdir or "")
     if target is None:
@@ -154,6 +163,41 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
         click.echo(f"trainctl: submitted job {submitted.job_id} ({submitted.where}): {plan.nodes} nodes "
                    f"+ {plan.spare} spare on {plan.site_name}/{plan.partition}; the gate report lands in "
                    f"trainctl-gate-{submitted.job_id}/ in the submit directory", err=True)
+
+
+def _lemons_to_exclude(config) -> list[str]:
+    """The site's current lemons, said on stderr; a history this user cannot read is one warning, never a
+    refused submit (the gate still checks every node)."""
+    import time
+
+    from trainctl.errors import UsageError
+    from trainctl.slurm import fold_hostlist
+    from trainctl.sweep.fleet import site_lemon_hosts
+
+    try:
+        hosts = site_lemon_hosts(config, time.time())
+    except UsageError as exc:
+        click.echo(f"trainctl: warning: not leaving out the site's lemons: {exc}", err=True)
+        return []
+    if hosts:
+        click.echo(f"trainctl: leaving out the site's lemons ({len(hosts)}): {fold_hostlist(hosts)} "
+                   "(fleet.submit_excludes_lemons; --keep-lemons keeps them in)", err=True)
+    else:
+        click.echo("trainctl: the site has no lemons to leave out", err=True)
+    return hosts
+
+
+def _excluding(plan, hosts: list[str]):
+    """The plan with `hosts` added to its --exclude (one --exclude: sbatch keeps only the last one given)."""
+    import dataclasses
+
+    from trainctl.launcher.plan import SbatchOption
+    from trainctl.slurm import expand_hostlist, fold_hostlist
+
+    given = [option for option in plan.sbatch_options if option.name == "--exclude" and option.value]
+    excluded = set(hosts) | {node for option in given for node in expand_hostlist(option.value, source="--exclude")}
+    options = tuple(option for option in plan.sbatch_options if option.name != "--exclude")
+    return dataclasses.replace(plan, sbatch_options=options + (SbatchOption("--exclude", fold_hostlist(sorted(excluded))),))
 
 
 def _refuse_undecodable(args: tuple[str, ...]) -> None:

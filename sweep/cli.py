@@ -143,6 +143,8 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, exit_zero, 
         odd_node_fails=config.gate.odd_node_out == "fail")
     with History.open(_db(db_path, config), write=True) as history:
         result = run_sweep(request, history, _progress)
+        if config.fleet.journal_dir or config.fleet.lemons_file:
+            _fold(history, config, ())
         if config.sweep.keep_days > 0:
             removed = history.prune(time.time() - config.sweep.keep_days * DAY_S)
             if removed:
@@ -164,6 +166,60 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, exit_zero, 
     return code
 
 
+# ---------------------------------------------------------------- history
+
+def _fold(history, config, paths: tuple[str, ...]):
+    """Fold the site's journal directory (and `paths`) into the open history; progress to stderr."""
+    from trainctl.sweep.fleet import fold_journals, journal_paths
+
+    now = time.time()
+    keep_after = now - config.sweep.keep_days * DAY_S if config.sweep.keep_days > 0 else 0.0
+    found = journal_paths(config.fleet.journal_dir, paths)
+    result = fold_journals(history, found, site=config.name, now=now, keep_after=keep_after, say=_progress)
+    _progress(f"history: folded in {result.folded} job journal(s) ({result.events} node verdicts), "
+              f"{result.unchanged} unchanged, {len(result.refused)} refused")
+    if config.fleet.lemons_file:
+        from trainctl.sweep.fleet import publish_lemons
+
+        count = publish_lemons(history, config, now)
+        _progress(f"history: {count} lemon(s) written to {config.fleet.lemons_file}")
+    return result
+
+
+@click.group("history")
+def history():
+    """The node history: sweeps, drains, and every job's verdicts on its nodes."""
+
+
+@history.command("ingest")
+@click.option("--site", required=True, help="Site name or .toml file: its name, [fleet] journal_dir and [sweep] db.")
+@click.argument("paths", nargs=-1, type=click.Path())
+@db_option
+@json_option
+def history_ingest(site, paths, db_path, as_json):
+    """Fold jobs' journals into the history, once each: the site's [fleet] journal_dir and PATHS.
+
+    A PATH is a journal, a directory of journals (*.jsonl), or a directory of job directories
+    (trainctl-gate-*/journal.jsonl, e.g. a submit directory). A journal folded in before adds
+    nothing; one that is damaged, from another site or from the future is refused with one
+    line. Exit code: 0, or 1 if any journal was refused.
+    """
+    from trainctl.errors import UsageError
+    from trainctl.sweep.db import History
+
+    config, _ = _load_site(site)
+    if not (config.fleet.journal_dir or config.fleet.lemons_file or paths):
+        raise UsageError(f"site {config.name!r} names no [fleet] journal_dir: name journals or directories to fold in")
+    from trainctl.sweep.db import FLEET_TABLES
+
+    with History.open(_db(db_path, config), write=True, judged=FLEET_TABLES) as opened:
+        result = _fold(opened, config, paths)
+    if as_json:
+        click.echo(json.dumps({"db": str(opened.path), "folded": result.folded, "events": result.events,
+                               "unchanged": result.unchanged, "refused": result.refused}, indent=1))
+    return 1 if result.refused else 0
+
+
 # ---------------------------------------------------------------- report
 
 @click.command("report")
@@ -183,26 +239,31 @@ def report(since_text, fmt, out_file, prom_file, site, db_path):
 
     Nodes are folded into hostlists; each group says since when it has failed (the first
     sweep of the current streak) and whether it flaps. Also lists nodes that timed out or
-    gave no verdict, nodes not swept with their Slurm state, and the nodes trainctl drained.
+    gave no verdict, nodes not swept with their Slurm state, and the nodes trainctl drained;
+    per node, the jobs that left it out, the watch's detections, the sweeps it failed and the
+    jobs it served; and the lemons by the site's [fleet] rule, with their evidence.
     Reads the history only; never changes it.
     """
     import time
 
     from trainctl.files import write_atomically
+    from trainctl.site import FleetConfig
     from trainctl.sweep import render
     from trainctl.sweep.db import History
+    from trainctl.sweep.fleet import LemonRule
     from trainctl.sweep.report import build_report, load_report_data
 
     config, _ = _load_site(site)
     now = time.time()
     since = now - parse_since(since_text)
+    rule = LemonRule.from_site(config.fleet if config else FleetConfig())
     with History.open(_db(db_path, config), write=False) as history:
-        built = build_report(load_report_data(history, since), now, since)
+        built = build_report(load_report_data(history, since, rule, now), now, since)
         if prom_file:
             full = [s for s in history.sweeps() if s.kind == "sweep"]   # a resume's re-check is no sweep
             write_atomically(prom_file, render.to_prometheus(
                 history.latest_checked_results(), history.current_nodes(1), history.drains(open_only=True),
-                full[-1] if full else None))
+                full[-1] if full else None, built.fleet))
     text = {"text": render.to_text, "json": render.to_json, "markdown": render.to_markdown,
             "html": render.to_html}[fmt](built)
     if out_file:
@@ -234,16 +295,20 @@ def _print_actions(actions, as_json: bool, applied: bool, extra: dict | None = N
 @click.option("--apply", is_flag=True, help="Drain for real (needs Slurm operator rights). "
                                             "Without it, print what would be drained.")
 @click.option("--sweep", "sweep_id", type=int, help="Drain from this sweep (default: the newest finished one).")
-@click.option("--site", help="Site whose [sweep] db to use.")
+@click.option("--lemons", is_flag=True, help="Drain the lemons by the site's [fleet] rule instead of a sweep's "
+                                              "failures, with reason `trainctl: fleet.lemon: ...`.")
+@click.option("--site", help="Site whose [sweep] db (and, with --lemons, [fleet] rule) to use.")
 @db_option
 @json_option
-def drain(apply, sweep_id, site, db_path, as_json):
+def drain(apply, sweep_id, lemons, site, db_path, as_json):
     """Drain the nodes that failed the newest sweep, with reason `trainctl: <check>: <reason>`.
 
     Only nodes without any reason are drained: a node someone else drained, or that Slurm
     marked down with a reason, is left alone. Nodes that timed out or could not be judged
     are listed but never drained. Each drain is recorded in the history with the exact
     reason set, so `trainctl resume` can later tell trainctl's drains from everyone else's.
+    With --lemons, the lemons are drained instead (same rules; resume keeps them drained
+    while they are lemons).
     """
     from trainctl.errors import UsageError
     from trainctl.slurm import node_states, require_operator
@@ -252,6 +317,10 @@ def drain(apply, sweep_id, site, db_path, as_json):
 
     config, _ = _load_site(site)
     path = _db(db_path, config)
+    if lemons:
+        if sweep_id:
+            raise UsageError("--lemons drains by the lemon rule, not from a sweep: leave out --sweep")
+        return _drain_lemons(apply, config, path, as_json)
     with History.open(path, write=False) as history:
         sweeps = history.sweeps()
         chosen = next((s for s in sweeps if s.id == sweep_id), None) if sweep_id else latest_sweep(sweeps)
@@ -270,6 +339,26 @@ def drain(apply, sweep_id, site, db_path, as_json):
         with History.open(path, write=True) as history:
             actions = apply_drains(history, chosen.id, actions)
     _print_actions(actions, as_json, apply, {"sweep": chosen.id})
+
+
+def _drain_lemons(apply: bool, config, path: Path, as_json: bool) -> None:
+    from trainctl.site import FleetConfig
+    from trainctl.slurm import node_states, require_operator
+    from trainctl.sweep.db import History
+    from trainctl.sweep.drain import LEMON_SWEEP, apply_drains, plan_lemon_drains
+    from trainctl.sweep.fleet import LemonRule, current_lemons
+
+    rule = LemonRule.from_site(config.fleet if config else FleetConfig())
+    with History.open(path, write=False) as history:
+        found = current_lemons(history, rule, time.time())
+        open_drains = history.drains(open_only=True)
+    states = node_states(nodes=[lemon.host for lemon in found]) if found else {}
+    actions = plan_lemon_drains(found, rule, states, open_drains)
+    if apply and any(a.action == "drain" for a in actions):
+        require_operator()
+        with History.open(path, write=True) as history:
+            actions = apply_drains(history, LEMON_SWEEP, actions)
+    _print_actions(actions, as_json, apply, {"lemons": [lemon.host for lemon in found], "rule": rule.describe()})
 
 
 @click.command("resume")
@@ -295,11 +384,18 @@ def resume(apply, site, timeout_s, db_path, as_json):
 
     config, given_site = _load_site(site, runs_checks=True)
     path = _db(db_path, config)
+    from trainctl.sweep.drain import LEMON_CHECK, keep_lemons_drained
+    from trainctl.sweep.fleet import LemonRule, current_lemons
+
+    rule = LemonRule.from_site(config.fleet)
     with History.open(path, write=False) as history:
         open_drains = history.drains(open_only=True)
+        lemons = ({lemon.host for lemon in current_lemons(history, rule, time.time())}
+                  if any(d.check == LEMON_CHECK for d in open_drains) else set())
     states = node_states(nodes=[d.host for d in open_drains]) if open_drains else {}
     planned = plan_resumes(open_drains, states)
-    candidates = [a for a in planned if a.action == RECHECK]
+    candidates, kept = keep_lemons_drained([a for a in planned if a.action == RECHECK], lemons, rule)
+    planned = [a for a in planned if a.action != RECHECK] + kept + candidates
     if apply and planned:
         require_operator()
     rechecked = {}

@@ -3,7 +3,9 @@
 Tables: `sweeps` (one row per sweep; `finished_at` stays NULL when a sweep is killed),
 `nodes` (one row per node and sweep: checked, timed out, error, or not swept with Slurm's
 state), `results` (one row per node, check and sweep), `drains` (what trainctl drained, with
-the exact reason it set), and `schema_version`. The file carries SQLite's application_id, so
+the exact reason it set), `jobs` and `job_events` (the jobs' verdicts on their nodes, folded in
+from their journals by `trainctl.sweep.fleet`; version 2), and `schema_version`. A version-1
+history is read as one without job rows, and gains the two tables at its first write. The file carries SQLite's application_id, so
 a database of another program is recognised from its header and never written to.
 
 Every open goes through one verdict, `inspect_file`, on a read-only connection: the header and
@@ -33,11 +35,12 @@ from pathlib import Path
 from trainctl.errors import TrainctlError, UsageError
 from trainctl.text import printable
 from trainctl.validate import check_node_name
-from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, STATUSES, TIMEOUT, DrainRow, NodeOutcome, NodeRow,
-                                   ResultRow, SweepRow)
+from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, STATUSES, TIMEOUT, DrainRow, JobEventRow, JobRow,
+                                   NodeOutcome, NodeRow, ResultRow, SweepRow)
 
 APPLICATION_ID = 0x74635377      # "tcSw", in the header at offset 68
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+FLEET_VERSION = 2            # the first version with jobs and job_events
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_BYTES = 100
 BUSY_TIMEOUT_S = 30.0            # a report may run while a sweep writes; WAL keeps both going
@@ -45,10 +48,42 @@ BUSY_TIMEOUT_S = 30.0            # a report may run while a sweep writes; WAL ke
 # a sweep commits as its nodes answer, so FULL would fsync hundreds of times a night for nothing.
 WAL_SYNCHRONOUS = "NORMAL"
 
+# Jobs' verdicts: one `jobs` row per Slurm job whose journal was folded in (how much of it:
+# `lines`, `size`), one `job_events` row per node an event names. The key (job, line, host) is
+# what makes folding idempotent: the same journal, or a copy of it, adds nothing the second time.
+FLEET_SCHEMA = """
+CREATE TABLE jobs (
+    job_id TEXT PRIMARY KEY,
+    site TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    status INTEGER,
+    source TEXT NOT NULL,
+    lines INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    ingested_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE job_events (
+    job_id TEXT NOT NULL REFERENCES jobs(job_id),
+    line INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    at REAL NOT NULL,
+    what TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    PRIMARY KEY (job_id, line, host)
+) WITHOUT ROWID;
+CREATE INDEX job_events_by_time ON job_events (at, kind, host, job_id);
+CREATE INDEX job_events_by_host ON job_events (host, at);
+"""
+FLEET_TABLES = ("jobs", "job_events")
+JOB_EVENT_KINDS = ("exclusion", "detection", "served")
+
 SCHEMA = f"""
 PRAGMA application_id = {APPLICATION_ID};
 CREATE TABLE schema_version (version INTEGER NOT NULL);
 INSERT INTO schema_version VALUES ({SCHEMA_VERSION});
+{FLEET_SCHEMA}
 CREATE TABLE sweeps (
     id INTEGER PRIMARY KEY,
     kind TEXT NOT NULL,
@@ -99,7 +134,8 @@ CREATE INDEX drains_by_host ON drains (host);
 
 # One encoder for every row (json.dumps builds one per call); compact, keys sorted.
 _DETAILS_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
-TABLES = ("schema_version", "sweeps", "nodes", "results", "drains")
+BASE_TABLES = ("schema_version", "sweeps", "nodes", "results", "drains")
+TABLES = BASE_TABLES + FLEET_TABLES
 OUTCOMES = (CHECKED, TIMEOUT, ERROR, NOT_SWEPT)
 LATEST_TIME = 253402300799.0     # 9999-12-31: later than any sweep, and datetime can still show it
 # SQLite's extended result codes that mean "you may not" or "not now", never "the file is bad".
@@ -122,14 +158,18 @@ class History:
     both at once (hence check_same_thread=False; SQLite itself is built serialized).
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, writable: bool):
+    def __init__(self, conn: sqlite3.Connection, path: Path, writable: bool, version: int = SCHEMA_VERSION):
         self._conn = conn
         self.path = path
         self.writable = writable
+        self.version = version   # 1: no job tables (read as empty until the first write adds them)
 
     # -- opening
     @classmethod
-    def open(cls, path: str | Path, *, write: bool = False) -> History:
+    def open(cls, path: str | Path, *, write: bool = False, judged: tuple[str, ...] = TABLES) -> History:
+        """`judged`: the tables whose every row a writer judges first (all of them, but for a writer
+        that writes only the job tables: `history ingest` judges the file's pages and those tables,
+        and leaves the sweeps' rows, which it neither reads nor writes, to the sweep)."""
         path = Path(path).expanduser()
         try:
             os.stat(path)
@@ -141,17 +181,28 @@ class History:
         except OSError as exc:  # a directory this user cannot enter, a file where a directory should be
             raise UsageError(f"{path}: cannot {'write' if write else 'read'} sweep history: "
                              f"{exc.strerror or exc}") from exc
-        readonly_uri = inspect_file(path, thorough=write)
+        readonly_uri, version = inspect_file(path, thorough=write, judged=judged)
         try:
             conn = sqlite3.connect(path if write else readonly_uri, uri=not write,
                                    timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise _refused(path, exc, "open") from exc
-        history = cls(conn, path, write)
+        history = cls(conn, path, write, version)
         if write:
             history._execute("PRAGMA journal_mode = WAL")
             history._execute(f"PRAGMA synchronous = {WAL_SYNCHRONOUS}")
+            if version < FLEET_VERSION:
+                history._upgrade()
         return history
+
+    def _upgrade(self) -> None:
+        """Version 1 -> 2: the job tables, added in one transaction (a reader sees both or neither)."""
+        with self._transaction():
+            for statement in FLEET_SCHEMA.split(";"):
+                if statement.strip():
+                    self._execute(statement)
+            self._execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+        self.version = SCHEMA_VERSION
 
     def close(self) -> None:
         self._conn.close()
@@ -251,6 +302,11 @@ class History:
         """
         with self._transaction():
             self._execute("DELETE FROM drains WHERE closed_at IS NOT NULL AND closed_at < ?", (before,))
+            # A job's rows go with it; its journal, if still in the drop directory, is not folded in
+            # again (`trainctl.sweep.fleet` skips journals that started before the history keeps).
+            self._execute("DELETE FROM job_events WHERE job_id IN (SELECT job_id FROM jobs WHERE started_at < ?)",
+                          (before,))
+            self._execute("DELETE FROM jobs WHERE started_at < ?", (before,))
             old = [sweep_id for (sweep_id,) in self._rows(
                 "SELECT id FROM sweeps WHERE started_at < ? AND id NOT IN (SELECT sweep_id FROM drains) "
                 "ORDER BY id", (before,))]
@@ -345,6 +401,83 @@ class History:
                           f"closed_at, closed_how FROM drains {where} ORDER BY id")
         return [_drain(self.path, row) for row in rows]
 
+    # -- jobs' verdicts (trainctl.sweep.fleet folds the journals in)
+    def folded_jobs(self) -> dict[str, JobRow]:
+        """Every job folded in so far, by id (a few tens of thousands of short rows a month)."""
+        if self.version < FLEET_VERSION:
+            return {}
+        rows = self._rows("SELECT job_id, site, started_at, ended_at, status, source, lines, size, ingested_at "
+                          "FROM jobs")
+        return {row[0]: _job(self.path, row) for row in rows}
+
+    def record_jobs(self, jobs: Iterable[tuple[JobRow, list[JobEventRow]]]) -> None:
+        """Jobs and their events in one transaction; an event already there (same job, line and
+        host) is kept as it was, so folding a journal twice adds nothing."""
+        job_rows, event_rows = [], []
+        for job, events in jobs:
+            job_rows.append((job.job_id, job.site, job.started_at, job.ended_at, job.status, job.source, job.lines,
+                             job.size, job.ingested_at))
+            for event in events:
+                check_node_name(event.host, "host")
+                event_rows.append((event.job_id, event.line, event.host, event.kind, event.at, event.what,
+                                   event.detail))
+        with self._transaction():
+            self._execute("INSERT OR REPLACE INTO jobs (job_id, site, started_at, ended_at, status, source, lines, "
+                          "size, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", job_rows, many=True)
+            self._execute("INSERT OR IGNORE INTO job_events (job_id, line, host, kind, at, what, detail) "
+                          "VALUES (?, ?, ?, ?, ?, ?, ?)", event_rows, many=True)
+
+    def job_counts(self, since: float) -> list[tuple[str, str, int, int]]:
+        """(host, kind, distinct jobs, events) of the job events from `since` on."""
+        if self.version < FLEET_VERSION:
+            return []
+        rows = self._rows("SELECT host, kind, COUNT(DISTINCT job_id), COUNT(*) FROM job_events WHERE at >= ? "
+                          "GROUP BY host, kind", (since,))
+        for host, kind, *_ in rows:
+            _host(self.path, host)
+            if kind not in JOB_EVENT_KINDS:
+                raise _damaged(self.path, f"job event kind {printable(str(kind)[:40])!r} unknown")
+        return rows
+
+    def job_events(self, since: float, kinds: Iterable[str], hosts: Iterable[str] | None = None) -> list[JobEventRow]:
+        """The job events of `kinds` from `since` on (of `hosts` only, if given), oldest first."""
+        if self.version < FLEET_VERSION:
+            return []
+        kinds = sorted(set(kinds))
+        sql = ("SELECT job_id, line, host, kind, at, what, detail FROM job_events WHERE at >= ? "
+               "AND kind IN (SELECT value FROM json_each(?))")
+        params: tuple = (since, json.dumps(kinds))
+        if hosts is not None:
+            sql += " AND host IN (SELECT value FROM json_each(?))"
+            params += (json.dumps(sorted(set(hosts))),)
+        return [_job_event(self.path, row) for row in self._rows(sql + " ORDER BY at, job_id, line", params)]
+
+    def sweep_failures(self, since: float, hosts: Iterable[str] | None = None) -> list[tuple[str, int, float, str]]:
+        """(host, sweep, its start, failing checks) for every full sweep from `since` on that a node failed."""
+        sql = ("SELECT n.host, n.sweep_id, s.started_at, "
+               "(SELECT group_concat(r.check_name || ': ' || r.reason, '; ') FROM results r "
+               " WHERE r.host = n.host AND r.sweep_id = n.sweep_id AND r.status = 'fail') "
+               "FROM nodes n JOIN sweeps s ON s.id = n.sweep_id "
+               "WHERE s.kind = 'sweep' AND s.started_at >= ? AND n.outcome = 'checked' AND n.status = 'fail'")
+        params: tuple = (since,)
+        if hosts is not None:
+            sql += " AND n.host IN (SELECT value FROM json_each(?))"
+            params += (json.dumps(sorted(set(hosts))),)
+        rows = self._rows(sql + " ORDER BY s.started_at", params)
+        return [(_host(self.path, host), sweep_id, _time(self.path, at, f"sweep #{sweep_id} started_at"),
+                 checks if isinstance(checks, str) else "")
+                for host, sweep_id, at, checks in rows]
+
+    def sweep_passes(self, since: float, hosts: Iterable[str]) -> list[tuple[str, int, float]]:
+        """(host, sweep, its start) for every full sweep from `since` on that `hosts` passed (ok or warn)."""
+        rows = self._rows(
+            "SELECT n.host, n.sweep_id, s.started_at FROM nodes n JOIN sweeps s ON s.id = n.sweep_id "
+            "WHERE s.kind = 'sweep' AND s.started_at >= ? AND n.outcome = 'checked' AND n.status IN ('ok', 'warn') "
+            "AND n.host IN (SELECT value FROM json_each(?)) ORDER BY s.started_at",
+            (since, json.dumps(sorted(set(hosts)))))
+        return [(_host(self.path, host), sweep_id, _time(self.path, at, f"sweep #{sweep_id} started_at"))
+                for host, sweep_id, at in rows]
+
 
 def _create(path: Path) -> None:
     """A new, empty history at `path`, or nothing if another process made one meanwhile.
@@ -381,10 +514,10 @@ def _create(path: Path) -> None:
                 os.unlink(leftover)
 
 
-def inspect_file(path: Path, *, thorough: bool) -> str:
+def inspect_file(path: Path, *, thorough: bool, judged: tuple[str, ...] = TABLES) -> tuple[str, int]:
     """Refuse (UsageError, file untouched) anything but a readable trainctl history of a known schema.
 
-    Returns the URI a reader opens it with: read-only, and where this user may not create the
+    Returns the URI a reader opens it with, and the schema version: read-only, and where this user may not create the
     `-shm` file beside it (a root-owned history read by anyone) and no write-ahead log is
     pending, `immutable`: everything is in the main file, so nothing needs the shared memory.
     """
@@ -408,40 +541,43 @@ def inspect_file(path: Path, *, thorough: bool) -> str:
     uri = _readonly_uri(path)
     try:
         try:
-            _look_inside(uri, path, thorough)
+            version = _look_inside(uri, path, thorough, judged)
         except sqlite3.OperationalError as exc:
             if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_READONLY_DIRECTORY", "SQLITE_CANTOPEN") \
                     or _wal_pending(path):
                 raise
             uri += "&immutable=1"
-            _look_inside(uri, path, thorough)
+            version = _look_inside(uri, path, thorough, judged)
     except sqlite3.DatabaseError as exc:
         raise _refused(path, exc, "read") from exc
     except UnicodeDecodeError as exc:
         raise _damaged(path, f"text that is not UTF-8 ({exc.reason})") from exc
-    return uri
+    return uri, version
 
 
-def _look_inside(uri: str, path: Path, thorough: bool) -> None:
+def _look_inside(uri: str, path: Path, thorough: bool, judged: tuple[str, ...] = TABLES) -> int:
     """The verdict on an open file: its schema objects, version and (`thorough`, for a writer)
-    its pages and every row. Raises UsageError; sqlite3 errors go to the caller."""
+    its pages and every row; returns the version. Raises UsageError; sqlite3 errors go to the caller."""
     conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
     try:
         objects = {(kind, name): table for kind, name, table in
                    conn.execute("SELECT type, name, tbl_name FROM sqlite_master")}
         tables = {name for kind, name in objects if kind == "table"}
-        missing = [name for name in TABLES if name not in tables]
+        # A version-1 history has no job tables; with any of them it must have all of them.
+        expected_tables = TABLES if tables & set(FLEET_TABLES) else BASE_TABLES
+        missing = [name for name in expected_tables if name not in tables]
         if missing:
             raise UsageError(f"{path}: not a complete trainctl sweep history (no table {', '.join(missing)}); "
                              "left untouched", hint="move it aside or restore a backup")
-        foreign = sorted(objects.keys() - _expected_objects().keys()) or sorted(
-            key for key, table in objects.items() if _expected_objects()[key] != table)
+        expected = _expected_objects() if expected_tables == TABLES else _expected_objects(BASE_TABLES)
+        foreign = sorted(objects.keys() - expected.keys()) or sorted(
+            key for key, table in objects.items() if expected[key] != table)
         if foreign:
             kind, name = foreign[0]
             raise UsageError(f"{path}: the sweep history holds a {kind} {name!r} that trainctl never creates "
                              f"(on {objects[foreign[0]]!r}); left untouched",
                              hint="drop it, or move the file aside and restore a backup")
-        for table in TABLES:
+        for table in expected_tables:
             columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
             if columns != _expected_columns()[table]:
                 raise UsageError(f"{path}: the sweep history's table {table} has columns {columns}, not "
@@ -451,11 +587,13 @@ def _look_inside(uri: str, path: Path, thorough: bool) -> None:
         problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()] if thorough else ["ok"]
         if problems != ["ok"]:
             raise _damaged(path, "; ".join(problems[:3]))
-        if version != SCHEMA_VERSION:
-            raise UsageError(f"{path}: sweep history schema version {version}; this trainctl reads version "
-                             f"{SCHEMA_VERSION}", hint="use the trainctl that wrote it")
+        # Version 1 has exactly the base tables; version 2 exactly all of them.
+        if (version, expected_tables) not in ((1, BASE_TABLES), (SCHEMA_VERSION, TABLES)):
+            raise UsageError(f"{path}: sweep history schema version {version}; this trainctl reads versions "
+                             f"1 to {SCHEMA_VERSION}", hint="use the trainctl that wrote it")
         if thorough:
-            _check_every_row(conn, path)
+            _check_every_row(conn, path, tuple(t for t in expected_tables if t in judged))
+        return version
     finally:
         conn.close()
 
@@ -468,10 +606,10 @@ def _schema_in_memory() -> sqlite3.Connection:
 
 
 @functools.cache
-def _expected_objects() -> dict[tuple[str, str], str]:
-    """(type, name) -> table of every schema object trainctl creates, SQLite's own indexes included."""
+def _expected_objects(tables: tuple[str, ...] = TABLES) -> dict[tuple[str, str], str]:
+    """(type, name) -> table of every schema object trainctl creates on `tables`, SQLite's own indexes included."""
     return {(kind, name): table for kind, name, table in
-            _schema_in_memory().execute("SELECT type, name, tbl_name FROM sqlite_master")}
+            _schema_in_memory().execute("SELECT type, name, tbl_name FROM sqlite_master") if table in tables}
 
 
 @functools.cache
@@ -510,13 +648,23 @@ ROW_SUSPECTS = {
     "drains": ("SELECT id, host, reason, reason_time, sweep_id, check_name, drained_at, closed_at, closed_how "
                f"FROM drains WHERE {_not_text('host', 'reason', 'reason_time', 'check_name', 'closed_how')} "
                f"OR {_TIME_SQL.format('drained_at')} OR {_OPTIONAL_TIME_SQL.format('closed_at')}"),
+    "jobs": ("SELECT job_id, site, started_at, ended_at, status, source, lines, size, ingested_at FROM jobs "
+             f"WHERE {_not_text('job_id', 'site', 'source')} OR {_TIME_SQL.format('started_at')} "
+             f"OR {_OPTIONAL_TIME_SQL.format('ended_at')} OR {_TIME_SQL.format('ingested_at')} "
+             "OR (status IS NOT NULL AND typeof(status) != 'integer') OR typeof(lines) != 'integer' "
+             "OR typeof(size) != 'integer' OR lines < 0 OR size < 0"),
+    "job_events": ("SELECT job_id, line, host, kind, at, what, detail FROM job_events "
+                   f"WHERE kind NOT IN ({_quoted(JOB_EVENT_KINDS)}) OR typeof(line) != 'integer' OR line < 1 "
+                   f"OR {_not_text('job_id', 'host', 'what', 'detail')} OR {_TIME_SQL.format('at')}"),
 }
 
 
-def _check_every_row(conn: sqlite3.Connection, path: Path) -> None:
+def _check_every_row(conn: sqlite3.Connection, path: Path, tables: tuple[str, ...] = TABLES) -> None:
     """Every row judged as a reader judges the rows it reads (the same functions, so the same
     message): the first one no trainctl could have written raises UsageError."""
     for table, sql in ROW_SUSPECTS.items():
+        if table not in tables:
+            continue
         cursor = conn.execute(sql)
         while rows := cursor.fetchmany(1000):  # a UnicodeDecodeError here: the caller calls it damage
             for row in rows:
@@ -528,9 +676,21 @@ def _check_every_row(conn: sqlite3.Connection, path: Path) -> None:
                     _result(path, row[:6])
                     _time(path, row[6], f"check {str(row[2])[:40]!r} of {str(row[1])[:40]!r} in sweep "
                                         f"#{row[0]} recorded_at")
-                else:
+                elif table == "drains":
                     _drain(path, row)
-    for table in ("nodes", "results", "drains"):  # host names: each distinct one once
+                elif table == "jobs":
+                    _job(path, row)
+                else:
+                    _job_event(path, row)
+    if "job_events" in tables:   # every event belongs to a job folded in (the key folding is idempotent by)
+        orphan = conn.execute("SELECT job_id, line FROM job_events WHERE job_id NOT IN (SELECT job_id FROM jobs) "
+                              "LIMIT 1").fetchone()
+        if orphan:
+            raise _damaged(path, f"event of job {printable(str(orphan[0])[:40])!r} line {str(orphan[1])[:20]}: "
+                                 "no such job")
+    for table in ("nodes", "results", "drains", "job_events"):  # host names: each distinct one once
+        if table not in tables:
+            continue
         for (host,) in conn.execute(f"SELECT DISTINCT host FROM {table}"):
             _host(path, host)
 
@@ -654,3 +814,30 @@ def _drain(path: Path, row: tuple) -> DrainRow:
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
+
+
+def _job(path: Path, row: tuple) -> JobRow:
+    job_id, site, started, ended, status, source, lines, size, ingested = row
+    where = f"job {printable(str(job_id)[:40])!r}"
+    if not isinstance(job_id, str) or not isinstance(site, str) or not isinstance(source, str):
+        raise _damaged(path, f"{where}: id, site or source is not text")
+    if status is not None and (type(status) is not int):
+        raise _damaged(path, f"{where}: status {str(status)[:20]!r} is not an exit status")
+    if type(lines) is not int or type(size) is not int or lines < 0 or size < 0:
+        raise _damaged(path, f"{where}: lines {str(lines)[:20]!r} / size {str(size)[:20]!r} are not counts")
+    return JobRow(job_id, site, _time(path, started, f"{where} started_at"),
+                  None if ended is None else _time(path, ended, f"{where} ended_at"), status, source, lines, size,
+                  _time(path, ingested, f"{where} ingested_at"))
+
+
+def _job_event(path: Path, row: tuple) -> JobEventRow:
+    job_id, line, host, kind, at, what, detail = row
+    where = f"event of job {printable(str(job_id)[:40])!r} line {str(line)[:20]}"
+    if kind not in JOB_EVENT_KINDS:
+        raise _damaged(path, f"{where}: kind {printable(str(kind)[:40])!r} unknown")
+    if type(line) is not int or line < 1:
+        raise _damaged(path, f"{where}: not a journal line number")
+    if not isinstance(job_id, str):
+        raise _damaged(path, f"{where}: job id is not text")
+    return JobEventRow(job_id, line, _host(path, host), kind, _time(path, at, f"{where} at"),
+                       _text(path, what, where), _text(path, detail, where))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from trainctl.slurm import (DRAIN_TAG, NodeState, drain_unclaimed, node_states, not_ours_any_more,
                             resume_nodes, tagged_reason)
 from trainctl.sweep.db import History
+from trainctl.sweep.fleet import Lemon, LemonRule
 from trainctl.sweep.model import CHECKED, DrainRow, NodeOutcome, NodeRow, ResultRow, SweepRow
 
 DRAIN = "drain"
@@ -62,22 +63,54 @@ def plan_drains(nodes: list[NodeRow], results: list[ResultRow], states: dict[str
                 actions.append(Action(node.host, SKIP, "checks could not decide (unknown): not drained"))
             continue
         check, reason = drain_reason(failing[node.host])
-        state = states.get(node.host)
-        if node.host in held:
-            actions.append(Action(node.host, SKIP, f"already drained by trainctl: {held[node.host].reason}", check))
-        elif state is None:
-            actions.append(Action(node.host, SKIP, "not known to Slurm", check))
-        elif state.reason.startswith(DRAIN_TAG):
-            why = ("drained by trainctl outside this history (the Slurm hook, or another history): "
-                   f"{state.reason!r}")
-            actions.append(Action(node.host, SKIP, f"{why}; left alone", check))
-        elif state.reason:
-            who = state.reason_user or "someone"
-            actions.append(Action(node.host, SKIP, f"has a reason trainctl did not set ({who}: {state.reason!r}); "
-                                                   "left alone", check))
-        else:
-            actions.append(Action(node.host, DRAIN, reason, check))
+        actions.append(_drain_or_skip(node.host, reason, check, states.get(node.host), held))
     return actions
+
+
+def _drain_or_skip(host: str, reason: str, check: str, state: NodeState | None, held: dict[str, DrainRow]) -> Action:
+    """DRAIN only a node Slurm knows, with no reason from anyone, that trainctl does not hold already."""
+    if host in held:
+        return Action(host, SKIP, f"already drained by trainctl: {held[host].reason}", check)
+    if state is None:
+        return Action(host, SKIP, "not known to Slurm", check)
+    if state.reason.startswith(DRAIN_TAG):
+        why = f"drained by trainctl outside this history (the Slurm hook, or another history): {state.reason!r}"
+        return Action(host, SKIP, f"{why}; left alone", check)
+    if state.reason:
+        who = state.reason_user or "someone"
+        return Action(host, SKIP, f"has a reason trainctl did not set ({who}: {state.reason!r}); left alone", check)
+    return Action(host, DRAIN, reason, check)
+
+
+LEMON_CHECK = "fleet.lemon"     # the check a lemon's drain names; its drain row has sweep 0 (no sweep)
+LEMON_SWEEP = 0
+
+
+def lemon_reason(lemon: Lemon, rule: LemonRule) -> str:
+    """`trainctl: fleet.lemon: 3 strikes in 7 days: job 101, job 102, sweep #5`, within Slurm's limit."""
+    sources = ", ".join(dict.fromkeys(strike.source for strike in lemon.evidence))
+    return tagged_reason([(LEMON_CHECK, f"{lemon.strikes:g} strikes in {rule.days:g} days: {sources}")])[1]
+
+
+def plan_lemon_drains(lemons: Iterable[Lemon], rule: LemonRule, states: dict[str, NodeState],
+                      open_drains: Iterable[DrainRow]) -> list[Action]:
+    """What `drain --lemons` does with each lemon: the same rule as a sweep's failures."""
+    held = {d.host: d for d in open_drains}
+    return [_drain_or_skip(lemon.host, lemon_reason(lemon, rule), LEMON_CHECK, states.get(lemon.host), held)
+            for lemon in lemons]
+
+
+def keep_lemons_drained(candidates: list[Action], lemons: set[str], rule: LemonRule) -> tuple[list[Action], list[Action]]:
+    """(candidates to re-check, those kept drained): a lemon's drain stays while the node is still a
+    lemon by the rule, however well it passes a check (a lemon often does); it lifts once its strikes age out."""
+    recheck, kept = [], []
+    for candidate in candidates:
+        if candidate.check == LEMON_CHECK and candidate.host in lemons:
+            kept.append(Action(candidate.host, SKIP, f"kept drained: still a lemon ({rule.describe()})",
+                               candidate.check, candidate.drain_id))
+        else:
+            recheck.append(candidate)
+    return recheck, kept
 
 
 def plan_resumes(open_drains: Iterable[DrainRow], states: dict[str, NodeState]) -> list[Action]:

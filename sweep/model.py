@@ -121,3 +121,30 @@ class DrainRow:
     drained_at: float
     closed_at: float | None    # None while trainctl still holds the drain
     closed_how: str            # "resumed", or why trainctl let go of it
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job whose journal was folded into the history, and how much of it."""
+    job_id: str
+    site: str
+    started_at: float
+    ended_at: float | None     # None: the journal had no job_end yet
+    status: int | None
+    source: str                # the journal it was read from
+    lines: int                 # complete lines folded in
+    size: int                  # bytes folded in
+    ingested_at: float
+
+
+@dataclass(frozen=True)
+class JobEventRow:
+    """One job's verdict on one node: the gate left it out (exclusion), the watch named it
+    (detection), or it trained through a step that ended well (served)."""
+    job_id: str
+    line: int                  # the event's line in the journal, from 1
+    host: str
+    kind: str                  # exclusion, detection, served
+    at: float
+    what: str                  # exclusion: the checks; detection: its kind; served: ""
+    detail: str                # exclusion: the reasons; detection: the evidence

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from trainctl.slurm import fold_hostlist
 from trainctl.sweep.model import STATUS_CODE, DrainRow, NodeRow, ResultRow, SweepRow
-from trainctl.sweep.report import Group, Report
+from trainctl.sweep.report import Fleet, Group, NodeFleet, Report
 from trainctl.text import printable
 
 CELL_COLOURS = {"ok": "#4caf50", "warn": "#ffb300", "fail": "#d32f2f", "unknown": "#7e57c2",
@@ -22,6 +22,7 @@ CELL_NAMES = {"not_swept": "not swept", None: "no sweep"}
 HOSTLIST_SHOWN_CHARS = 160   # longer hostlists (scattered nodes) collapse behind their count in HTML
 TEXT_ALIGN_CHARS = 40        # text report: hostlist column width at most
 GRID_LABEL_CHARS = 40        # a grid row's label; the full hostlist is its tooltip
+FLEET_ROWS = 50              # text, Markdown, HTML: nodes with strikes shown (all of them: --format json)
 
 
 def local_time(timestamp: float | None, tz: datetime.tzinfo | None = None) -> str:
@@ -97,7 +98,38 @@ def to_text(report: Report, tz: datetime.tzinfo | None = None) -> str:
     if report.drained:
         lines += ["", "DRAINED BY TRAINCTL"]
         lines += [f"  {d.host:<{width}}  since {local_time(d.drained_at, tz)}  {d.reason}" for d in report.drained]
+    if report.fleet is not None:
+        lines += fleet_text(report.fleet, report, tz)
     return _lines(lines)
+
+
+def node_fleet_text(node: NodeFleet) -> str:
+    return (f"left out by {node.jobs_excluded} jobs, {node.detections} detections, {node.sweeps_failed} sweeps "
+            f"failed, served {node.jobs_served} jobs")
+
+
+def strike_text(strike, tz: datetime.tzinfo | None = None) -> str:
+    what = {"exclusion": "gate left it out", "detection": f"watch: {strike.what}", "sweep": "failed"}[strike.kind]
+    detail = f": {strike.detail}" if strike.detail else ""
+    return f"{local_time(strike.at, tz)} {strike.source} {what}{detail}"
+
+
+def fleet_text(fleet: Fleet, report: Report, tz: datetime.tzinfo | None = None) -> list[str]:
+    struck = fleet.struck
+    lines = ["", f"JOBS AND SWEEPS PER NODE (last {window_label(report)}): {len(struck)} nodes with strikes, "
+                 f"{len(fleet.nodes)} nodes seen by jobs or failing a sweep"]
+    width = max([len(n.host) for n in struck[:FLEET_ROWS]] + [5])
+    lines += [f"  {n.host:<{width}}  {node_fleet_text(n)}" for n in struck[:FLEET_ROWS]]
+    if len(struck) > FLEET_ROWS:
+        lines.append(f"  ... {len(struck) - FLEET_ROWS} more (--format json)")
+    lines += ["", f"LEMONS ({fleet.rule.describe()}): "
+                  + (fold_hostlist([lemon.host for lemon in fleet.lemons]) if fleet.lemons else "none")]
+    for lemon in fleet.lemons[:FLEET_ROWS]:
+        lines.append(f"  {lemon.host}  {lemon.strikes:g} strikes, {len(lemon.jobs)} jobs")
+        lines += [f"    {strike_text(strike, tz)}" for strike in lemon.evidence]
+    if len(fleet.lemons) > FLEET_ROWS:
+        lines.append(f"  ... {len(fleet.lemons) - FLEET_ROWS} more (--format json)")
+    return lines
 
 
 # ---------------------------------------------------------------- JSON
@@ -128,6 +160,21 @@ def to_json_dict(report: Report) -> dict:
         "grid": {"nights": list(report.grid.nights),
                  "rows": [{"host": host, "cells": list(cells)} for host, cells in report.grid.rows],
                  "hidden_rows": report.grid.hidden_rows},
+        **({} if report.fleet is None else {"fleet": fleet_json(report.fleet)}),
+    }
+
+
+def fleet_json(fleet: Fleet) -> dict:
+    rule = fleet.rule
+    return {
+        "rule": {"strikes": rule.strikes, "days": rule.days, "exclusion_strike": rule.exclusion,
+                 "detection_strike": rule.detection, "sweep_strike": rule.sweep},
+        "nodes": [{"host": n.host, "jobs_excluded": n.jobs_excluded, "detections": n.detections,
+                   "sweeps_failed": n.sweeps_failed, "jobs_served": n.jobs_served} for n in fleet.nodes],
+        "lemons": [{"host": lemon.host, "strikes": lemon.strikes, "jobs": list(lemon.jobs),
+                    "evidence": [{"at": iso_utc(s.at), "source": s.source, "kind": s.kind, "what": s.what,
+                                  "detail": s.detail, "weight": s.weight} for s in lemon.evidence]}
+                   for lemon in fleet.lemons],
     }
 
 
@@ -167,6 +214,21 @@ def to_markdown(report: Report, tz: datetime.tzinfo | None = None) -> str:
     if report.drained:
         lines += ["", "## Drained by trainctl", "", "| node | since | reason |", "|---|---|---|"]
         lines += [f"| {d.host} | {local_time(d.drained_at, tz)} | {_md(d.reason)} |" for d in report.drained]
+    if report.fleet is not None:
+        fleet = report.fleet
+        struck = fleet.struck
+        lines += ["", f"## Jobs and sweeps per node ({len(struck)} nodes with strikes)", "",
+                  "| node | jobs that left it out | detections | sweeps failed | jobs served |", "|---|---|---|---|---|"]
+        lines += [f"| {n.host} | {n.jobs_excluded} | {n.detections} | {n.sweeps_failed} | {n.jobs_served} |"
+                  for n in struck[:FLEET_ROWS]]
+        if len(struck) > FLEET_ROWS:
+            lines.append(f"\n{len(struck) - FLEET_ROWS} more nodes with strikes: see `--format json`.")
+        lines += ["", "## Lemons", "", f"Rule: {_md(fleet.rule.describe())}.", ""]
+        if not fleet.lemons:
+            lines.append("None.")
+        for lemon in fleet.lemons[:FLEET_ROWS]:
+            lines += [f"- **{lemon.host}**: {lemon.strikes:g} strikes, {len(lemon.jobs)} jobs"]
+            lines += [f"  - {_md(strike_text(strike, tz))}" for strike in lemon.evidence]
     return _lines(lines)
 
 
@@ -253,8 +315,61 @@ def to_html(report: Report, tz: datetime.tzinfo | None = None) -> str:
         parts += [f"<tr><td>{_h(d.host)}</td><td>{_h(local_time(d.drained_at, tz))}</td><td>{_h(d.reason)}</td></tr>"
                   for d in report.drained]
         parts.append("</table>")
+    if report.fleet is not None:
+        parts += fleet_html(report.fleet, tz)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+TIMELINE_COLOURS = {"exclusion": "#d32f2f", "detection": "#ff7043", "served": "#4caf50", "sweep failed": "#6a1b9a",
+                    "sweep passed": "#90caf9"}
+
+
+def fleet_html(fleet: Fleet, tz: datetime.tzinfo | None = None) -> list[str]:
+    struck = fleet.struck
+    parts = [f"<h2>Jobs and sweeps per node ({len(struck)} nodes with strikes)</h2>",
+             '<table class="fleet"><tr><th>node</th><th>jobs that left it out</th><th>detections</th>'
+             "<th>sweeps failed</th><th>jobs served</th></tr>"]
+    parts += [f"<tr><td>{_h(n.host)}</td><td>{n.jobs_excluded}</td><td>{n.detections}</td><td>{n.sweeps_failed}</td>"
+              f"<td>{n.jobs_served}</td></tr>" for n in struck[:FLEET_ROWS]]
+    parts.append("</table>")
+    if len(struck) > FLEET_ROWS:
+        parts.append(f"<p>{len(struck) - FLEET_ROWS} more nodes with strikes: see --format json.</p>")
+    parts += [f"<h2>Lemons ({len(fleet.lemons)})</h2>", f"<p>Rule: {_h(fleet.rule.describe())}.</p>"]
+    if not fleet.lemons:
+        parts.append("<p>None.</p>")
+    for lemon in fleet.lemons:
+        items = fleet.timelines.get(lemon.host, ())
+        parts.append(f'<h3 class="lemon" data-host="{_h(lemon.host)}">{_h(lemon.host)}: {lemon.strikes:g} strikes, '
+                     f"{len(lemon.jobs)} jobs</h3>")
+        if items:
+            parts.append(timeline_svg(lemon.host, items, tz))
+            parts.append('<table class="timeline"><tr><th>when</th><th>job or sweep</th><th>what</th></tr>')
+            parts += [f'<tr data-kind="{_h(i.kind)}"><td>{_h(local_time(i.at, tz))}</td><td>{_h(i.source)}</td>'
+                      f"<td>{_badge_colour(i.kind)} {_h(i.text)}</td></tr>" for i in items]
+            parts.append("</table>")
+    return parts
+
+
+def _badge_colour(kind: str) -> str:
+    return f'<span class="badge" style="background:{TIMELINE_COLOURS.get(kind, "#999")}">{_h(kind)}</span>'
+
+
+def timeline_svg(host: str, items, tz: datetime.tzinfo | None = None) -> str:
+    """One lemon's jobs and sweeps on a time axis: a mark per item, coloured by kind."""
+    width, height, pad = 720, 34, 8
+    first, last = items[0].at, items[-1].at
+    span = max(last - first, 1.0)
+    out = [f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+           f'aria-label="{_h(host)} timeline" font-family="monospace" font-size="10">',
+           f'<line x1="{pad}" y1="14" x2="{width - pad}" y2="14" stroke="#999"/>']
+    for item in items:
+        x = pad + (item.at - first) / span * (width - 2 * pad)
+        out.append(f'<circle cx="{x:.1f}" cy="14" r="5" fill="{TIMELINE_COLOURS.get(item.kind, "#999")}">'
+                   f"<title>{_h(local_time(item.at, tz))} {_h(item.source)}: {_h(item.text or item.kind)}</title></circle>")
+    out.append(f'<text x="{pad}" y="31">{_h(local_time(first, tz))}</text>')
+    out.append(f'<text x="{width - pad}" y="31" text-anchor="end">{_h(local_time(last, tz))}</text></svg>')
+    return "".join(out)
 
 
 def _hostlist_cell(count: int, hostlist: str) -> str:
@@ -318,7 +433,7 @@ def _label(value: str) -> str:
 
 
 def to_prometheus(latest: Iterable[tuple[ResultRow, float]], current: Iterable[NodeRow],
-                  drains: Iterable[DrainRow], newest_sweep: SweepRow | None) -> str:
+                  drains: Iterable[DrainRow], newest_sweep: SweepRow | None, fleet: Fleet | None = None) -> str:
     """Latest status per node and check, for node_exporter's textfile collector."""
     latest = sorted(latest, key=lambda item: (item[0].host, item[0].check))
     lines = ["# HELP trainctl_check_status Latest status of a trainctl health check on a node "
@@ -344,4 +459,17 @@ def to_prometheus(latest: Iterable[tuple[ResultRow, float]], current: Iterable[N
                   "# HELP trainctl_sweep_complete 1 if the newest sweep finished, 0 if it was cut short.",
                   "# TYPE trainctl_sweep_complete gauge",
                   f"trainctl_sweep_complete {int(newest_sweep.complete)}"]
+    if fleet is not None:
+        for name, what, attr in (("jobs_excluded", "Jobs whose gate left the node out", "jobs_excluded"),
+                                 ("detections", "The watch's detections naming the node", "detections"),
+                                 ("sweeps_failed", "Full sweeps the node failed", "sweeps_failed"),
+                                 ("jobs_served", "Jobs the node trained for through a step that ended well",
+                                  "jobs_served")):
+            lines += [f"# HELP trainctl_node_{name} {what}, over the report's window.",
+                      f"# TYPE trainctl_node_{name} gauge"]
+            lines += [f'trainctl_node_{name}{{node="{_label(n.host)}"}} {getattr(n, attr)}' for n in fleet.nodes]
+        lines += [f"# HELP trainctl_node_lemon_strikes Strikes of a lemon: {fleet.rule.describe()}.",
+                  "# TYPE trainctl_node_lemon_strikes gauge"]
+        lines += [f'trainctl_node_lemon_strikes{{node="{_label(lemon.host)}"}} {lemon.strikes:g}'
+                  for lemon in sorted(fleet.lemons, key=lambda lemon: lemon.host)]
     return "\n".join(lines) + "\n"

@@ -18,7 +18,12 @@ Rules:
 - a check flaps when, within the window, it changed between ok and not ok twice or more;
 - the node x night grid has a row for every node with trouble in the window (not ok, no
   verdict) or held drained by trainctl, so every node the report names is in it; a cell is
-  the node's last verdict of that night, so a node's newest cell is its current state.
+  the node's last verdict of that night, so a node's newest cell is its current state;
+- fleet memory, per node over the window: the jobs whose gate left it out, the watch's
+  detections naming it, the full sweeps it failed, the jobs it served (trained through a step
+  that ended well); the lemons are judged by the site's rule over the rule's own days
+  (`trainctl.sweep.fleet.find_lemons`), each with its evidence and its timeline across jobs
+  and sweeps.
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ from dataclasses import dataclass, field
 
 from trainctl.slurm import fold_hostlist
 from trainctl.sweep.db import History
-from trainctl.sweep.model import CHECKED, ERROR, NOT_SWEPT, TIMEOUT, DrainRow, NodeRow, ResultRow, SweepRow
+from trainctl.sweep.fleet import DETECTION, EXCLUSION, SERVED, Lemon, LemonRule, find_lemons
+from trainctl.sweep.model import CHECKED, ERROR, NOT_SWEPT, TIMEOUT, DrainRow, JobEventRow, NodeRow, ResultRow, SweepRow
 
 GRID_MAX_ROWS = 200
+LEMON_TIMELINES = 50      # lemons whose timeline the HTML report draws (the most strikes first)
+DAY_S = 86400
 FLAP_CHANGES = 2
 PROBLEM_ORDER = {"fail": 0, "unknown": 1, "warn": 2}
 TROUBLE = frozenset({"fail", "unknown", "warn", TIMEOUT, ERROR})
@@ -51,9 +59,23 @@ class ReportData:
     check_rows: list[ResultRow]   # every row ever of each (node, check) in `problems`
     troubled: list[NodeRow]       # window rows of the nodes that were not ok at least once
     drains: list[DrainRow]        # drains trainctl holds now
+    fleet: FleetData | None = None
 
 
-def load_report_data(history: History, since: float) -> ReportData:
+@dataclass(frozen=True)
+class FleetData:
+    """The rows fleet memory needs: the window's counts, and the lemon rule's window."""
+    rule: LemonRule
+    counts: list[tuple[str, str, int, int]]             # (host, kind, jobs, events) in the report's window
+    failed_sweeps: list[tuple[str, int, float, str]]    # in the report's window
+    strikes: list[JobEventRow]                          # exclusions and detections in the rule's window
+    strike_sweeps: list[tuple[str, int, float, str]]    # failed sweeps in the rule's window
+    timeline_events: list[JobEventRow]                  # every job event of the lemons, both windows
+    timeline_passes: list[tuple[str, int, float]]       # the sweeps the lemons passed, both windows
+
+
+def load_report_data(history: History, since: float, rule: LemonRule | None = None,
+                     now: float | None = None) -> ReportData:
     sweeps = history.sweeps()
     in_window = [s.id for s in sweeps if s.started_at >= since]
     first = min(in_window) if in_window else (sweeps[-1].id + 1 if sweeps else 1)
@@ -62,7 +84,22 @@ def load_report_data(history: History, since: float) -> ReportData:
     return ReportData(
         sweeps=sweeps, first_sweep=first, current=history.current_nodes(first), problems=problems,
         check_rows=history.check_history((r.host, r.check) for r in problems),
-        troubled=history.troubled_node_rows(first, also_hosts=[d.host for d in drains]), drains=drains)
+        troubled=history.troubled_node_rows(first, also_hosts=[d.host for d in drains]), drains=drains,
+        fleet=None if rule is None else load_fleet_data(history, since, rule, now))
+
+
+def load_fleet_data(history: History, since: float, rule: LemonRule, now: float | None) -> FleetData:
+    import time
+
+    rule_since = (time.time() if now is None else now) - rule.days * DAY_S
+    both = min(since, rule_since)
+    failed = history.sweep_failures(both)   # one pass over the node rows for both windows
+    strikes = history.job_events(rule_since, (EXCLUSION, DETECTION))
+    strike_sweeps = [row for row in failed if row[2] >= rule_since]
+    lemons = [lemon.host for lemon in find_lemons(rule, strikes, strike_sweeps)][:LEMON_TIMELINES]
+    return FleetData(rule, history.job_counts(since), [row for row in failed if row[2] >= since], strikes,
+                     strike_sweeps, history.job_events(both, (EXCLUSION, DETECTION, SERVED), lemons) if lemons else [],
+                     history.sweep_passes(both, lemons) if lemons else [])
 
 
 @dataclass(frozen=True)
@@ -113,6 +150,42 @@ class NodeNow:
 
 
 @dataclass(frozen=True)
+class NodeFleet:
+    """One node over the report's window, as the jobs and the sweeps saw it."""
+    host: str
+    jobs_excluded: int         # jobs whose gate left it out
+    detections: int            # the watch's detections naming it
+    sweeps_failed: int         # full sweeps it failed
+    jobs_served: int           # jobs it trained for through a step that ended well
+
+    @property
+    def strikes_seen(self) -> bool:
+        return bool(self.jobs_excluded or self.detections or self.sweeps_failed)
+
+
+@dataclass(frozen=True)
+class TimelineItem:
+    at: float
+    source: str                # "job 1234" or "sweep #56"
+    kind: str                  # exclusion, detection, served, sweep failed, sweep passed
+    text: str
+
+
+@dataclass(frozen=True)
+class Fleet:
+    rule: LemonRule
+    nodes: tuple[NodeFleet, ...]                   # every node with a job verdict or a failed sweep, natural order
+    lemons: tuple[Lemon, ...]                      # the most strikes first
+    timelines: dict[str, tuple[TimelineItem, ...]]   # lemon -> its jobs and sweeps, oldest first
+
+    @property
+    def struck(self) -> tuple[NodeFleet, ...]:
+        """Nodes with a strike in the window, the most first (the rows text and Markdown show)."""
+        return tuple(sorted((n for n in self.nodes if n.strikes_seen),
+                            key=lambda n: (-(n.jobs_excluded + n.detections + n.sweeps_failed), _natural_key(n.host))))
+
+
+@dataclass(frozen=True)
 class Report:
     generated_at: float
     since: float
@@ -125,6 +198,7 @@ class Report:
     grid: Grid = field(default_factory=lambda: Grid((), (), 0))
     rechecks: tuple[SweepRow, ...] = ()           # resume's re-checks of drained nodes in the window
     nodes: tuple[NodeNow, ...] = ()               # every node's current state, natural order
+    fleet: Fleet | None = None                    # jobs' verdicts and lemons (None: not asked for)
 
     @property
     def latest(self) -> SweepRow | None:
@@ -202,7 +276,35 @@ def build_report(data: ReportData, now: float, since: float,
         drained=tuple(sorted(data.drains, key=lambda d: d.drained_at)),
         grid=build_grid(data.troubled, tuple(s for s in window if s.kind in (SWEEP, RECHECK)), tz,
                         {d.host for d in data.drains}),
-        rechecks=tuple(s for s in window if s.kind == RECHECK), nodes=nodes)
+        rechecks=tuple(s for s in window if s.kind == RECHECK), nodes=nodes,
+        fleet=None if data.fleet is None else build_fleet(data.fleet))
+
+
+def build_fleet(data: FleetData) -> Fleet:
+    per_node: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for host, kind, job_count, events in data.counts:
+        per_node[host][kind] = events if kind == DETECTION else job_count
+    for host, *_ in data.failed_sweeps:
+        per_node[host]["sweep"] += 1
+    nodes = tuple(NodeFleet(host, c[EXCLUSION], c[DETECTION], c["sweep"], c[SERVED])
+                  for host in _natural(per_node) for c in (per_node[host],))
+    lemons = tuple(find_lemons(data.rule, data.strikes, data.strike_sweeps))
+    timelines: dict[str, list[TimelineItem]] = defaultdict(list)
+    shown = {lemon.host for lemon in lemons[:LEMON_TIMELINES]}
+    for event in data.timeline_events:
+        if event.host in shown:
+            text = {EXCLUSION: f"gate left it out: {event.detail or event.what}",
+                    DETECTION: f"watch: {event.what}: {event.detail}", SERVED: "trained fine"}[event.kind]
+            timelines[event.host].append(TimelineItem(event.at, f"job {event.job_id}", event.kind, text))
+    failed = {(host, sweep_id): (at, checks) for host, sweep_id, at, checks in data.strike_sweeps + data.failed_sweeps}
+    for (host, sweep_id), (at, checks) in failed.items():
+        if host in shown:
+            timelines[host].append(TimelineItem(at, f"sweep #{sweep_id}", "sweep failed", checks))
+    for host, sweep_id, at in data.timeline_passes:
+        if host in shown:
+            timelines[host].append(TimelineItem(at, f"sweep #{sweep_id}", "sweep passed", ""))
+    return Fleet(data.rule, nodes, lemons,
+                 {host: tuple(sorted(items, key=lambda i: (i.at, i.source))) for host, items in timelines.items()})
 
 
 def _state(row: NodeRow) -> str:

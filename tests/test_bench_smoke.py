@@ -62,3 +62,14 @@ def test_watch_scale_bench_polls_real_node_files_at_tiny_n():
     assert all(int(row[-1].replace(",", "")) > 0 for row in rows)           # bytes per node file
     assert all(float(row[7]) >= 1.0 for row in rows)                        # polls every: at least poll_s
     assert "4 nodes:" in out.stdout and "cores" in out.stdout
+
+
+def test_fleet_scale_bench_folds_a_day_and_reports_at_tiny_n():
+    out = subprocess.run([sys.executable, str(BENCH / "fleet_scale.py"), "--nodes", "300", "--days", "3",
+                          "--jobs-per-day", "40", "--rounds", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
+    (setup,) = json_lines(out.stdout)
+    assert setup["journals"] == 120 and setup["job_event_rows"] > 0
+    for row in ("ingest, new day", "ingest, nothing new", "report text", "report html without jobs"):
+        assert row in out.stdout
+    assert "targets: report <= 5 s" in out.stdout

@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "Inside a job: check every allocated node, then choose the healthy ones for srun."),
     "health": ("trainctl.health.cli", "health",
                "Node health: collect a snapshot, check it, list the checks."),
+    "history": ("trainctl.sweep.cli", "history",
+                "The node history: fold the jobs' journals in (the nightly sweep does it too)."),
     "job": ("trainctl.job.cli", "job",
             "A job: run it (inside its script), or show its timeline, goodput, gate decision and ranks' logs."),
     "rank-exec": ("trainctl.launcher.submit_cli", "rank_exec",

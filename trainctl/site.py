@@ -119,6 +119,26 @@ class SweepConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FleetConfig:
+    journal_dir: str = doc(
+        "directory every job's supervisor copies its finished journal into (<job id>.jsonl), and the sweep "
+        "history folds in at each sweep or `trainctl history ingest`; on a shared filesystem, writable by "
+        "every user, sticky (mode 1777) (empty: off, jobs' verdicts stay in their own directories)", "")
+    lemon_strikes: float = doc("a node with at least this many strikes within lemon_days is a lemon", 3.0)
+    lemon_days: float = doc("days the lemon rule looks back", 7.0)
+    exclusion_strike: float = doc("strikes for each job whose gate left the node out", 1.0)
+    detection_strike: float = doc("strikes for each job whose watch named the node (slow, sick, hung, lost)", 1.0)
+    sweep_strike: float = doc("strikes for each nightly sweep the node failed", 1.0)
+    lemons_file: str = doc(
+        "the lemons, as JSON, rewritten by every sweep and `trainctl history ingest`: what submit reads "
+        "(on a shared filesystem; SQLite's history is not to be read over one) (empty: submit reads sweep.db)",
+        "")
+    submit_excludes_lemons: bool = doc(
+        "submit adds the current lemons to the job's --exclude, from lemons_file (else sweep.db); per job: "
+        "submit --keep-lemons", False)
+
+
+@dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     trainctl: str = doc("trainctl on the compute nodes, run by the job script for the gate and rank-exec "
                         "(empty: the path of the trainctl running submit, for a shared filesystem)", "")
@@ -237,6 +257,7 @@ class SiteConfig:
     launch: LaunchConfig = doc("what the job script runs on the compute nodes", default_factory=LaunchConfig)
     sweep: SweepConfig = doc("nightly sweeps: history database, checks, SSH access", default_factory=SweepConfig)
     watch: WatchConfig = doc("watching the training once it runs", default_factory=WatchConfig)
+    fleet: FleetConfig = doc("fleet memory: jobs' verdicts in the sweep history, lemons", default_factory=FleetConfig)
     partitions: dict[str, PartitionConfig] = doc("partition name -> hardware")
 
 

@@ -1,0 +1,402 @@
+"""Fleet memory: every job's verdicts on its nodes, folded from the jobs' journals into the
+sweep history, and the lemon rule that reads them back.
+
+A job never touches the shared history: its supervisor writes its own journal (and, where the
+site names `fleet.journal_dir`, copies it there when the job ends). The nightly sweep and
+`trainctl history ingest` fold the journals in: each event becomes a `job_events` row per node
+it names, keyed by (job id, journal line, node), so a journal folded twice, or two copies of
+it, add nothing. A journal that is damaged, from another site, from the future, or shorter
+than when it was folded in is refused with one line and changes nothing.
+
+Journals are read here, in one place (`parse_journal_bytes`), and only as far as this module
+needs: the job directory's own typed reader may replace it.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import stat
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from trainctl.sweep.model import JobEventRow, JobRow
+
+JOURNAL_SUFFIX = ".jsonl"
+GATE_DIR_PREFIX = "trainctl-gate-"
+JOURNAL_MAX_BYTES = 64 << 20      # a journal is a few kB; a watch's details make it tens of kB at most
+FUTURE_SLACK_S = 300.0            # clocks of the batch hosts and the sweep host may differ this much
+FOLD_BATCH_JOBS = 500             # jobs per transaction: the write lock is held for milliseconds
+WHAT_MAX, DETAIL_MAX = 200, 1000  # characters kept of an exclusion's checks and reasons, a detection's evidence
+EXCLUSION, DETECTION, SERVED, SWEEP_FAILED = "exclusion", "detection", "served", "sweep"
+
+
+class JournalRefused(Exception):
+    """A journal that is not folded in; the message is the one line that says why."""
+
+
+@dataclass(frozen=True)
+class ParsedJournal:
+    job_id: str
+    site: str                          # "" where the journal does not say (trainctl before fleet memory)
+    started_at: float
+    ended_at: float | None
+    status: int | None
+    lines: int                         # complete lines
+    size: int                          # their bytes
+    events: tuple[JobEventRow, ...]
+
+
+# ------------------------------------------------------------------ parse (pure)
+
+def job_id_from_path(path: str) -> str:
+    """`<drop dir>/<id>.jsonl` or `trainctl-gate-<id>/journal.jsonl` -> id (empty if neither)."""
+    p = Path(path)
+    if p.parent.name.startswith(GATE_DIR_PREFIX):
+        return p.parent.name[len(GATE_DIR_PREFIX):]
+    return p.name[:-len(JOURNAL_SUFFIX)] if p.name.endswith(JOURNAL_SUFFIX) else ""
+
+
+def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float) -> ParsedJournal:
+    """The verdicts of one journal; JournalRefused for anything trainctl's supervisor never writes.
+
+    Only complete lines count: a last line without its newline is being written (or was cut)
+    and is left for the next fold."""
+    import json
+
+    from trainctl.errors import UsageError
+    from trainctl.validate import check_node_name
+
+    end = data.rfind(b"\n") + 1
+    complete = data[:end]
+    entries: list[tuple[int, dict]] = []
+    for number, raw in enumerate(complete.splitlines(), start=1):
+        try:
+            entry = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise JournalRefused(f"line {number} is not a journal event: damaged") from None
+        when = entry.get("t") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("event"), str) or isinstance(when, bool) \
+                or not isinstance(when, (int, float)) or not math.isfinite(when) or when < 0:
+            raise JournalRefused(f"line {number} is not a journal event: damaged")
+        if when > now + FUTURE_SLACK_S:
+            raise JournalRefused(f"line {number} is from the future ({_iso(when)}; now {_iso(now)})")
+        entries.append((number, entry))
+    if not entries:
+        raise JournalRefused("no complete event yet")
+    first = entries[0][1]
+    if first["event"] != "job_start":
+        raise JournalRefused("does not begin with job_start: cut at its head, or not a job's journal")
+    job_id = first.get("job", named_job)
+    if not isinstance(job_id, str) or not job_id or (named_job and job_id != named_job):
+        raise JournalRefused(f"names job {str(job_id)[:40]!r}, but its file is job {named_job!r}'s")
+    from_site = first.get("site", "")
+    if not isinstance(from_site, str) or (from_site and site and from_site != site):
+        raise JournalRefused(f"from site {str(from_site)[:60]!r}, not {site!r}")
+    try:
+        events = tuple(_verdicts(job_id, entries))
+    except UsageError as exc:
+        raise JournalRefused(f"damaged: {exc}") from None
+    except (TypeError, ValueError, AttributeError):
+        raise JournalRefused("damaged: an event's fields are not what the supervisor writes") from None
+    for event in events:
+        try:
+            check_node_name(event.host, "node")
+        except UsageError as exc:
+            raise JournalRefused(f"damaged: {exc}") from None
+    last = entries[-1][1]
+    ended = last["event"] == "job_end"
+    status = last.get("status") if ended else None
+    return ParsedJournal(job_id, from_site, float(first["t"]), float(last["t"]) if ended else None,
+                         status if type(status) is int else None, len(entries), end, events)
+
+
+def _verdicts(job_id: str, entries: list[tuple[int, dict]]) -> Iterable[JobEventRow]:
+    """Exclusions, detections, and the nodes that served a training step that ended well: one
+    that completed, or one the watch ended (every node it did not name trained fine until then).
+    A step that failed on its own names nobody: the program may be at fault."""
+    from trainctl.slurm import expand_hostlist
+
+    step_nodes: list[str] = []
+    suspects: set[str] = set()
+    for line, entry in entries:
+        kind, when = entry["event"], float(entry["t"])
+        if kind == "node_verdict" and entry.get("verdict") == "excluded":
+            reasons = [str(r) for r in entry.get("reasons") or []]
+            checks = sorted({r.split(": ", 1)[0] for r in reasons}) or ["excluded by the gate"]
+            yield JobEventRow(job_id, line, str(entry["node"]), EXCLUSION, when, ", ".join(checks)[:WHAT_MAX],
+                              "; ".join(reasons)[:DETAIL_MAX])
+        elif kind == "detection":
+            named = [str(node) for node in entry.get("suspects") or []]
+            suspects.update(named)
+            for node in named:
+                yield JobEventRow(job_id, line, node, DETECTION, when, str(entry.get("kind", ""))[:WHAT_MAX],
+                                  str(entry.get("evidence", ""))[:DETAIL_MAX])
+        elif kind == "training_start":
+            step_nodes = expand_hostlist(str(entry.get("nodes", "")), source="training_start") \
+                if entry.get("nodes") else []
+            suspects = set()
+        elif kind == "step_end" and step_nodes:
+            by_watch = str(entry.get("cause", "")).startswith("ended by the watch")
+            if entry.get("status") == 0 or by_watch:
+                for node in step_nodes:
+                    if node not in suspects:
+                        yield JobEventRow(job_id, line, node, SERVED, when, "", "")
+            step_nodes = []
+
+
+def _iso(when: float) -> str:
+    try:
+        return datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):
+        return f"{when:.0f} s after 1970"
+
+
+# ------------------------------------------------------------------ collect (I/O)
+
+def journal_paths(journal_dir: str, extra: Iterable[str] = ()) -> list[str]:
+    """The site's drop directory's `*.jsonl`, and each extra path: a journal, or a directory
+    holding journals (`*.jsonl`) or job directories (`trainctl-gate-*/journal.jsonl`)."""
+    found: list[str] = []
+    for place in ([journal_dir] if journal_dir else []) + list(extra):
+        place = os.path.expanduser(place)
+        if os.path.isdir(place):
+            found += sorted(glob.glob(os.path.join(glob.escape(place), "*" + JOURNAL_SUFFIX)))
+            found += sorted(glob.glob(os.path.join(glob.escape(place), GATE_DIR_PREFIX + "*", "journal.jsonl")))
+        else:
+            found.append(place)
+    return found
+
+
+def read_journal(path: str) -> tuple[bytes, os.stat_result]:
+    """A journal's bytes: only a regular file, never blocking (a FIFO), at most JOURNAL_MAX_BYTES."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise JournalRefused(f"cannot read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise JournalRefused("not a regular file")
+        if info.st_size > JOURNAL_MAX_BYTES:
+            raise JournalRefused(f"{info.st_size} bytes, more than a journal's {JOURNAL_MAX_BYTES}")
+        chunks, left = [], JOURNAL_MAX_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > JOURNAL_MAX_BYTES:
+            raise JournalRefused(f"grew past a journal's {JOURNAL_MAX_BYTES} bytes while read")
+        return data, info
+    except OSError as exc:
+        raise JournalRefused(f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ fold
+
+@dataclass
+class FoldResult:
+    folded: int = 0                 # journals with something new
+    events: int = 0                 # event rows offered (those already there are kept as they were)
+    unchanged: int = 0              # journals folded in before, nothing new since
+    refused: list[str] = field(default_factory=list)   # one line each
+
+
+def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_after: float = 0.0,
+                  say: Callable[[str], None] = lambda line: None) -> FoldResult:
+    """Fold `paths` into `history` (open for writing). Each refused journal costs one `say` line."""
+    known = history.folded_jobs()
+    result = FoldResult()
+    batch: list[tuple[JobRow, list[JobEventRow]]] = []
+    for path in paths:
+        named = job_id_from_path(path)
+        before = known.get(named)
+        try:
+            # The usual night: a journal folded in before, its size unchanged, is not even read.
+            if before is not None and before.source == path and os.stat(path).st_size == before.size:
+                result.unchanged += 1
+                continue
+            data, _ = read_journal(path)
+            parsed = parse_journal_bytes(data, named_job=named, site=site, now=now)
+            before = known.get(parsed.job_id)
+            if parsed.started_at < keep_after:
+                continue   # older than the history keeps: pruned, never folded in again
+            if before is not None:
+                if abs(before.started_at - parsed.started_at) > 0.001:
+                    raise JournalRefused(f"job {parsed.job_id} was folded in from another journal ({before.source}, "
+                                         f"started {_iso(before.started_at)}): a different job with the same id")
+                if parsed.lines < before.lines:
+                    raise JournalRefused(f"{parsed.lines} lines, fewer than the {before.lines} folded in from "
+                                         f"{before.source}: cut or replaced; nothing changed")
+                if parsed.lines == before.lines:
+                    result.unchanged += 1
+                    continue
+        except JournalRefused as exc:
+            line = f"journal {path}: {exc}; skipped"
+            result.refused.append(line)
+            say(line)
+            continue
+        except OSError as exc:
+            line = f"journal {path}: cannot read: {exc.strerror or exc}; skipped"
+            result.refused.append(line)
+            say(line)
+            continue
+        row = JobRow(parsed.job_id, parsed.site or site, parsed.started_at, parsed.ended_at, parsed.status, path,
+                     parsed.lines, parsed.size, now)
+        known[parsed.job_id] = row
+        batch.append((row, list(parsed.events)))
+        result.folded += 1
+        result.events += len(parsed.events)
+        if len(batch) >= FOLD_BATCH_JOBS:
+            history.record_jobs(batch)
+            batch = []
+    if batch:
+        history.record_jobs(batch)
+    return result
+
+
+# ------------------------------------------------------------------ the lemon rule (pure)
+
+@dataclass(frozen=True)
+class LemonRule:
+    strikes: float
+    days: float
+    exclusion: float
+    detection: float
+    sweep: float
+
+    @classmethod
+    def from_site(cls, fleet) -> LemonRule:
+        return cls(fleet.lemon_strikes, fleet.lemon_days, fleet.exclusion_strike, fleet.detection_strike,
+                   fleet.sweep_strike)
+
+    def weight(self, kind: str) -> float:
+        return {EXCLUSION: self.exclusion, DETECTION: self.detection, SWEEP_FAILED: self.sweep}[kind]
+
+    def describe(self) -> str:
+        return (f"{self.strikes:g} strikes in {self.days:g} days (a job's gate exclusion {self.exclusion:g}, "
+                f"a job's watch detection {self.detection:g}, a failed sweep {self.sweep:g})")
+
+
+@dataclass(frozen=True)
+class Strike:
+    host: str
+    at: float
+    kind: str            # exclusion, detection, sweep
+    source: str          # "job 1234", "sweep #56"
+    what: str
+    detail: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class Lemon:
+    host: str
+    strikes: float
+    evidence: tuple[Strike, ...]      # oldest first
+
+    @property
+    def jobs(self) -> tuple[str, ...]:
+        return tuple(sorted({s.source for s in self.evidence if s.kind != SWEEP_FAILED}))
+
+
+def find_lemons(rule: LemonRule, job_events: Iterable[JobEventRow],
+                sweep_failures: Iterable[tuple[str, int, float, str]]) -> list[Lemon]:
+    """The nodes with at least `rule.strikes` in the rule's window (the rows given are that window's).
+
+    A job strikes a node once per kind, however often it says so (a gate run again after a
+    detection, a detection repeated after a restart); each failed sweep strikes once."""
+    strikes: dict[str, list[Strike]] = defaultdict(list)
+    seen: set[tuple[str, str, str]] = set()
+    for event in sorted(job_events, key=lambda e: (e.at, e.job_id, e.line)):
+        if event.kind not in (EXCLUSION, DETECTION) or (event.host, event.job_id, event.kind) in seen:
+            continue
+        seen.add((event.host, event.job_id, event.kind))
+        strikes[event.host].append(Strike(event.host, event.at, event.kind, f"job {event.job_id}", event.what,
+                                          event.detail, rule.weight(event.kind)))
+    for host, sweep_id, at, checks in sweep_failures:
+        strikes[host].append(Strike(host, at, SWEEP_FAILED, f"sweep #{sweep_id}", "sweep", checks, rule.sweep))
+    lemons = []
+    for host, found in strikes.items():
+        total = sum(s.weight for s in found)
+        if total >= rule.strikes and total > 0:
+            lemons.append(Lemon(host, total, tuple(sorted(found, key=lambda s: s.at))))
+    return sorted(lemons, key=lambda lemon: (-lemon.strikes, lemon.host))
+
+
+def current_lemons(history, rule: LemonRule, now: float) -> list[Lemon]:
+    """The lemons by the rule, now, from the history."""
+    since = now - rule.days * 86400
+    return find_lemons(rule, history.job_events(since, (EXCLUSION, DETECTION)), history.sweep_failures(since))
+
+
+LEMONS_FORMAT = "trainctl-lemons-1"
+LEMONS_FILE_MAX_BYTES = 16 << 20
+
+
+def lemons_document(site: str, rule: LemonRule, lemons: list[Lemon], now: float) -> str:
+    """The lemons file: what submit needs (hosts), and why, for a human who opens it."""
+    import json
+
+    return json.dumps({"format": LEMONS_FORMAT, "site": site, "generated_at": now, "rule": rule.describe(),
+                       "lemons": [{"host": lemon.host, "strikes": lemon.strikes, "jobs": list(lemon.jobs)}
+                                  for lemon in lemons]}, indent=1) + "\n"
+
+
+def publish_lemons(history, config, now: float) -> int:
+    """Rewrite the site's fleet.lemons_file (atomically) from the history; the number of lemons."""
+    from trainctl.files import write_atomically
+
+    rule = LemonRule.from_site(config.fleet)
+    lemons = current_lemons(history, rule, now)
+    write_atomically(os.path.expanduser(config.fleet.lemons_file), lemons_document(config.name, rule, lemons, now))
+    return len(lemons)
+
+
+def read_lemons_file(path: str, site: str, now: float, max_age_s: float) -> list[str]:
+    """The hosts of a lemons file; UsageError (one line) for anything `lemons_document` never wrote,
+    another site's, or one older than `max_age_s` (no sweep or ingest has rewritten it)."""
+    import json
+
+    from trainctl.errors import UsageError
+    from trainctl.validate import check_node_name
+
+    try:
+        data, _ = read_journal(path)   # the same guarded read: a regular file, no blocking, a size cap
+    except JournalRefused as exc:
+        raise UsageError(f"lemons file {path}: {exc}") from None
+    try:
+        document = json.loads(data.decode("utf-8"))
+        hosts = [check_node_name(item["host"], f"lemons file {path}") for item in document["lemons"]]
+        made, from_site = float(document["generated_at"]), document["site"]
+        assert document["format"] == LEMONS_FORMAT
+    except UsageError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError, RecursionError):
+        raise UsageError(f"lemons file {path}: not a trainctl lemons file ({LEMONS_FORMAT})") from None
+    if from_site != site:
+        raise UsageError(f"lemons file {path}: of site {str(from_site)[:60]!r}, not {site!r}")
+    if not now - max_age_s <= made <= now + FUTURE_SLACK_S:
+        raise UsageError(f"lemons file {path}: written {_iso(made)}, not within the rule's {max_age_s / 86400:g} days")
+    return hosts
+
+
+def site_lemon_hosts(config, now: float) -> list[str]:
+    """The site's lemons now: from fleet.lemons_file where the site names one (JSON: no SQLite on a login
+    node), else from its [sweep] db (read-only). UsageError if neither can be read."""
+    if config.fleet.lemons_file:
+        return read_lemons_file(os.path.expanduser(config.fleet.lemons_file), config.name, now,
+                                config.fleet.lemon_days * 86400)
+    from trainctl.sweep.db import History
+
+    with History.open(Path(config.sweep.db).expanduser(), write=False) as history:
+        return [lemon.host for lemon in current_lemons(history, LemonRule.from_site(config.fleet), now)]

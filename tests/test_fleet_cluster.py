@@ -1,0 +1,111 @@
+"""Fleet memory on the dev cluster: three jobs whose gates leave node4 out (its `nvidia-smi
+nvlink -s` replays a V100 with NVLinks 3 and 5 inactive) drop their journals into the site's
+journal directory; `trainctl history ingest` folds them in, the report names node4 a lemon
+with three jobs, and a fourth `submit` from the site, which opts in, excludes node4 before
+any gate runs (Slurm's ExcNodeList). `drain --lemons` then drains node4 with trainctl's tagged
+reason, and `resume` keeps that drain while node4 is still a lemon.
+
+Each of the three jobs asks for 2 nodes with node4 among them (the site's extra sbatch option
+--nodelist=node4), so the gate always sees the replay, and trains 1 step on the other node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support.sites import site_variant
+from support.slurm_jobs import TRAINCTL, job_output, submit, wait_for_job
+from test_devcluster_jobs import HEALTHY_NVLINK, INACTIVE_LINKS, TRAIN, staged_nvidia_smi
+from trainctl.proc import run_checked
+from trainctl.slurm import parse_scontrol_oneliner
+
+pytestmark = pytest.mark.cluster
+
+LEMON = "node4"
+
+
+def test_three_jobs_that_exclude_node4_make_it_a_lemon_the_next_submit_leaves_out(devcluster, tmp_path):
+    journals = tmp_path / "journals"
+    journals.mkdir()
+    journals.chmod(0o1777)   # every user's jobs drop their journals here
+    (tmp_path / "gating").mkdir()
+    (tmp_path / "opting").mkdir()
+    changes = {"sweep.db": str(tmp_path / "sweeps.db"), "fleet.journal_dir": str(journals)}
+    gating = site_variant(tmp_path / "gating", "local-demo", changes | {"slurm.extra_sbatch": [f"--nodelist={LEMON}"]})
+    opting = site_variant(tmp_path / "opting", "local-demo", changes | {"fleet.submit_excludes_lemons": True})
+
+    with staged_nvidia_smi(devcluster, {"node1": HEALTHY_NVLINK, "node2": HEALTHY_NVLINK, "node3": HEALTHY_NVLINK,
+                                        LEMON: INACTIVE_LINKS}):
+        jobs = three_gated_jobs(devcluster, tmp_path, gating)
+        lemon_reported(journals, jobs, opting)
+        fourth_job_leaves_the_lemon_out(devcluster, tmp_path, opting)
+    lemon_drained_and_kept_drained(devcluster, opting, jobs)
+
+
+def three_gated_jobs(devcluster, tmp_path: Path, gating: Path) -> list[str]:
+    jobs = []
+    submitted = [submit(devcluster, tmp_path, "--site", str(gating), "--nodes", "1", "--spare", "1",
+                        "--", TRAIN, "--steps", "1") for _ in range(3)]
+    for result in submitted:
+        assert result.returncode == 0, result.stderr
+        jobs.append(result.stdout.strip().splitlines()[-1])
+    for job in jobs:   # they queue one after another: each needs node4
+        record = wait_for_job(devcluster, job, timeout_s=240)
+        assert record["JobState"] == "COMPLETED", job_output(tmp_path, job)
+    return jobs
+
+
+def lemon_reported(journals: Path, jobs: list[str], opting: Path) -> None:
+    assert sorted(path.name for path in journals.iterdir()) == sorted(f"{job}.jsonl" for job in jobs)
+    ingest = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(opting)], capture_output=True, text=True,
+                            timeout=60)
+    assert ingest.returncode == 0, ingest.stderr
+    assert "folded in 3 job journal(s)" in ingest.stderr
+    report = subprocess.run([TRAINCTL, "report", "--site", str(opting), "--format", "json"], capture_output=True,
+                            text=True, timeout=60)
+    assert report.returncode == 0, report.stderr
+    fleet = json.loads(report.stdout)["fleet"]
+    assert [(lemon["host"], sorted(lemon["jobs"])) for lemon in fleet["lemons"]] == \
+        [(LEMON, sorted(f"job {job}" for job in jobs))]
+    assert all("nvlink.links" in strike["what"] for strike in fleet["lemons"][0]["evidence"])
+    served = {node["host"]: node["jobs_served"] for node in fleet["nodes"]}
+    assert served[LEMON] == 0 and sum(served.values()) == 3
+
+
+def fourth_job_leaves_the_lemon_out(devcluster, tmp_path: Path, opting: Path) -> None:
+    fourth = submit(devcluster, tmp_path, "--site", str(opting), "--nodes", "1", "--", TRAIN, "--steps", "1")
+    assert fourth.returncode == 0, fourth.stderr
+    assert f"leaving out the site's lemons (1): {LEMON}" in fourth.stderr
+    job = fourth.stdout.strip().splitlines()[-1]
+    shown = run_checked(["scontrol", "show", "job", "-o", job], timeout=15, env=devcluster.client_env())
+    record = {key: value for part in parse_scontrol_oneliner(shown.stdout) for key, value in part.items()}
+    assert record["ExcNodeList"] == LEMON    # Slurm holds the exclusion: no gate had to find node4
+    record = wait_for_job(devcluster, job, timeout_s=240)
+    assert record["JobState"] == "COMPLETED" and LEMON not in record["NodeList"], job_output(tmp_path, job)
+    start = json.loads((tmp_path / f"trainctl-gate-{job}" / "journal.jsonl").read_text().splitlines()[0])
+    assert LEMON not in start["nodes"]
+
+
+def lemon_drained_and_kept_drained(devcluster, opting: Path, jobs: list[str]) -> None:
+    def trainctl(*args):
+        done = subprocess.run([TRAINCTL, *args, "--site", str(opting), "--apply", "--json"], capture_output=True,
+                              text=True, timeout=120, env=devcluster.client_env())
+        assert done.returncode == 0, done.stderr
+        return {action["host"]: action for action in json.loads(done.stdout)["actions"]}
+
+    try:
+        drained = trainctl("drain", "--lemons")[LEMON]
+        head = "trainctl: fleet.lemon: 3 strikes in 7 days: "
+        reason = drained["text"]   # the jobs in the order they struck (Slurm runs the queued three in any order)
+        assert drained["action"] == "drain" and reason.startswith(head)
+        assert sorted(reason[len(head):].split(", ")) == sorted(f"job {job}" for job in jobs)
+        shown = run_checked(["sinfo", "-h", "-n", LEMON, "-o", "%E"], timeout=15, env=devcluster.client_env())
+        assert shown.stdout.strip() == reason
+        kept = trainctl("resume")[LEMON]
+        assert kept["action"] == "skip" and kept["text"].startswith("kept drained: still a lemon")
+    finally:
+        run_checked(["scontrol", "update", f"nodename={LEMON}", "state=resume"], timeout=15,
+                    env=devcluster.client_env())

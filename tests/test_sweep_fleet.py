@@ -1,0 +1,335 @@
+"""Fleet memory: jobs' journals folded into the sweep history once, the lemon rule, the report's
+per-node columns, submit's and drain's opt-ins, and the bad journals refused with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.sweeps import DAY, night
+from trainctl.errors import UsageError
+from trainctl.site import FleetConfig
+from trainctl.slurm import NodeState
+from trainctl.sweep import render
+from trainctl.sweep.db import BASE_TABLES, FLEET_TABLES, TABLES, History
+from trainctl.sweep.drain import (DRAIN, LEMON_CHECK, RECHECK, SKIP, Action, keep_lemons_drained,
+                                  plan_lemon_drains)
+from trainctl.sweep.fleet import (DETECTION, EXCLUSION, SERVED, JournalRefused, LemonRule, current_lemons,
+                                  find_lemons, fold_journals, parse_journal_bytes)
+from trainctl.sweep.report import build_report, load_report_data
+
+TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
+RULE = LemonRule.from_site(FleetConfig())
+NOW = time.time()
+
+
+def journal_lines(job: str, t: float, *, bad: str = "n3", site: str = "test", detection: str | None = None,
+                  ended: bool = True) -> list[dict]:
+    """A journal as the supervisor writes it: the gate leaves `bad` out, n1-n2 train (and, with
+    `detection`, the watch names n2 and the step is ended by it)."""
+    events = [{"t": t, "event": "job_start", "job": job, "site": site, "attempt": 1, "nodes": ["n1", "n2", bad]},
+              {"t": t + 1, "event": "node_verdict", "node": "n1", "verdict": "chosen", "reasons": []},
+              {"t": t + 1, "event": "node_verdict", "node": bad, "verdict": "excluded",
+               "reasons": ["gpu.nvlink: GPU 3 link 5 inactive", "gpu.xid: Xid 74"]},
+              {"t": t + 2, "event": "training_start", "nodes": "n[1-2]", "master_addr": "n1"}]
+    if detection:
+        events += [{"t": t + 3, "event": "detection", "kind": detection, "suspects": ["n2"],
+                    "evidence": "n2 steps 2.1x slower", "details": {}},
+                   {"t": t + 4, "event": "step_end", "status": 143, "cause": f"ended by the watch ({detection})"}]
+    else:
+        events.append({"t": t + 4, "event": "step_end", "status": 0, "cause": "completed"})
+    if ended:
+        events.append({"t": t + 5, "event": "job_end", "status": 0})
+    return events
+
+
+def write_journal(path: Path, events: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(event) + "\n" for event in events))
+    return path
+
+
+def parsed(events, **kwargs):
+    text = "".join(json.dumps(event) + "\n" for event in events).encode()
+    return parse_journal_bytes(text, **{"named_job": "7", "site": "test", "now": NOW} | kwargs)
+
+
+# ---------------------------------------------------------------- reading a journal (pure)
+
+def test_a_journal_gives_exclusions_detections_and_the_nodes_that_served():
+    got = parsed(journal_lines("7", NOW - 100, detection="slow"))
+    by_kind = {(e.kind, e.host): e for e in got.events}
+    assert set(by_kind) == {(EXCLUSION, "n3"), (DETECTION, "n2"), (SERVED, "n1")}  # n2 was named: not served
+    assert by_kind[(EXCLUSION, "n3")].what == "gpu.nvlink, gpu.xid"
+    assert "GPU 3 link 5 inactive" in by_kind[(EXCLUSION, "n3")].detail
+    assert by_kind[(DETECTION, "n2")].what == "slow" and by_kind[(DETECTION, "n2")].detail == "n2 steps 2.1x slower"
+    assert got.job_id == "7" and got.status == 0 and got.lines == 7
+
+
+def test_a_step_that_failed_on_its_own_serves_nobody():
+    events = journal_lines("7", NOW - 100)
+    events[4] = {"t": NOW - 96, "event": "step_end", "status": 1, "cause": "exit status 1"}
+    assert [e.kind for e in parsed(events).events] == [EXCLUSION]
+
+
+def test_a_torn_last_line_is_left_for_the_next_fold():
+    text = "".join(json.dumps(e) + "\n" for e in journal_lines("7", NOW - 100))
+    got = parse_journal_bytes(text.encode() + b'{"t": 1, "ev', named_job="7", site="test", now=NOW)
+    assert got.lines == 6 and got.size == len(text.encode())
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda ev: ev[:2] + ["not json"] + ev[2:], "line 3 is not a journal event: damaged"),
+    (lambda ev: ev[1:], "does not begin with job_start"),
+    (lambda ev: [dict(ev[0], site="elsewhere")] + ev[1:], "from site 'elsewhere', not 'test'"),
+    (lambda ev: ev + [{"t": NOW + 7 * DAY, "event": "job_end", "status": 0}], "is from the future"),
+    (lambda ev: [dict(ev[0], job="8")] + ev[1:], "names job '8', but its file is job '7''s"),
+    (lambda ev: ev[:2] + [dict(ev[2], node="../etc")] + ev[3:], "damaged"),
+])
+def test_a_journal_trainctl_never_wrote_is_refused(change, message):
+    events = change(journal_lines("7", NOW - 100))
+    text = "".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events)
+    with pytest.raises(JournalRefused, match=message.replace("(", r"\(")):
+        parse_journal_bytes(text.encode(), named_job="7", site="test", now=NOW)
+
+
+# ---------------------------------------------------------------- folding into the history
+
+def counts(db: Path) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT host, kind, COUNT(*) FROM job_events GROUP BY host, kind ORDER BY 1, 2").fetchall()
+
+
+def test_folding_is_idempotent_copies_add_nothing_and_a_grown_journal_adds_its_new_lines(tmp_path):
+    drop = tmp_path / "drop"
+    first = write_journal(drop / "7.jsonl", journal_lines("7", NOW - 3600, ended=False)[:4])
+    db = tmp_path / "h.db"
+    with History.open(db, write=True) as history:
+        assert fold_journals(history, [str(first)], site="test", now=NOW).folded == 1
+        once = counts(db)
+        assert once == [("n3", EXCLUSION, 1)]
+        write_journal(first, journal_lines("7", NOW - 3600))              # the job went on and ended
+        copy = write_journal(tmp_path / "submit" / "trainctl-gate-7" / "journal.jsonl", journal_lines("7", NOW - 3600))
+        result = fold_journals(history, [str(first), str(copy), str(first)], site="test", now=NOW)
+        assert (result.folded, result.unchanged, result.refused) == (1, 2, [])
+        assert counts(db) == [("n1", SERVED, 1), ("n2", SERVED, 1), ("n3", EXCLUSION, 1)]
+        again = fold_journals(history, [str(first), str(copy)], site="test", now=NOW)
+        assert (again.folded, again.unchanged) == (0, 2)
+        assert counts(db) == [("n1", SERVED, 1), ("n2", SERVED, 1), ("n3", EXCLUSION, 1)]
+
+
+def test_bad_journals_cost_one_line_each_and_change_nothing(tmp_path):
+    drop = tmp_path / "drop"
+    good = write_journal(drop / "7.jsonl", journal_lines("7", NOW - 3600))
+    db = tmp_path / "h.db"
+    said = []
+    with History.open(db, write=True) as history:
+        fold_journals(history, [str(good)], site="test", now=NOW)
+        before = counts(db)
+        write_journal(drop / "7.jsonl", journal_lines("7", NOW - 3600)[:3])                 # cut short
+        write_journal(drop / "8.jsonl", journal_lines("8", NOW - 3600, site="other"))        # another site
+        write_journal(drop / "9.jsonl", journal_lines("9", NOW + 2 * DAY))                   # the future
+        (drop / "10.jsonl").write_bytes(b"\x00\xff" * 100 + b"\n")                          # damaged
+        write_journal(drop / "11.jsonl", journal_lines("11", NOW - 3600 + 50))
+        os.mkfifo(drop / "12.jsonl")                                                         # never blocks
+        write_journal(tmp_path / "again" / "11.jsonl", [dict(journal_lines("11", NOW - 999)[0])])  # another job 11
+        paths = sorted(str(p) for p in drop.iterdir()) + [str(tmp_path / "again" / "11.jsonl")]
+        result = fold_journals(history, paths, site="test", now=NOW, say=said.append)
+    assert result.folded == 1 and len(result.refused) == len(said) == 6
+    assert all(line.count("\n") == 0 and line.endswith("; skipped") for line in said)
+    joined = "\n".join(said)
+    for expected in ("fewer than the 6 folded in", "from site 'other'", "from the future", "not a journal event",
+                     "not a regular file", "a different job with the same id"):
+        assert expected in joined
+    assert before == [("n1", SERVED, 1), ("n2", SERVED, 1), ("n3", EXCLUSION, 1)]
+    assert counts(db) == [("n1", SERVED, 2), ("n2", SERVED, 2), ("n3", EXCLUSION, 2)]   # job 11 only
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT job_id FROM jobs ORDER BY job_id").fetchall() == [("11",), ("7",)]
+        assert conn.execute("SELECT COUNT(*) FROM job_events WHERE kind = 'exclusion'").fetchone() == (2,)
+
+
+def test_a_version_1_history_is_read_without_job_rows_and_gains_the_tables_at_its_first_write(tmp_path):
+    db = tmp_path / "old.db"
+    with History.open(db, write=True) as history:
+        night(history, NOW - DAY, {"n1": "ok"})
+    with sqlite3.connect(db) as conn:   # back to what trainctl wrote before fleet memory
+        conn.executescript("DROP TABLE job_events; DROP TABLE jobs; UPDATE schema_version SET version = 1;")
+    with History.open(db) as history:
+        assert history.version == 1 and history.job_counts(0) == [] and history.folded_jobs() == {}
+        report = build_report(load_report_data(history, NOW - 7 * DAY, RULE, NOW), NOW, NOW - 7 * DAY)
+        assert report.fleet.lemons == ()
+    with History.open(db, write=True) as history:
+        assert history.version == 2
+        fold_journals(history, [str(write_journal(tmp_path / "7.jsonl", journal_lines("7", NOW - 60)))],
+                      site="test", now=NOW)
+    assert counts(db)[-1] == ("n3", EXCLUSION, 1)
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("UPDATE job_events SET kind = 'sabotage' WHERE host = 'n3'", "kind 'sabotage' unknown"),
+    ("UPDATE job_events SET host = 'n[1-9]' WHERE host = 'n3'", "host 'n[1-9]' is not a node name"),
+    ("UPDATE jobs SET started_at = 'yesterday'", "is not a time"),
+    ("DELETE FROM jobs", "event of job '7'"),
+])
+def test_the_integrity_verdict_covers_the_job_tables(tmp_path, sql, message):
+    db = tmp_path / "h.db"
+    with History.open(db, write=True) as history:
+        fold_journals(history, [str(write_journal(tmp_path / "7.jsonl", journal_lines("7", NOW - 60)))],
+                      site="test", now=NOW)
+    with sqlite3.connect(db) as conn:
+        conn.execute(sql)
+    before = db.read_bytes()
+    for judged in (TABLES, FLEET_TABLES):   # a sweep judges every table; `history ingest` the job tables
+        with pytest.raises(UsageError, match="damaged sweep history") as refused:
+            History.open(db, write=True, judged=judged)
+        assert message in str(refused.value)
+    assert db.read_bytes() == before
+
+
+def test_a_foreign_table_beside_the_job_tables_is_refused(tmp_path):
+    db = tmp_path / "h.db"
+    History.open(db, write=True).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE job_events")
+    with pytest.raises(UsageError, match="no table job_events"):
+        History.open(db)
+    assert "jobs" not in BASE_TABLES
+
+
+# ---------------------------------------------------------------- the lemon rule and the report
+
+def history_with_three_jobs_and_a_sweep(tmp_path) -> Path:
+    db = tmp_path / "h.db"
+    paths = [str(write_journal(tmp_path / f"{job}.jsonl", journal_lines(job, NOW - DAY * day, detection=kind)))
+             for job, day, kind in (("101", 3, None), ("102", 2, "slow"), ("103", 1, None))]
+    with History.open(db, write=True) as history:
+        fold_journals(history, paths, site="test", now=NOW)
+        night(history, NOW - DAY / 2, {"n1": "ok", "n2": "ok", "n4": {"gpu.xid": ("fail", "Xid 79")}})
+    return db
+
+
+def test_three_jobs_that_left_a_node_out_make_it_a_lemon_with_its_evidence(tmp_path):
+    db = history_with_three_jobs_and_a_sweep(tmp_path)
+    with History.open(db) as history:
+        lemons = current_lemons(history, RULE, NOW)
+        report = build_report(load_report_data(history, NOW - 7 * DAY, RULE, NOW), NOW, NOW - 7 * DAY)
+    assert [(lemon.host, lemon.strikes, lemon.jobs) for lemon in lemons] == [("n3", 3.0, ("job 101", "job 102",
+                                                                                         "job 103"))]
+    nodes = {n.host: n for n in report.fleet.nodes}
+    assert (nodes["n3"].jobs_excluded, nodes["n3"].jobs_served) == (3, 0)
+    assert (nodes["n2"].detections, nodes["n2"].jobs_served) == (1, 2)
+    assert (nodes["n1"].jobs_served, nodes["n4"].sweeps_failed) == (3, 1)
+    text = render.to_text(report)
+    assert "LEMONS (3 strikes in 7 days" in text and "n3  3 strikes, 3 jobs" in text
+    assert "job 102 gate left it out: gpu.nvlink: GPU 3 link 5 inactive" in text
+    document = json.loads(render.to_json(report))["fleet"]
+    assert document["lemons"][0]["host"] == "n3" and len(document["lemons"][0]["evidence"]) == 3
+    assert "**n3**: 3 strikes, 3 jobs" in render.to_markdown(report)
+    page = render.to_html(report)
+    assert '<h3 class="lemon" data-host="n3">' in page and page.count('<tr data-kind="exclusion">') == 3
+    prom = render.to_prometheus([], [], [], None, report.fleet)
+    assert 'trainctl_node_jobs_excluded{node="n3"} 3' in prom and 'trainctl_node_lemon_strikes{node="n3"} 3' in prom
+
+
+def test_strikes_are_weighted_by_kind_and_a_job_strikes_a_node_once_per_kind():
+    from trainctl.sweep.model import JobEventRow
+
+    events = [JobEventRow("1", line, "n9", EXCLUSION, 100.0 + line, "gpu.xid", "") for line in (2, 9)]  # two rounds
+    events.append(JobEventRow("2", 3, "n9", DETECTION, 200.0, "slow", "2x"))
+    heavy = LemonRule(strikes=3, days=7, exclusion=1, detection=2, sweep=0.5)
+    assert [lemon.strikes for lemon in find_lemons(heavy, events, [])] == [3.0]
+    assert find_lemons(LemonRule(3, 7, 1, 1, 1), events, []) == []
+    assert [lemon.strikes for lemon in find_lemons(heavy, events[:1], [("n9", 4, 300.0, "gpu.xid: Xid 79")] * 4)] \
+        == [3.0]
+
+
+def test_drain_plans_lemons_like_sweep_failures_and_resume_keeps_a_lemon_drained():
+    db_lemons = find_lemons(RULE, [], [(host, n, 1.0, "x") for host in ("n1", "n2", "n3") for n in range(3)])
+    states = {"n1": NodeState("n1", "n1", "idle", "", "", "", ""),
+              "n2": NodeState("n2", "n2", "drained", "", "maintenance", "root", "2026-11-27T10:00:00")}
+    actions = {a.host: a for a in plan_lemon_drains(db_lemons, RULE, states, [])}
+    assert actions["n1"].action == DRAIN and actions["n1"].text.startswith("trainctl: fleet.lemon: 3 strikes in 7 days")
+    assert actions["n2"].action == SKIP and "did not set" in actions["n2"].text
+    assert actions["n3"].action == SKIP and actions["n3"].text == "not known to Slurm"
+    candidates = [Action("n1", RECHECK, "", LEMON_CHECK, 1), Action("n5", RECHECK, "", LEMON_CHECK, 2),
+                  Action("n6", RECHECK, "", "gpu.xid", 3)]
+    recheck, kept = keep_lemons_drained(candidates, {"n1", "n6"}, RULE)
+    assert [a.host for a in recheck] == ["n5", "n6"] and [a.host for a in kept] == ["n1"]
+
+
+# ---------------------------------------------------------------- the commands
+
+def site_file(tmp_path: Path, db: Path, **fleet) -> Path:
+    settings = "".join(f"{key} = {json.dumps(value)}\n" for key, value in fleet.items())
+    path = tmp_path / "test.toml"
+    path.write_text(f'name = "test"\ndefault_partition = "p"\n[partitions.p]\ngpus_per_node = 0\n'
+                    f'socket_ifname = "lo"\n[sweep]\ndb = "{db}"\n[fleet]\n{settings}')
+    return path
+
+
+def test_history_ingest_folds_the_sites_journal_dir_once_and_says_what_it_refused(tmp_path):
+    drop = tmp_path / "drop"
+    write_journal(drop / "7.jsonl", journal_lines("7", NOW - 60))
+    write_journal(drop / "8.jsonl", journal_lines("8", NOW - 60, site="other"))
+    site = site_file(tmp_path, tmp_path / "h.db", journal_dir=str(drop))
+    for _ in range(2):
+        out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site), "--json"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 1, out.stderr
+        assert out.stderr.count("from site 'other'") == 1
+    assert json.loads(out.stdout)["unchanged"] == 1 and counts(tmp_path / "h.db")[-1] == ("n3", EXCLUSION, 1)
+
+
+def test_submit_leaves_the_lemons_out_where_the_site_opts_in_and_keeps_them_on_request(tmp_path):
+    db = history_with_three_jobs_and_a_sweep(tmp_path)
+    site = site_file(tmp_path, db, submit_excludes_lemons=True)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    probe = ("import sys; from trainctl.cli import main; code = main(sys.argv[1:]); "
+             "print('sqlite3 imported' if 'sqlite3' in sys.modules else 'no sqlite3', file=sys.stderr)")
+
+    def submit(*extra):
+        return subprocess.run([sys.executable, "-c", probe, "submit", "--site", str(site), "--nodes", "2",
+                               "--dry-run", *extra, "--", "train.py"], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path)
+    opted = submit()
+    assert opted.returncode == 0, opted.stderr
+    assert "leaving out the site's lemons (1): n3" in opted.stderr and "#SBATCH --exclude=n3\n" in opted.stdout
+    kept = submit("--keep-lemons")
+    assert "#SBATCH --exclude" not in kept.stdout and "leaving out" not in kept.stderr
+    assert "no sqlite3" in kept.stderr     # a submit that does not look at the lemons never loads the history code
+    site.write_text(site.read_text().replace("submit_excludes_lemons = true", ""))
+    assert "#SBATCH --exclude=n3" in submit("--exclude-lemons").stdout
+
+
+def test_submit_reads_the_published_lemons_file_and_never_the_history(tmp_path):
+    db = history_with_three_jobs_and_a_sweep(tmp_path)
+    lemons = tmp_path / "shared" / "lemons.json"
+    lemons.parent.mkdir()
+    site = site_file(tmp_path, db, lemons_file=str(lemons), submit_excludes_lemons=True)
+    out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "1 lemon(s) written to" in out.stderr, out.stderr
+    assert json.loads(lemons.read_text())["lemons"][0]["host"] == "n3"
+    db.rename(tmp_path / "elsewhere.db")   # a login node that cannot see the history
+    (tmp_path / "train.py").write_text("print('hi')\n")
+
+    def submit():
+        return subprocess.run([TRAINCTL, "submit", "--site", str(site), "--nodes", "2", "--dry-run", "--",
+                               "train.py"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    opted = submit()
+    assert opted.returncode == 0 and "#SBATCH --exclude=n3\n" in opted.stdout, opted.stderr
+    document = json.loads(lemons.read_text())
+    for change, said in (({"site": "other"}, "of site 'other', not 'test'"),
+                         ({"generated_at": NOW - 30 * DAY}, "not within the rule's 7 days"),
+                         ({"lemons": [{"host": "n[1-9]"}]}, "is not a node name")):
+        lemons.write_text(json.dumps(document | change))
+        refused = submit()
+        assert refused.returncode == 0 and "#SBATCH --exclude" not in refused.stdout
+        assert "warning: not leaving out the site's lemons: lemons file" in refused.stderr and said in refused.stderr
