@@ -43,8 +43,9 @@ def unknown_checks(names: Iterable[str]) -> list[str]:
 def check_site_check_names(loaded: LoadedSite) -> None:
     """gate.checks, sweep.checks and watch.checks name checks that exist. Checked by the commands
     that start work elsewhere (site show, submit, sweep), not at every load."""
-    for key, names in (("gate.checks", loaded.config.gate.checks), ("sweep.checks", loaded.config.sweep.checks),
-                       ("watch.checks", loaded.config.watch.checks)):
+    config = loaded.config
+    for key, names in (("gate.checks", config.gate.checks), ("sweep.checks", config.sweep.checks),
+                       ("watch.checks", config.watch.checks)):
         unknown = unknown_checks(names)
         if unknown:
             raise ConfigError(f"{loaded.path}: {key}: unknown check(s) "

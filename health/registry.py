@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from trainctl.errors import UsageError
-from trainctl.health.check_names import CHECK_NAMES, check_site_check_names  # noqa: F401  (job/agent.py imports it here)
+# check_site_check_names: job/agent.py imports it from here
+from trainctl.health.check_names import CHECK_NAMES, check_site_check_names  # noqa: F401
 from trainctl.health.snapshot import INPUTS
 from trainctl.health.status import CheckResult, Finding
 

@@ -1,7 +1,7 @@
 """The folders' import graph, read from the source with ast: the job room (job/) sits above
 health/, sweep/ and launcher/; health/ imports none of the others; no cycle between folders.
 And what the login-node commands import when they run: none of health/'s checks, parsers or
-probes (they cost a third of `submit --dry-run`'s start-up; bench/submit_dryrun.py)."""
+probes (they cost a third of `submit --dry-run`'s start-up; bench/login_path.py)."""
 
 from __future__ import annotations
 
@@ -105,15 +105,16 @@ LOGIN_COMMANDS = {
     "--help": (["--help"], set()),
 }
 REPORT_MODULES = ("import sys, json; from trainctl.cli import main; rc = main(sys.argv[1:]); "
-                  "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith('trainctl.health'))]), "
-                  "file=sys.stderr)")
+                  "health = sorted(m for m in sys.modules if m.startswith('trainctl.health')); "
+                  "print(json.dumps([rc, health]), file=sys.stderr)")
 
 
 @pytest.mark.parametrize("name", LOGIN_COMMANDS)
 def test_a_login_node_command_imports_only_the_health_modules_it_needs(name, tmp_path):
     job_dir = tmp_path / "trainctl-gate-8"
     job_dir.mkdir()
-    (job_dir / "journal.jsonl").write_text(json.dumps({"t": 100.0, "event": "job_start", "attempt": 1}) + "\n")
+    start = {"t": 100.0, "event": "job_start", "attempt": 1}
+    (job_dir / "journal.jsonl").write_text(json.dumps(start) + "\n")
     db = history_with_one_sweep(tmp_path / "sweeps.db")
     bin_dir = tmp_path / "bin"      # drain plans against Slurm's node states: a Slurm that knows no node
     bin_dir.mkdir()
@@ -122,7 +123,7 @@ def test_a_login_node_command_imports_only_the_health_modules_it_needs(name, tmp
     args, allowed = LOGIN_COMMANDS[name]
     argv = [arg.format(job_dir=job_dir, db=db) for arg in args]
     result = subprocess.run([sys.executable, "-c", REPORT_MODULES, *argv], capture_output=True, text=True,
-                            timeout=60, cwd=tmp_path, env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"))
+                            timeout=60, cwd=tmp_path, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     returncode, imported = json.loads(result.stderr.splitlines()[-1])
     assert returncode == 0, result.stderr
     assert set(imported) <= allowed, sorted(set(imported) - allowed)
