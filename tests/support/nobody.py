@@ -24,17 +24,22 @@ DISTRIBUTION = "slurm-trainctl"
 
 
 def setpriv_nobody() -> list[str]:
-    """The argv prefix that runs a command as uid/gid nobody with no supplementary groups."""
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        raise RuntimeError("setpriv (util-linux) is needed to run trainctl as nobody")
-    return [setpriv, f"--reuid={NOBODY_UID}", f"--regid={NOBODY_GID}", "--clear-groups"]
+    """The argv prefix that runs a command as uid/gid nobody with no supplementary groups.
+
+    setpriv execs its program while it still holds root's capabilities (they go at that exec),
+    so it would start an interpreter that nobody cannot reach; env(1), started by setpriv, execs
+    the command with nobody's rights alone."""
+    setpriv, env = shutil.which("setpriv"), shutil.which("env")
+    if setpriv is None or env is None:
+        raise RuntimeError("setpriv (util-linux) and env are needed to run trainctl as nobody")
+    return [setpriv, f"--reuid={NOBODY_UID}", f"--regid={NOBODY_GID}", "--clear-groups", env]
 
 
 def _runs_as_nobody(python: str) -> bool:
-    """Whether nobody can start `python` and it is this interpreter's version."""
+    """Whether nobody can start `python`, which finds its standard library and is of this version."""
+    probe = "import sys, json, sqlite3; print(sys.version_info[:2])"
     try:
-        result = subprocess.run([*setpriv_nobody(), python, "-c", "import sys; print(sys.version_info[:2])"],
+        result = subprocess.run([*setpriv_nobody(), python, "-I", "-c", probe],
                                 capture_output=True, text=True, timeout=30, cwd="/")
     except (OSError, subprocess.TimeoutExpired):
         return False
