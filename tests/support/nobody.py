@@ -1,8 +1,8 @@
 """trainctl as another user (nobody), from an install that user can reach wherever the clone lies.
 
-The tests run against the clone's .venv. Cloned into /root (0700 on Debian), nobody can reach
-neither that .venv nor, when the venv was made from an interpreter under /root (pyenv), its
-interpreter. So the tests that run trainctl as nobody get their own install: a virtual
+The tests run against the clone's .venv. Cloned into /root (0700 on Debian), that .venv is out of
+nobody's reach, and so is its interpreter when the venv was made from one under /root (pyenv).
+So the tests that run trainctl as nobody get their own install: a virtual
 environment under a 755 temporary folder, made from an interpreter of the same Python version
 that nobody can run, holding copies of the installed files of slurm-trainctl and of what it
 requires (not its extras: nobody runs login-node commands, which need no torch).
