@@ -10,12 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from test_hostile import history_with_one_sweep
+from support.sweeps import night
 from trainctl.health.check_names import CHECK_NAMES
+from trainctl.sweep.db import History
 
 REPO = Path(__file__).resolve().parents[1]
 # folder -> the name it is installed under (setup.py's ROOTS, the Python packages)
@@ -115,7 +117,9 @@ def test_a_login_node_command_imports_only_the_health_modules_it_needs(name, tmp
     job_dir.mkdir()
     start = {"t": 100.0, "event": "job_start", "attempt": 1}
     (job_dir / "journal.jsonl").write_text(json.dumps(start) + "\n")
-    db = history_with_one_sweep(tmp_path / "sweeps.db")
+    db = tmp_path / "sweeps.db"
+    with History.open(db, write=True) as history:
+        night(history, time.time() - 3600, {"gpu1": "ok", "gpu2": {"ib.ports": ("fail", "mlx5_2/1 Down")}})
     bin_dir = tmp_path / "bin"      # drain plans against Slurm's node states: a Slurm that knows no node
     bin_dir.mkdir()
     (bin_dir / "sinfo").write_text("#!/bin/sh\nexit 0\n")
