@@ -7,6 +7,7 @@ medians and ratios to a named floor, never absolute targets.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import subprocess
@@ -68,3 +69,46 @@ def print_table(medians: dict[str, float], floor: str, targets: dict[str, float]
         print(f"{name:<44} {value * 1e3:>10.1f} {ratio:>7.2f}  {note}")
     print(f"(ratio = median / median of {floor!r})")
     return all_met
+
+
+def time_and_cpu_once(argv: list[str], env: dict[str, str] | None = None,
+                      timeout_s: float = 120.0) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one run of `argv`. The CPU time leaves out
+    the time the process waited for a core, which is most of the noise on a shared machine."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    killer = threading.Timer(timeout_s, proc.kill)
+    killer.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        killer.cancel()
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    return elapsed, usage.ru_utime + usage.ru_stime
+
+
+def paired_ratios(pairs: dict[str, tuple[list[str], list[str]]], rounds: int, warmup: int = 2,
+                  env: dict[str, str] | None = None) -> dict[str, dict[str, float]]:
+    """For each named (floor argv, command argv) pair, the medians of: the floor's and the command's
+    wall seconds, the rounds' wall ratios command/floor, and their CPU-time ratios. Every round
+    runs each pair once, its two halves back to back in a shuffled order, so that a neighbour's
+    burst of load lands on both halves of a ratio."""
+    for _ in range(warmup):
+        for floor, command in pairs.values():
+            time_once(floor, env)
+            time_once(command, env)
+    samples: dict[str, list[tuple[tuple[float, float], tuple[float, float]]]] = {name: [] for name in pairs}
+    rng = random.Random(0)
+    for name in interleaved(pairs, rounds):
+        halves = list(enumerate(pairs[name]))
+        rng.shuffle(halves)
+        measured = {which: time_and_cpu_once(argv, env) for which, argv in halves}
+        samples[name].append((measured[0], measured[1]))
+    return {name: {"floor_s": statistics.median(f[0] for f, _ in runs),
+                   "command_s": statistics.median(c[0] for _, c in runs),
+                   "ratio": statistics.median(c[0] / f[0] for f, c in runs),
+                   "cpu_ratio": statistics.median(c[1] / f[1] for f, c in runs)}
+            for name, runs in samples.items()}

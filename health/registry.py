@@ -12,14 +12,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from trainctl.errors import ConfigError, UsageError
+from trainctl.errors import UsageError
+# check_site_check_names: job/agent.py imports it from here
+from trainctl.health.check_names import CHECK_NAMES, check_site_check_names  # noqa: F401
 from trainctl.health.snapshot import INPUTS
 from trainctl.health.status import CheckResult, Finding
-
-if TYPE_CHECKING:
-    from trainctl.site import LoadedSite
 
 
 @dataclass(frozen=True)
@@ -49,8 +47,9 @@ def check(name: str, description: str, *, needs: Iterable[str] = (), uses: Itera
 
         spec = CheckSpec(name, description, tuple(needs), tuple(uses), hardware, run)
         unknown = [i for i in spec.needs + spec.uses if i not in INPUTS]
-        if name in _REGISTRY or unknown:
-            raise ValueError(f"check {name!r}: registered twice or unknown inputs {unknown}")
+        if name in _REGISTRY or name not in CHECK_NAMES or unknown:
+            raise ValueError(f"check {name!r}: registered twice, not listed in check_names.CHECK_NAMES, "
+                             f"or unknown inputs {unknown}")
         _REGISTRY[name] = spec
         return run
     return register
@@ -70,13 +69,6 @@ def parse_check_list(text: str, option: str = "--only") -> tuple[str, ...]:
     return names
 
 
-def unknown_checks(names: Iterable[str]) -> list[str]:
-    """The names that are neither a check, a family of checks, nor "all"."""
-    specs = all_checks()
-    known = {spec.name for spec in specs} | {spec.name.split(".")[0] for spec in specs} | {"all"}
-    return sorted(set(names) - known)
-
-
 def select_checks(only: Iterable[str] | None = None) -> list[CheckSpec]:
     """Checks named in `only` (full names, or families such as "gpu"); all when None."""
     specs = all_checks()
@@ -89,20 +81,3 @@ def select_checks(only: Iterable[str] | None = None) -> list[CheckSpec]:
         raise UsageError(f"unknown check(s): {', '.join(sorted(unknown))}",
                          hint="trainctl health list shows them")
     return [s for s in specs if s.name in wanted or s.name.split(".")[0] in wanted]
-
-
-SHOWN_NAME_CHARS = 60
-
-
-def check_site_check_names(loaded: LoadedSite) -> None:
-    """gate.checks, sweep.checks and watch.checks name checks that exist. Checked by the commands
-    that start work elsewhere (site show, submit, sweep): a misspelt name would otherwise fail
-    inside the job, after the allocation. Not at every load: the registry imports every check module."""
-    for key, names in (("gate.checks", loaded.config.gate.checks), ("sweep.checks", loaded.config.sweep.checks),
-                       ("watch.checks", loaded.config.watch.checks)):
-        unknown = unknown_checks(names)
-        if unknown:
-            raise ConfigError(f"{loaded.path}: {key}: unknown check(s) "
-                              f"{', '.join(repr(name[:SHOWN_NAME_CHARS]) for name in unknown[:5])}"
-                              + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
-                              hint="trainctl health list shows the checks and families")

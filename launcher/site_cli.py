@@ -33,7 +33,7 @@ def list_sites(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: key -> {value, source}.")
 def show_site(name: str, as_json: bool) -> None:
     """Print every setting of site NAME (a name or a .toml path) and where it came from."""
-    from trainctl.health.registry import check_site_check_names
+    from trainctl.health.check_names import check_site_check_names
     from trainctl.site import flatten, load_site
 
     loaded = load_site(name)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from trainctl.errors import ExternalCommandError, UsageError
-from trainctl.ssh import check_port, connect
 from trainctl.validate import not_a_regular_file
 
 SBATCH_TIMEOUT_S = 60.0
@@ -98,6 +97,8 @@ class RemoteTarget(NamedTuple):
 
 def parse_remote(text: str, default_user: str) -> RemoteTarget:
     """`[USER@]HOST[:PORT]`."""
+    from trainctl.ssh import check_port  # not at the top: trainctl.ssh brings subprocess and socket
+
     match = _REMOTE.fullmatch(text.strip())
     if not match:
         raise UsageError(f"--remote {text!r}: expected [USER@]HOST[:PORT]")
@@ -113,6 +114,8 @@ def submit_remote(render: Callable[[str], str], sbatch_argv: list[str], target: 
     import shlex
 
     import paramiko
+
+    from trainctl.ssh import connect
 
     client = connect(target.user, target.host, target.port, identity=identity, known_hosts=known_hosts)
     try:

@@ -78,7 +78,7 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     from trainctl.errors import UsageError
     from trainctl.launcher.plan import SubmitRequest, plan_job
     from trainctl.launcher.render import command_line, render_script, sbatch_argv
-    from trainctl.health.registry import check_site_check_names
+    from trainctl.health.check_names import check_site_check_names
     from trainctl.site import load_site
     from trainctl.launcher.submit import check_local_script, parse_remote
 
@@ -204,12 +204,13 @@ def _refuse_undecodable(args: tuple[str, ...]) -> None:
     """The job script is UTF-8 text: an argument that is not UTF-8 (Python holds its bytes as
     surrogates) could not reach the job exactly, so it is refused rather than mangled."""
     from trainctl.errors import UsageError
-    from trainctl.text import printable
 
     for arg in args:
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:
+            from trainctl.text import printable  # here: its patterns cost a dry run ~1 ms to compile
+
             raise UsageError(f"argument '{printable(arg)}' is not valid UTF-8: the job script cannot carry it "
                              "exactly") from None
 

@@ -33,7 +33,7 @@ def _load_site(site: str | None, *, runs_checks: bool = False):
     check names are checked first (a sweep would otherwise find a misspelt one on every node)."""
     if site is None:
         return None, None
-    from trainctl.health.registry import check_site_check_names
+    from trainctl.health.check_names import check_site_check_names
     from trainctl.site import load_site
 
     loaded = load_site(site)

@@ -42,6 +42,23 @@ def devcluster() -> Iterator[DevCluster]:
         cluster.down()
 
 
+@pytest.fixture(scope="session")
+def nobody_python() -> Iterator[str]:
+    """An interpreter that user nobody can run, with trainctl installed where nobody can read it
+    (tests/support/nobody.py): the clone's .venv may lie where only root can enter (/root)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from support.nobody import make_install
+
+    root = Path(tempfile.mkdtemp(prefix="trainctl-nobody-"))
+    try:
+        yield make_install(root)
+    finally:
+        shutil.rmtree(root)
+
+
 @pytest.fixture(autouse=True)
 def _no_unkillable_drain_carried_over(request) -> Iterator[None]:
     """A cluster test starts with no node drained by Slurm for "Kill task failed" (an earlier

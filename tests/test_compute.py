@@ -50,6 +50,19 @@ def test_a_slow_minority_cannot_drag_the_reference_down():
     assert slow == {"node2", "node3"}
 
 
+def test_with_one_slow_node_in_four_a_healthy_node_falls_only_below_half_the_next_healthy_one():
+    # The reference is the mean of the two middle figures: the slowest healthy node's own and the
+    # next one's. At factor 0.65 a healthy node is slow only under 0.65 / (2 - 0.65) = 0.48x the
+    # next healthy node: 0.144 against 0.186 TFLOPS (0.77x) is no fail-slow, 0.085 against 0.186 is.
+    def slow_hosts(node1_tflops: float) -> set[str]:
+        figures = [GpuFigures(host, -1, "cpu", t, 30.0) for host, t in
+                   (("node1", node1_tflops), ("node2", 0.19), ("node3", 0.04), ("node4", 0.186))]
+        return {v.figures.host for v in judge(figures, factor=0.65) if v.status == SLOW}
+
+    assert slow_hosts(0.144) == {"node3"}
+    assert slow_hosts(0.085) == {"node1", "node3"}
+
+
 def test_noise_within_the_factor_is_ok():
     figures = [GpuFigures(f"node{i}", -1, "cpu", t, 30.0) for i, t in enumerate([0.10, 0.09, 0.085, 0.11], 1)]
     assert {v.status for v in judge(figures)} == {OK}

@@ -4,8 +4,6 @@ import hashlib
 import json
 import shutil
 import subprocess
-import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -105,13 +103,10 @@ def test_a_drain_an_admin_took_over_is_released_never_resumed(cluster, tmp_path)
     assert drain.closed_how.startswith("released")
 
 
-def as_nobody(cluster, *args) -> subprocess.CompletedProcess:
-    """trainctl as user nobody. The venv's interpreter lives under /root; the system Python of the
-    same version runs the same installed trainctl from the venv's site-packages."""
-    boot = ("import site, sys; site.addsitedir(sys.argv.pop(1)); "
-            "from trainctl.cli import main; sys.exit(main(sys.argv[1:]))")
-    argv = ["runuser", "-u", "nobody", "--", "env", f"SLURM_CONF={cluster.slurm_conf}", "/usr/bin/python3",
-            "-c", boot, sysconfig.get_paths()["purelib"], *map(str, args)]
+def as_nobody(cluster, python: str, *args) -> subprocess.CompletedProcess:
+    """trainctl as user nobody, run by `python` (the `nobody_python` fixture: an install nobody can reach)."""
+    argv = ["runuser", "-u", "nobody", "--", "env", f"SLURM_CONF={cluster.slurm_conf}", python, "-P", "-m",
+            "trainctl", *map(str, args)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/")
 
 
@@ -119,11 +114,7 @@ def fingerprint(path: Path) -> tuple[str, int]:
     return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
 
 
-def test_without_operator_rights_one_line_exit_2_history_unchanged(cluster, tmp_path):
-    system_python = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
-                                   capture_output=True, text=True)
-    if shutil.which("runuser") is None or system_python.stdout.strip() != str(sys.version_info[:2]):
-        pytest.skip("needs runuser and a /usr/bin/python3 of the venv's version to run trainctl as nobody")
+def test_without_operator_rights_one_line_exit_2_history_unchanged(cluster, tmp_path, nobody_python):
     shared = Path(tempfile.mkdtemp(prefix="trainctl-nobody-"))
     try:
         shared.chmod(0o777)
@@ -132,7 +123,7 @@ def test_without_operator_rights_one_line_exit_2_history_unchanged(cluster, tmp_
         db.chmod(0o666)                                  # writable: only trainctl's own rule keeps it unchanged
 
         before = fingerprint(db)
-        out = as_nobody(cluster, "drain", "--db", db, "--apply")
+        out = as_nobody(cluster, nobody_python, "drain", "--db", db, "--apply")
         assert out.returncode == 2, out.stderr
         (line,) = out.stderr.strip().splitlines()
         assert line.startswith("trainctl: error: user nobody may not drain or resume nodes")
@@ -142,7 +133,7 @@ def test_without_operator_rights_one_line_exit_2_history_unchanged(cluster, tmp_
         site = write_site(shared / "site.toml", db)
         site.chmod(0o644)
         before = fingerprint(db)
-        out = as_nobody(cluster, "resume", "--site", site, "--db", db, "--apply")
+        out = as_nobody(cluster, nobody_python, "resume", "--site", site, "--db", db, "--apply")
         assert out.returncode == 2, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and "may not drain or resume" in out.stderr
         assert fingerprint(db) == before and states(cluster)["node2"].drained

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from support.nobody import setpriv_nobody
 from test_gate import fabric_json
 from trainctl.errors import ConfigError
 from trainctl.health.fabric.report import FabricReport
@@ -89,7 +90,7 @@ def states(cluster):
 
 
 @pytest.mark.cluster
-def test_gate_decide_drains_what_it_excluded_and_resume_resumes_it_as_trainctls(devcluster):
+def test_gate_decide_drains_what_it_excluded_and_resume_resumes_it_as_trainctls(devcluster, nobody_python):
     # Under /tmp and open to all: the second half runs `gate decide` as nobody.
     work = Path(tempfile.mkdtemp(prefix="trainctl-gate-drain-", dir="/tmp"))
     try:
@@ -133,9 +134,9 @@ def test_gate_decide_drains_what_it_excluded_and_resume_resumes_it_as_trainctls(
         subprocess.run(["scontrol", "update", "NodeName=node3", "State=RESUME"], env=env, check=True, timeout=30)
         nobody_dir = gate_dir_with(work / "nobody", reports)
         nobody_dir.chmod(0o777)
-        as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                    *argv, "--dir", str(nobody_dir)], capture_output=True, text=True, timeout=60,
-                                   env=env)
+        nobodys_argv = [*setpriv_nobody(), nobody_python, "-P", "-m", "trainctl", *argv[1:],
+                        "--dir", str(nobody_dir)]
+        as_nobody = subprocess.run(nobodys_argv, capture_output=True, text=True, timeout=60, env=env)
         assert as_nobody.returncode == 0, as_nobody.stderr                 # nothing fails
         assert as_nobody.stdout.splitlines()[0] == "node[1,4]"
         assert "drain node2: not drained: no operator rights" in (nobody_dir / "report.txt").read_text()

@@ -571,39 +571,15 @@ def test_the_distribution_name_is_not_the_taken_one():
 
 # ---------------------------------------------------------------- as a user who is not root
 
-def as_nobody(*args, env=None) -> Ran:
-    """trainctl's `main` in a forked child that has dropped root for uid/gid 65534 (nobody).
+def as_nobody(python: str, *args, env=None) -> Ran:
+    """trainctl as uid/gid 65534 (nobody), run by `python` (the `nobody_python` fixture: an install
+    nobody can reach). Root reads every file; the permission cases need a real non-root reader."""
+    from support.nobody import setpriv_nobody
 
-    Root reads every file; the permission cases need a real non-root reader. The interpreter
-    lives under /root (not readable by nobody), so everything is imported before the fork.
-    """
-    import importlib
-
-    for module in ("trainctl.cli", "trainctl.health.cli", "trainctl.health.node", "trainctl.launcher.site_cli",
-                   "trainctl.sweep.cli", "trainctl.sweep.render", "trainctl.sweep.report", "trainctl.sweep.drain",
-                   "trainctl.sweep.runner", "trainctl.health.registry", "trainctl.health.checks"):
-        importlib.import_module(module)  # now: nobody cannot read the interpreter's library later
-
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            result = trainctl(*args, cwd="/", env=env)._asdict()
-        except BaseException as exc:  # the test shows it
-            result = {"returncode": -1, "stdout": "", "stderr": f"as_nobody: {type(exc).__name__}: {exc}"}
-        try:
-            os.write(write_end, json.dumps(result).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    return Ran(**json.loads(data))
+    full_env = {**os.environ, "PATH": "/nonexistent", **(env or {})}
+    result = subprocess.run([*setpriv_nobody(), python, "-c", RUN, *map(str, args)], capture_output=True,
+                            text=True, env=full_env, timeout=120, cwd="/")
+    return Ran(result.returncode, result.stdout, result.stderr)
 
 
 @pytest.fixture
@@ -622,46 +598,46 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="drops root to test a 
 
 
 @needs_root
-def test_a_user_reads_roots_history_in_a_755_directory(world_readable_dir):
+def test_a_user_reads_roots_history_in_a_755_directory(world_readable_dir, nobody_python):
     db = history_with_one_sweep(world_readable_dir / "sweeps.db")
     db.chmod(0o644)
     before = sorted(os.listdir(world_readable_dir))
-    out = as_nobody("report", "--db", db, "--format", "json")
+    out = as_nobody(nobody_python, "report", "--db", db, "--format", "json")
     assert out.returncode == 0, out.stderr                      # was: "damaged ... move it aside"
     assert [g["hostlist"] for g in json.loads(out.stdout)["groups"]] == ["gpu2"]
     assert sorted(os.listdir(world_readable_dir)) == before
-    out = as_nobody("report", "--db", db, "--out", world_readable_dir / "report.txt")  # root's 755 directory
+    out = as_nobody(nobody_python, "report", "--db", db, "--out", world_readable_dir / "report.txt")  # root's 755 dir
     assert out.returncode == 2
     assert f"cannot write {world_readable_dir / 'report.txt'}: Permission denied" in one_line(out.stderr)
     site = site_file(world_readable_dir, db=db)
     site.chmod(0o644)
     (world_readable_dir / "known_hosts").chmod(0o644)
-    sweep = as_nobody("sweep", "--site", site, "--via", "ssh", "--nodes", "127.0.0.9")
+    sweep = as_nobody(nobody_python, "sweep", "--site", site, "--via", "ssh", "--nodes", "127.0.0.9")
     assert sweep.returncode == 2                                  # writing needs rights: said so, no damage
     assert "cannot write sweep history" in one_line(sweep.stderr) and "damaged" not in sweep.stderr
 
 
 @needs_root
-def test_a_site_file_in_a_directory_the_user_cannot_enter(world_readable_dir):
+def test_a_site_file_in_a_directory_the_user_cannot_enter(world_readable_dir, nobody_python):
     private = world_readable_dir / "private"
     private.mkdir(mode=0o700)
     (private / "site.toml").write_text(DEMO_SITE.read_text())
-    out = as_nobody("site", "show", private / "site.toml")
+    out = as_nobody(nobody_python, "site", "show", private / "site.toml")
     assert out.returncode == 2
     assert f"site file {private / 'site.toml'}: cannot read: Permission denied" in one_line(out.stderr)
     for args in (["site", "show", "local-demo"], ["site", "list"]):  # a search directory the user cannot enter
-        out = as_nobody(*args, "--json", env={"TRAINCTL_SITE_DIR": str(private)})
+        out = as_nobody(nobody_python, *args, "--json", env={"TRAINCTL_SITE_DIR": str(private)})
         assert out.returncode == 0, (args, out.stderr)
 
 
 @needs_root
-def test_a_snapshot_with_a_file_the_user_cannot_read(world_readable_dir, tmp_path):
+def test_a_snapshot_with_a_file_the_user_cannot_read(world_readable_dir, nobody_python):
     snapshot = world_readable_dir / "snap"
     snapshot.mkdir(mode=0o755)
     (snapshot / "meta.json").write_text(json.dumps({"format": 1, "host": "node1"}))
     (snapshot / "dmesg.txt").write_text("")
     (snapshot / "dmesg.txt").chmod(0o600)
-    out = as_nobody("health", "check", "--snapshot", snapshot, "--json")
+    out = as_nobody(nobody_python, "health", "check", "--snapshot", snapshot, "--json")
     assert out.returncode == 2 and out.stdout == ""
     assert "dmesg.txt" in one_line(out.stderr) and "Permission denied" in out.stderr
 

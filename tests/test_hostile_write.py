@@ -276,18 +276,18 @@ def test_two_first_sweep_commands_at_once_both_land(tmp_path):
 # ---------------------------------------------------------------- permissions
 
 @needs_root
-def test_a_db_in_a_directory_the_user_cannot_enter_is_one_line(world_readable_dir):
+def test_a_db_in_a_directory_the_user_cannot_enter_is_one_line(world_readable_dir, nobody_python):
     private = world_readable_dir / "private"
     private.mkdir(mode=0o700)
     history_with_one_sweep(private / "sweeps.db")
     for args in (["report", "--db", private / "sweeps.db"], ["drain", "--db", private / "sweeps.db"]):
-        out = as_nobody(*args)
+        out = as_nobody(nobody_python, *args)
         assert out.returncode == 2, out.stderr
         assert "cannot read sweep history: Permission denied" in one_line(out.stderr)
     site = site_file(world_readable_dir, db=private / "sweeps.db")
     site.chmod(0o644)
     (world_readable_dir / "known_hosts").chmod(0o644)
-    out = as_nobody("sweep", "--site", site, "--via", "ssh", "--nodes", "127.0.0.9")
+    out = as_nobody(nobody_python, "sweep", "--site", site, "--via", "ssh", "--nodes", "127.0.0.9")
     assert out.returncode == 2
     assert "cannot write sweep history: Permission denied" in one_line(out.stderr)
 

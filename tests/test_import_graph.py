@@ -1,12 +1,23 @@
 """The folders' import graph, read from the source with ast: the job room (job/) sits above
-health/, sweep/ and launcher/; health/ imports none of the others; no cycle between folders."""
+health/, sweep/ and launcher/; health/ imports none of the others; no cycle between folders.
+And what the login-node commands import when they run: none of health/'s checks, parsers or
+probes (they cost a third of `submit --dry-run`'s start-up; bench/login_path.py)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from support.sweeps import night
+from trainctl.health.check_names import CHECK_NAMES
+from trainctl.sweep.db import History
 
 REPO = Path(__file__).resolve().parents[1]
 # folder -> the name it is installed under (setup.py's ROOTS, the Python packages)
@@ -76,3 +87,54 @@ def test_no_cycle_between_folders():
 
     for folder in graph:
         visit(folder, ())
+
+
+# ---------------------------------------------------------------- what the login-node commands import
+
+NAMES_ONLY = {"trainctl.health", "trainctl.health.check_names"}   # submit and site show check a site's names
+STATUSES = {"trainctl.health", "trainctl.health.status"}         # a report prints the checks' statuses
+LOGIN_COMMANDS = {
+    "submit --dry-run": (["submit", "--site", "local-demo", "--nodes", "2", "--spare", "2", "--dry-run", "--",
+                          str(REPO / "examples" / "train_ddp.py")], NAMES_ONLY),
+    "submit --help": (["submit", "--help"], set()),
+    "site show": (["site", "show", "local-demo", "--json"], NAMES_ONLY),
+    "site list": (["site", "list"], set()),
+    "job show": (["job", "show", "8", "--dir", "{job_dir}"], set()),
+    "job show --json": (["job", "show", "8", "--dir", "{job_dir}", "--json"], set()),
+    "report": (["report", "--db", "{db}"], STATUSES),
+    "report --format html": (["report", "--db", "{db}", "--format", "html"], STATUSES),
+    "drain (the plan)": (["drain", "--db", "{db}"], STATUSES),
+    "--help": (["--help"], set()),
+}
+REPORT_MODULES = ("import sys, json; from trainctl.cli import main; rc = main(sys.argv[1:]); "
+                  "health = sorted(m for m in sys.modules if m.startswith('trainctl.health')); "
+                  "print(json.dumps([rc, health]), file=sys.stderr)")
+
+
+@pytest.mark.parametrize("name", LOGIN_COMMANDS)
+def test_a_login_node_command_imports_only_the_health_modules_it_needs(name, tmp_path):
+    job_dir = tmp_path / "trainctl-gate-8"
+    job_dir.mkdir()
+    start = {"t": 100.0, "event": "job_start", "attempt": 1}
+    (job_dir / "journal.jsonl").write_text(json.dumps(start) + "\n")
+    db = tmp_path / "sweeps.db"
+    with History.open(db, write=True) as history:
+        night(history, time.time() - 3600, {"gpu1": "ok", "gpu2": {"ib.ports": ("fail", "mlx5_2/1 Down")}})
+    bin_dir = tmp_path / "bin"      # drain plans against Slurm's node states: a Slurm that knows no node
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "sinfo").chmod(0o755)
+    args, allowed = LOGIN_COMMANDS[name]
+    argv = [arg.format(job_dir=job_dir, db=db) for arg in args]
+    result = subprocess.run([sys.executable, "-c", REPORT_MODULES, *argv], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    returncode, imported = json.loads(result.stderr.splitlines()[-1])
+    assert returncode == 0, result.stderr
+    assert set(imported) <= allowed, sorted(set(imported) - allowed)
+
+
+def test_every_check_name_the_login_commands_know_is_a_registered_check():
+    # the other way round, registry.check refuses a check that check_names does not list
+    from trainctl.health.registry import all_checks
+
+    assert {spec.name for spec in all_checks()} == CHECK_NAMES

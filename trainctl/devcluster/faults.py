@@ -11,6 +11,9 @@ network namespace (`ip netns pids`), so nothing outside the dev cluster is touch
 - `stopped`: SIGSTOP the whole node, SIGCONT on exit (a hung node: alive, silent);
 - `cpu_quota`: a cgroup v1 CFS quota on every process of the node (fail-slow compute), undone
   on exit; the kernel's CFS bandwidth control enforces it (Documentation/scheduler/sched-bwc.rst).
+  With `shares` above the default 1024, the node's processes also outweigh the host's other
+  processes when they compete for a core (cpu.shares: Documentation/scheduler/sched-design-CFS.rst,
+  "Group scheduler extensions to CFS"), so the quota, not the neighbours' load, bounds what they get.
 
 Only DevCluster's public attributes are used (spec, base, slurm_conf, exec_argv, client_env,
 daemon_pids), so this module does not depend on how the harness is laid out inside.
@@ -31,6 +34,7 @@ from trainctl.proc import run, run_checked
 CMD_TIMEOUT_S = 15.0
 CPU_CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller on these machines
 CFS_PERIOD_US = 100_000
+DEFAULT_CPU_SHARES = 1024
 RESTORE_TIMEOUT_S = 30.0
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")  # cgroup v1 freezer, beside the cpu controller
 FREEZE_PASSES = 5  # a node's processes listed and frozen until no new one appears
@@ -131,12 +135,16 @@ def stopped(cluster, node: str) -> Iterator[list[int]]:
 
 
 @contextmanager
-def cpu_quota(cluster, node: str, fraction: float) -> Iterator[Path]:
-    """Every process of `node` (and what they start) gets `fraction` of one CPU until exit."""
+def cpu_quota(cluster, node: str, fraction: float, shares: int = DEFAULT_CPU_SHARES) -> Iterator[Path]:
+    """Every process of `node` (and what they start) gets `fraction` of one CPU until exit, and
+    the weight `shares` (1024: a plain process's) against the host's other processes."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if not 2 <= shares <= 262144:
+        raise ValueError(f"shares must be in [2, 262144] (cgroup v1 cpu.shares), got {shares}")
     group = CPU_CGROUP_ROOT / f"trainctl-{cluster.spec.prefix}-{node}"
     group.mkdir(exist_ok=True)
+    (group / "cpu.shares").write_text(str(shares))
     (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
     (group / "cpu.cfs_quota_us").write_text(str(int(CFS_PERIOD_US * fraction)))
     _move(node_pids(cluster, node), group)  # children inherit the group
