@@ -51,7 +51,8 @@ class JobRun:
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
         watch = self.policy.watch
         self.facts = sv.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries,
-                                 watch.max_restarts if watch.enabled else 0, watch.hold_spares if watch.enabled else 0)
+                                 watch.max_restarts if watch.enabled else 0, watch.hold_spares if watch.enabled else 0,
+                                 plan.min_nodes, watch.max_successors if watch.enabled else 0)
         self.gate_rounds = 1                  # gate rounds so far (a detection runs the gate again)
         self.training_nodes: tuple[str, ...] = ()
         self.detection = None                 # the last detection, until the gate after it has judged
@@ -78,7 +79,7 @@ class JobRun:
                          nodes=list(self.facts.allocated), batch_host=self.facts.batch_host,
                          slurm=slurm.slurm_version(self.env))
         self.sentinel = self._start_sentinel() if len(self.facts.allocated) > 1 else None
-        state, action = sv.advance(self.facts, sv.JobState(), sv.Started())
+        self.state, action = sv.advance(self.facts, sv.JobState(), sv.Started())
         while not isinstance(action, sv.Finish):
             if isinstance(action, sv.RunGate):
                 event = self._gate(action)
@@ -88,8 +89,10 @@ class JobRun:
                 event = self._train(action)
             else:
                 event = self._retry(action)
-            state, action = sv.advance(self.facts, state, event)
-        self.journal.add("job_end", status=action.status)
+            self.state, action = sv.advance(self.facts, self.state, event)
+        if action.why:
+            say(f"trainctl: the job cannot go on: {action.why}", err=True)
+        self.journal.add("job_end", status=action.status, **({"cause": action.why} if action.why else {}))
         return action.status
 
     # ------------------------------------------------------------ the gate
@@ -119,8 +122,14 @@ class JobRun:
         if not result.ok:
             status = result.returncode if result.returncode is not None else 4
             self.journal.add("gate_end", status=status, why=result.describe_failure())
-            say(f"trainctl: not starting the job: gate decide exited with status {status} "
-                f"(report: {self.gate_dir}/report.txt)", err=True)
+            if action.nodes:
+                left_out = ", ".join(self.state.condemned) or "none"
+                say(f"trainctl: the gate after the detection checked {sv.fold_hostlist(list(action.nodes))} "
+                    f"(left out before it, named by the watch: {left_out}); gate decide exited with status "
+                    f"{status} (report: {self.gate_dir}/report.txt)", err=True)
+            else:
+                say(f"trainctl: not starting the job: gate decide exited with status {status} "
+                    f"(report: {self.gate_dir}/report.txt)", err=True)
             return sv.GateRefused(status)
         decided = sv.parse_decision(result.stdout)
         if decided is None:
@@ -316,7 +325,7 @@ class JobRun:
         _, on_argv = split_sbatch_options(self.plan.sbatch_options)
         try:
             rec = retrying.retry_around_bad_nodes(self.gate_dir, action.phase, action.status, list(action.nodes),
-                                                  self.plan.retries, self.script_path,
+                                                  action.budget, self.script_path,
                                                   tuple(option.argv for option in on_argv), self.env,
                                                   (self.plan.nodes, self.plan.spare), action.condemned)
         except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed

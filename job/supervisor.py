@@ -2,7 +2,9 @@
 retry around bad nodes, or fail. While training runs, the watch (`trainctl.job.watch`) may end
 the step on a detection: the gate runs again on the nodes the job holds, less those the
 detection condemned, and training restarts from its checkpoint on the nodes it chooses (a held
-spare included), up to the site's `watch.max_restarts`; then the job retries as on a failure.
+spare included), down to --min-nodes, up to the site's `watch.max_restarts`. Where the allocation
+cannot carry on, a successor job excluding the named nodes goes on from the checkpoint, even
+without --retries (up to the site's `watch.max_successors`).
 
 `advance(facts, state, event)` is pure: from what the job knows and what just happened, it returns
 the next state and the one action to take. The driver (`trainctl.job.run`) takes each action
@@ -39,6 +41,8 @@ class JobFacts:
     retries: int                   # submit --retries (0: a failure ends the chain)
     max_restarts: int = 0          # the site's watch.max_restarts: in-allocation restarts after a detection
     hold_spares: int = 0           # the site's watch.hold_spares: healthy unused nodes kept through training
+    min_nodes: int = 1             # submit --min-nodes: the fewest nodes training may restart on
+    successors: int = 0            # the site's watch.max_successors: successors after a detection (0: none)
 
 
 @dataclass(frozen=True)
@@ -120,10 +124,12 @@ class Retry(NamedTuple):
     status: int
     nodes: tuple[str, ...]
     condemned: tuple[str, ...] = ()   # nodes the watch named: excluded by the successor too
+    budget: int = 0                # successors the chain may have in all (the attempt after the last one ends)
 
 
 class Finish(NamedTuple):
     status: int
+    why: str = ""                  # after a detection: one plain line, the nodes and why the job cannot go on
 
 
 Action = Union[RunGate, Release, RunTraining, Retry, Finish]
@@ -134,9 +140,14 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, A
     if state.phase == "start" and isinstance(event, Started):
         return replace(state, phase="gate", held=facts.allocated), RunGate()
     if state.phase == "gate" and isinstance(event, GateRefused):
-        if facts.retries and event.retryable:
+        if not event.retryable:
+            return replace(state, phase="end", status=event.status), Finish(event.status)
+        if state.restarts:   # the gate after a detection: the job goes on in a successor where it may
+            return _go_on_elsewhere(facts, state, "gate", event.status, state.held,
+                                    "the gate after the detection found too few healthy nodes")
+        if facts.retries:
             return (replace(state, phase="retry", status=event.status),
-                    Retry("gate", event.status, state.held, state.condemned))
+                    Retry("gate", event.status, state.held, state.condemned, facts.retries))
         return replace(state, phase="end", status=event.status), Finish(event.status)
     if state.phase == "gate" and isinstance(event, GateDecided):
         decided = replace(state, job_nodes=event.job_nodes, chosen=event.chosen, master_addr=event.master_addr,
@@ -155,20 +166,46 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, A
             return replace(state, phase="end"), Finish(0)
         if facts.retries:
             return (replace(state, phase="retry", status=event.status),
-                    Retry("step", event.status, state.chosen, state.condemned))
+                    Retry("step", event.status, state.chosen, state.condemned, facts.retries))
         return replace(state, phase="end", status=event.status), Finish(event.status)
     if state.phase == "train" and isinstance(event, WatchStopped):
         condemned = state.condemned + tuple(node for node in event.suspects if node not in state.condemned)
         stopped = replace(state, condemned=condemned, status=event.status)
-        if state.restarts >= facts.max_restarts:
-            if facts.retries:
-                return replace(stopped, phase="retry"), Retry("step", event.status, state.chosen, condemned)
-            return replace(stopped, phase="end"), Finish(event.status)
         again = tuple(node for node in state.held if node not in condemned)
+        if state.restarts >= facts.max_restarts:
+            return _go_on_elsewhere(facts, stopped, "step", event.status, state.chosen,
+                                    f"{_named(event)}; the {facts.max_restarts} restarts the site allows "
+                                    "inside the allocation are used up")
+        if len(again) < facts.min_nodes:   # the gate cannot choose enough: no need to ask it
+            return _go_on_elsewhere(facts, stopped, "step", event.status, state.chosen,
+                                    f"{_named(event)}; {_count(len(again))} left in the allocation, "
+                                    f"--min-nodes is {facts.min_nodes}")
         return replace(stopped, phase="gate", restarts=state.restarts + 1, status=0), RunGate(again)
     if state.phase == "retry" and isinstance(event, RetryHandled):
         return replace(state, phase="end"), Finish(state.status)
     raise ValueError(f"job supervisor: {type(event).__name__} cannot happen in phase {state.phase}")
+
+
+def _go_on_elsewhere(facts: JobFacts, state: JobState, phase: Literal["gate", "step"], status: int,
+                     nodes: tuple[str, ...], why: str) -> tuple[JobState, Action]:
+    """After a detection the allocation cannot carry on: a successor job excluding the condemned
+    nodes, within the larger of --retries and the site's watch.max_successors; else the end, with
+    why in one line."""
+    budget = max(facts.retries, facts.successors)
+    if budget:
+        return replace(state, phase="retry", status=status), Retry(phase, status, nodes, state.condemned, budget)
+    return (replace(state, phase="end", status=status),
+            Finish(status, f"{why}; no successor job: --retries is 0 and the site's watch.max_successors is 0"))
+
+
+def _named(event: WatchStopped) -> str:
+    if event.suspects:
+        return f"the watch found {fold_hostlist(list(event.suspects))} {event.kind}"
+    return f"the watch found the job {event.kind} and named no node"
+
+
+def _count(nodes: int) -> str:
+    return f"{nodes} node{'' if nodes == 1 else 's'}"
 
 
 def _train(state: JobState, node_count: int) -> tuple[JobState, Action]:

@@ -12,8 +12,8 @@ from trainctl.site import load_site
 ALLOCATED = ("node1", "node2", "node3", "node4")
 
 
-def facts(*, release=True, retries=0, batch_host="node1", restarts=0, spares=0):
-    return sv.JobFacts(ALLOCATED, batch_host, release, retries, restarts, spares)
+def facts(*, release=True, retries=0, batch_host="node1", restarts=0, spares=0, min_nodes=1, successors=0):
+    return sv.JobFacts(ALLOCATED, batch_host, release, retries, restarts, spares, min_nodes, successors)
 
 
 def plan(**changes):
@@ -61,7 +61,7 @@ def test_a_refused_release_restarts_the_cancelled_sentinel_on_the_nodes_the_job_
 def test_a_failed_gate_retries_around_the_allocation_only_with_retries():
     assert run_events(facts(), sv.GateRefused(2))[-1] == sv.Finish(2)
     actions = run_events(facts(retries=1), sv.GateRefused(2), sv.RetryHandled())
-    assert actions[1:] == [sv.Retry("gate", 2, ALLOCATED), sv.Finish(2)]
+    assert actions[1:] == [sv.Retry("gate", 2, ALLOCATED, budget=1), sv.Finish(2)]
     # nonsense from gate decide is not a verdict about nodes: no retry
     assert run_events(facts(retries=1), sv.GateRefused(2, retryable=False))[-1] == sv.Finish(2)
 
@@ -69,7 +69,7 @@ def test_a_failed_gate_retries_around_the_allocation_only_with_retries():
 def test_a_failed_step_retries_around_its_nodes_and_ends_with_its_status():
     actions = run_events(facts(retries=1, release=False), sv.GateDecided("node[1-2]", ("node1", "node2"), "a"),
                          sv.StepEnded(137), sv.RetryHandled())
-    assert actions[2:] == [sv.Retry("step", 137, ("node1", "node2")), sv.Finish(137)]
+    assert actions[2:] == [sv.Retry("step", 137, ("node1", "node2"), budget=1), sv.Finish(137)]
     assert run_events(facts(release=False), sv.GateDecided("node1", ("node1",), "a"), sv.StepEnded(3))[-1] == \
         sv.Finish(3)
 
@@ -102,11 +102,18 @@ def test_a_slowdown_runs_the_gate_on_every_held_node_and_names_nobody_itself():
     assert action == sv.RunGate(ALLOCATED) and state.condemned == ()
     state, action = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
     assert action == sv.RunTraining("node[1-2]", 2, "a", start_sentinel=False, restart=1)
-    # restarts used up: the next detection ends the job, or retries excluding what the watch named
-    assert sv.advance(job, state, sv.WatchStopped("sick", ("node2",), 143))[1] == sv.Finish(143)
+    # restarts used up: the next detection goes on in a successor excluding what the watch named,
+    # within --retries or the site's watch.max_successors, whichever allows more
+    ended = sv.advance(job, state, sv.WatchStopped("sick", ("node2",), 143))[1]
+    assert ended == sv.Finish(143, "the watch found node2 sick; the 1 restarts the site allows inside the "
+                                   "allocation are used up; no successor job: --retries is 0 and the site's "
+                                   "watch.max_successors is 0")
     retrying = facts(restarts=1, release=False, retries=1)
     assert sv.advance(retrying, state, sv.WatchStopped("sick", ("node2",), 143))[1] == \
-        sv.Retry("step", 143, ("node1", "node2"), ("node2",))
+        sv.Retry("step", 143, ("node1", "node2"), ("node2",), budget=1)
+    by_default = facts(restarts=1, release=False, successors=2)
+    assert sv.advance(by_default, state, sv.WatchStopped("sick", ("node2",), 143))[1] == \
+        sv.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2)
 
 
 def test_too_few_healthy_nodes_after_a_detection_retries_excluding_the_condemned():
@@ -114,7 +121,75 @@ def test_too_few_healthy_nodes_after_a_detection_retries_excluding_the_condemned
     state, _ = sv.advance(job, sv.JobState(), sv.Started())
     state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
     state, _ = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
-    assert sv.advance(job, state, sv.GateRefused(2))[1] == sv.Retry("gate", 2, ALLOCATED, ("node2",))
+    assert sv.advance(job, state, sv.GateRefused(2))[1] == sv.Retry("gate", 2, ALLOCATED, ("node2",), budget=1)
+    # without --retries too, by the site's watch.max_successors
+    job = facts(restarts=1, release=False, successors=2)
+    state, _ = sv.advance(job, sv.JobState(), sv.Started())
+    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
+    state, _ = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
+    assert sv.advance(job, state, sv.GateRefused(2))[1] == sv.Retry("gate", 2, ALLOCATED, ("node2",), budget=2)
+
+
+def trained_on_two_of_three(job: sv.JobFacts) -> sv.JobState:
+    """--nodes 2 --spare 1: the gate chose node[1-2]; node3 passed too."""
+    state, _ = sv.advance(job, sv.JobState(), sv.Started())
+    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a", ("node3",)))
+    if state.phase == "release":
+        state, _ = sv.advance(job, state, sv.Resized(len(state.releasing)))
+    assert state.phase == "train"
+    return state
+
+
+def three_nodes(**changes) -> sv.JobFacts:
+    defaults = dict(release=True, retries=0, max_restarts=3, hold_spares=0, min_nodes=2, successors=2)
+    defaults.update(changes)
+    return sv.JobFacts(("node1", "node2", "node3"), "node1", defaults["release"], defaults["retries"],
+                       defaults["max_restarts"], defaults["hold_spares"], defaults["min_nodes"], defaults["successors"])
+
+
+def test_with_the_sites_defaults_a_named_node_without_a_spare_held_goes_on_in_a_successor_without_a_gate():
+    job = three_nodes()
+    state = trained_on_two_of_three(job)
+    assert state.held == ("node1", "node2")          # the spare went back after the first gate
+    state, action = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
+    assert action == sv.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2)
+    assert state.phase == "retry" and state.condemned == ("node2",)
+    assert sv.advance(job, state, sv.RetryHandled())[1] == sv.Finish(143)
+
+
+def test_a_held_spare_takes_the_named_nodes_place_inside_the_allocation():
+    job = three_nodes(hold_spares=1)
+    state = trained_on_two_of_three(job)
+    assert state.held == ALLOCATED[:3]                # nothing to release: the spare is held
+    state, action = sv.advance(job, state, sv.WatchStopped("sick", ("node2",), 143))
+    assert action == sv.RunGate(("node1", "node3"))
+    state, action = sv.advance(job, state, sv.GateDecided("node[1,3]", ("node1", "node3"), "a"))
+    assert action == sv.Release("node[1,3]", move_sentinel=True)
+    assert sv.advance(job, state, sv.Resized(2))[1] == sv.RunTraining("node[1,3]", 2, "a", True, restart=1)
+
+
+def test_without_a_spare_training_restarts_on_fewer_nodes_down_to_min_nodes():
+    job = three_nodes(min_nodes=1)
+    state = trained_on_two_of_three(job)
+    state, action = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
+    assert action == sv.RunGate(("node1",))
+    state, action = sv.advance(job, state, sv.GateDecided("node1", ("node1",), "a"))
+    assert action == sv.Release("node1", move_sentinel=True)     # the hung node goes back to Slurm
+    assert sv.advance(job, state, sv.Resized(1))[1] == sv.RunTraining("node1", 1, "a", False, restart=1)
+
+
+def test_when_the_job_truly_cannot_go_on_one_line_names_the_node_and_why():
+    job = three_nodes(successors=0)
+    state = trained_on_two_of_three(job)
+    state, action = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
+    assert action == sv.Finish(143, "the watch found node2 hung; 1 node left in the allocation, --min-nodes is 2; "
+                                    "no successor job: --retries is 0 and the site's watch.max_successors is 0")
+    assert state.phase == "end"
+    # a slowdown nobody could localise, with the restarts used up
+    job = three_nodes(successors=0, max_restarts=0)
+    state = trained_on_two_of_three(job)
+    assert sv.advance(job, state, sv.WatchStopped("slow", (), 143))[1].why.startswith(
+        "the watch found the job slow and named no node; the 0 restarts")
 
 
 @pytest.mark.parametrize("value, expected", [("USR1@120", 10), ("R:USR2@60", 12), ("SIGTERM", 15), ("10@5", 10),
