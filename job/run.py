@@ -1,8 +1,8 @@
-"""`trainctl job run`: the supervisor on the batch host, from the gate to the end of the job.
+"""`trainctl job run`: the supervisor's driver on the batch host, from the gate to the end of the job.
 
-It drives `supervisor.advance` (pure) and takes each action it returns through
-`slurm_actions`, writing every event to the journal. It prints what the job script used to
-print, on the job's stdout and stderr, in the same words.
+It feeds events to `supervisor.advance` (pure) and carries out the effects it returns, each
+through one method here and Slurm's commands in `slurm_actions`; every decision is the
+machine's. It prints what the job script used to print, on the job's stdout and stderr.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from trainctl.job import supervisor as sv
 from trainctl.job import slurm_actions as slurm
 from trainctl.job.gate_cli import GATE_STEP_STATUS   # read by `gate decide --wait`: the gate step is over
 from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal
+from trainctl.job.retry import _read_json, gate_bad_nodes
 from trainctl.agent_socket import WATCH_DIR_ENV
 from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
 from trainctl.launcher.plan import JobPlan
@@ -37,12 +38,17 @@ def say(line: str, *, err: bool = False) -> None:
     print(line, file=stream, flush=True)  # flushed: the steps' srun write to the same file
 
 
+def poll_wait_s(poll_s: float, cost_s: float) -> float:
+    """Until the next poll: the site's poll_s, longer where a poll costs more than WATCH_SHARE of it."""
+    return max(poll_s, cost_s / WATCH_SHARE)
+
+
 class JobRun:
     def __init__(self, plan: JobPlan, script_path: str, env: dict[str, str]):
         from trainctl.job.policy import load_gate_policy
         from trainctl.slurm import expand_hostlist, this_node_name
 
-        self.plan, self.script_path, self.env = plan, script_path, env
+        self.plan, self.script_path, self.base_env = plan, script_path, env
         self.job_id = env["SLURM_JOB_ID"]
         self.gate_dir = str(Path(env["SLURM_SUBMIT_DIR"]) / f"trainctl-gate-{self.job_id}")
         os.makedirs(self.gate_dir, exist_ok=True)
@@ -50,13 +56,22 @@ class JobRun:
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
         watch = self.policy.watch
+        watching = sv.WatchFacts(self.policy.watch_limits, sv.checkpoint_signal(plan.signal), watch.checkpoint_wait_s,
+                                 watch.dump_wait_s, watch.end_grace_s) if watch.enabled else None
         self.facts = sv.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries,
                                  watch.max_restarts if watch.enabled else 0, watch.hold_spares if watch.enabled else 0,
-                                 plan.min_nodes, watch.max_successors if watch.enabled else 0)
-        self.gate_rounds = 1                  # gate rounds so far (a detection runs the gate again)
-        self.training_nodes: tuple[str, ...] = ()
-        self.detection = None                 # the last detection, until the gate after it has judged
-        self.accepted_step_s = 0.0            # a slowdown the gate could not localise: the new normal
+                                 plan.min_nodes, watch.max_successors if watch.enabled else 0, watching)
+        self.state = sv.JobState()
+        # the training step now: its srun, when it started, the checkpoints seen, the last poll's cost
+        self.step: subprocess.Popen | None = None
+        self.agents: subprocess.Popen | None = None
+        self.step_started = 0.0
+        self.checkpoints: CheckpointWatch | None = None
+        self.poll_cost_s = 0.0
+
+    @property
+    def env(self) -> dict[str, str]:
+        return sv.job_environment(self.base_env, self.state)
 
     def run(self) -> int:
         from trainctl.errors import Stopped
@@ -78,111 +93,118 @@ class JobRun:
         self.journal.add("job_start", attempt=int(attempt) if attempt.isdigit() else attempt,
                          nodes=list(self.facts.allocated), batch_host=self.facts.batch_host,
                          slurm=slurm.slurm_version(self.env))
-        self.sentinel = self._start_sentinel() if len(self.facts.allocated) > 1 else None
-        self.state, action = sv.advance(self.facts, sv.JobState(), sv.Started())
-        while not isinstance(action, sv.Finish):
-            if isinstance(action, sv.RunGate):
-                event = self._gate(action)
-            elif isinstance(action, sv.Release):
-                event = self._release(action)
-            elif isinstance(action, sv.RunTraining):
-                event = self._train(action)
-            else:
-                event = self._retry(action)
-            self.state, action = sv.advance(self.facts, self.state, event)
-        if action.why:
-            say(f"trainctl: the job cannot go on: {action.why}", err=True)
-        self.journal.add("job_end", status=action.status, **({"cause": action.why} if action.why else {}))
-        return action.status
+        event: sv.Event = sv.Started()
+        while True:
+            self.state, effects = sv.advance(self.facts, self.state, event)
+            event = None
+            for effect in effects:
+                if isinstance(effect, sv.Finish):
+                    return self._finish(effect)
+                answer = self.carry_out(effect)
+                if answer is not None:
+                    event = answer
+            if event is None:
+                raise AssertionError(f"job supervisor: no event after {effects}")
+
+    def carry_out(self, effect: sv.Effect) -> sv.Event | None:
+        """One effect; the event it answers with, for those that answer."""
+        if isinstance(effect, sv.Journal):
+            self.journal.add(effect.kind, **effect.fields)
+        elif isinstance(effect, sv.Say):
+            say(effect.line, err=effect.err)
+        elif isinstance(effect, sv.StartSentinel):
+            self._start_sentinel()
+        elif isinstance(effect, sv.RunGate):
+            return self._gate(effect)
+        elif isinstance(effect, sv.Drain):
+            self._drain(effect)
+        elif isinstance(effect, sv.Release):
+            return self._release(effect)
+        elif isinstance(effect, sv.RunTraining):
+            return self._start_training(effect)
+        elif isinstance(effect, sv.StartAgents):
+            self.agents = slurm.start_step(sv.agent_argv(self.plan, effect, self.gate_dir), self.env)
+        elif isinstance(effect, sv.WaitStep):
+            return self._wait_step(effect)
+        elif isinstance(effect, sv.RequestStacks):
+            self.journal.add("stacks", files=request_stacks(self.gate_dir, effect.nodes, effect.wait_s))
+        elif isinstance(effect, sv.AskForCheckpoint):
+            self._ask_for_checkpoint(effect)
+        elif isinstance(effect, sv.StopStep):
+            return sv.StepStopped(slurm.stop_step(self.step, self.job_id, sv.OWN_STEPS, self.env, effect.grace_s))
+        elif isinstance(effect, sv.StepOver):
+            self._step_over(effect)
+        elif isinstance(effect, sv.Retry):
+            return self._retry(effect)
+        else:
+            raise TypeError(f"job supervisor: no way to carry out {effect!r}")
+        return None
+
+    def _finish(self, effect: sv.Finish) -> int:
+        if effect.why:
+            say(f"trainctl: the job cannot go on: {effect.why}", err=True)
+        self.journal.add("job_end", status=effect.status, **({"cause": effect.why} if effect.why else {}))
+        return effect.status
 
     # ------------------------------------------------------------ the gate
 
-    def _gate(self, action: sv.RunGate) -> sv.Event:
+    def _gate(self, effect: sv.RunGate) -> sv.Event:
+        from trainctl.slurm import expand_hostlist
+
         again = {}
-        if action.nodes:   # again after a detection: the last round's files go aside, as evidence
-            evidence = archive_gate_round(self.gate_dir, self.gate_rounds)
-            self.gate_rounds += 1
-            again = {"nodes": list(action.nodes), "evidence": os.path.relpath(evidence, self.gate_dir)}
+        if effect.archive:   # again after a detection: the last round's files go aside, as evidence
+            evidence = archive_gate_round(self.gate_dir, effect.archive)
+            again = {"nodes": list(effect.nodes), "evidence": os.path.relpath(evidence, self.gate_dir)}
         self.journal.add("gate_start", **again)
         step = slurm.start_step(sv.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"]),
-                                                  action.nodes), self.env)
+                                                  effect.nodes), self.env)
         watcher = threading.Thread(target=self._write_gate_status, args=(step,), daemon=True)
         watcher.start()
-        if not action.nodes:
+        if not effect.archive:
             self._journal_submit_time()
-        result = run(sv.decide_argv(self.plan, self.gate_dir, action.nodes), timeout=self._decide_timeout_s(),
+        result = run(sv.decide_argv(self.plan, self.gate_dir, effect.nodes), timeout=self._decide_timeout_s(),
                      env=self.env)
         sys.stderr.write(result.stderr)   # the report, or the one line saying which nodes failed
         sys.stderr.flush()
         watcher.join(GATE_STEP_GRACE_S)
         if watcher.is_alive():   # a lost node's task never returns: end what is left of the step
             slurm.cancel_steps(self.job_id, sv.GATE_STEP, self.env)
-        self._journal_verdicts()
-        self._journal_confirmation(action.nodes)
+        decision = self._read_decision()
+        self._journal_verdicts(decision)
+        gate_named = gate_bad_nodes(decision)
         if not result.ok:
             status = result.returncode if result.returncode is not None else 4
             self.journal.add("gate_end", status=status, why=result.describe_failure())
-            if action.nodes:
-                left_out = ", ".join(self.state.condemned) or "none"
-                say(f"trainctl: the gate after the detection checked {sv.fold_hostlist(list(action.nodes))} "
-                    f"(left out before it, named by the watch: {left_out}); gate decide exited with status "
-                    f"{status} (report: {self.gate_dir}/report.txt)", err=True)
+            if effect.archive:
+                say(f"trainctl: the gate after the detection checked {sv.fold_hostlist(list(effect.nodes))} "
+                    f"(left out before it, named by the watch: {', '.join(self.state.condemned) or 'none'}); "
+                    f"gate decide exited with status {status} (report: {self.gate_dir}/report.txt)", err=True)
             else:
                 say(f"trainctl: not starting the job: gate decide exited with status {status} "
                     f"(report: {self.gate_dir}/report.txt)", err=True)
-            return sv.GateRefused(status)
+            return sv.GateRefused(status, gate_named=gate_named)
         decided = sv.parse_decision(result.stdout)
         if decided is None:
             self.journal.add("gate_end", status=2, why="no nodes and MASTER_ADDR printed")
             say(f"trainctl: gate decide did not print the nodes and MASTER_ADDR: {result.stdout!r}", err=True)
-            return sv.GateRefused(2, retryable=False)
-        from trainctl.slurm import expand_hostlist
-
+            return sv.GateRefused(2, retryable=False, gate_named=gate_named)
         job_nodes, master_addr = decided
         chosen = tuple(expand_hostlist(job_nodes))
         self.journal.add("gate_end", status=0, chosen=list(chosen), master_addr=master_addr)
         say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
-        return sv.GateDecided(job_nodes, chosen, master_addr, self._healthy_unused(chosen))
+        return sv.GateDecided(job_nodes, chosen, master_addr, healthy_unused(decision, chosen), gate_named)
 
-    def _journal_confirmation(self, checked: tuple[str, ...]) -> None:
-        """After a detection, what the gate said about the nodes: whom it names, or nobody."""
-        from trainctl.job.retry import _read_json, gate_bad_nodes
-        from trainctl.job.watch import confirm
+    def _read_decision(self) -> dict:
+        return _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
 
-        detection, self.detection = self.detection, None
-        if detection is None:
-            return
-        gate_named = gate_bad_nodes(_read_json(os.path.join(self.gate_dir, "decision.json")))
-        confirmed = confirm(detection, gate_named, self.training_nodes, self.accepted_step_s)
-        self.accepted_step_s = confirmed.accepted_step_s
-        self.journal.add("confirmation", kind=confirmed.kind, named=dict(confirmed.named), checked=list(checked),
-                         **({"note": confirmed.note} if confirmed.note else {}))
-        if confirmed.named:
-            say(f"trainctl: watch: leaving out {', '.join(sorted(confirmed.named))}", err=True)
-            self._drain_condemned(detection)
-        else:
-            say(f"trainctl: watch: the gate names no node ({detection.kind} not localised): "
-                "resuming on the same nodes", err=True)
-
-    def _drain_condemned(self, detection) -> None:
+    def _drain(self, effect: sv.Drain) -> None:
         """Drain the nodes the detection named itself, where the site's `[gate] drain_on` asks
         (those the gate named were drained by `gate decide`)."""
         from trainctl.job.gate_drain import drain_condemned
 
-        failed = {item["node"]: (item["check"], item["reason"]) for item in detection.details.get("failed", [])}
-        condemned = {node: (detection.kind, *failed.get(node, ("watch." + detection.kind, detection.evidence)))
-                     for node in detection.suspects}
-        for drain in drain_condemned(self.policy.site, self.policy.config, condemned, self.env):
+        for drain in drain_condemned(self.policy.site, self.policy.config, effect.nodes, self.env):
             self.journal.add("drain", node=drain.host, outcome=drain.outcome, reason=drain.reason)
             say(f"trainctl: {drain.line()}", err=True)
-
-    def _healthy_unused(self, chosen: tuple[str, ...]) -> tuple[str, ...]:
-        """Nodes the gate passed but did not choose (decision.json), in Slurm's order: the spares."""
-        from trainctl.job.retry import _read_json
-
-        decision = _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
-        excluded = {item.get("host") for item in decision.get("excluded", [])}
-        return tuple(node for node in decision.get("allocated", []) if node not in chosen and node not in excluded)
 
     def _write_gate_status(self, step) -> None:
         status = slurm.wait_step(step, STEP_POLL_S)
@@ -203,10 +225,7 @@ class JobRun:
             return
         self.journal.add("submitted", submitted_t=when)
 
-    def _journal_verdicts(self) -> None:
-        from trainctl.job.retry import _read_json
-
-        decision = _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
+    def _journal_verdicts(self, decision: dict) -> None:
         chosen = set(decision.get("chosen", []))
         excluded = {item.get("host"): item.get("reasons", []) for item in decision.get("excluded", [])}
         for node in decision.get("allocated", []):
@@ -215,119 +234,108 @@ class JobRun:
 
     # ------------------------------------------------------------ the release
 
-    def _release(self, action: sv.Release) -> sv.Event:
-        if action.move_sentinel:
+    def _release(self, effect: sv.Release) -> sv.Event:
+        if effect.move_sentinel:
             slurm.cancel_steps(self.job_id, sv.SENTINEL_STEP, self.env)
-        result, resize = slurm.shrink_job(self.job_id, action.keep, self.gate_dir, self.env)
+        result, resize = slurm.shrink_job(self.job_id, effect.keep, self.gate_dir, self.env)
         output = " ".join((result.stdout + result.stderr).split()) if not result.timed_out \
             else result.describe_failure()
+        exported: dict[str, str] = {}
+        unset: tuple[str, ...] = ()
         if not result.ok:
-            say(f"trainctl: warning: the job keeps all its nodes: scontrol update NodeList={action.keep}: {output}",
+            say(f"trainctl: warning: the job keeps all its nodes: scontrol update NodeList={effect.keep}: {output}",
                 err=True)
         elif resize is None:
             say(f"trainctl: warning: released the unused nodes, but scontrol wrote no "
                 f"{self.gate_dir}/slurm_job_{self.job_id}_resize.sh: {output}", err=True)
         else:
             exported, unset = sv.parse_resize_script(resize)
-            for name in unset:
-                self.env.pop(name, None)
-            self.env.update(exported)
-            say(f"trainctl: released the nodes the job does not use; it now holds {self.env.get('SLURM_JOB_NODELIST')}")
-            self.journal.add("released", holds=self.env.get("SLURM_JOB_NODELIST", ""))
-        count = self.env.get("SLURM_JOB_NUM_NODES", "")
-        return sv.Resized(int(count) if count.isdigit() else len(self.facts.allocated))
+            holds = exported.get("SLURM_JOB_NODELIST", self.env.get("SLURM_JOB_NODELIST", ""))
+            say(f"trainctl: released the nodes the job does not use; it now holds {holds}")
+            self.journal.add("released", holds=holds)
+        count = exported.get("SLURM_JOB_NUM_NODES", self.env.get("SLURM_JOB_NUM_NODES", ""))
+        return sv.Resized(int(count) if count.isdigit() else len(self.facts.allocated), tuple(exported.items()),
+                          unset)
 
     # ------------------------------------------------------------ the training step
 
-    def _train(self, action: sv.RunTraining) -> sv.Event:
-        from trainctl.slurm import expand_hostlist
-
-        if action.start_sentinel:
-            self.sentinel = self._start_sentinel()
-        if self.plan.rank_output and not action.restart:
+    def _start_training(self, effect: sv.RunTraining) -> sv.Event:
+        if effect.start_sentinel:
+            self._start_sentinel()
+        if self.plan.rank_output and not effect.restart:
             say(f"trainctl: each rank's output: {self.gate_dir}/rank-<node>-<rank>.out "
                 f"(trainctl job show {self.job_id})")
         checkpoint = os.path.join(self.gate_dir, CHECKPOINT_FILE)
         env = dict(self.env, **{CHECKPOINT_ENV: checkpoint})
-        watching = self.policy.watch.enabled
-        self.training_nodes = tuple(expand_hostlist(action.job_nodes))
-        if watching:
+        if self.facts.watch is not None:
             env[WATCH_DIR_ENV] = prepare_watch_dir(self.gate_dir)
-        started = self.journal.add("training_start", nodes=action.job_nodes, master_addr=action.master_addr,
-                                   **({"restart": action.restart} if action.restart else {}))["t"]
-        seen = CheckpointWatch(checkpoint, started)
-        step = slurm.start_step(sv.training_argv(self.plan, action, self.gate_dir), env)
-        agents = slurm.start_step(sv.agent_argv(self.plan, action, self.gate_dir), self.env) if watching else None
-        watch = Watch(self, action, started) if watching else None
-        detection = None
-        while detection is None:
+        started = self.journal.add("training_start", nodes=effect.job_nodes, master_addr=effect.master_addr,
+                                   **({"restart": effect.restart} if effect.restart else {}))["t"]
+        self.step_started, self.checkpoints, self.poll_cost_s = started, CheckpointWatch(checkpoint, started), 0.0
+        self.step = slurm.start_step(sv.training_argv(self.plan, effect, self.gate_dir), env)
+        return sv.TrainingStarted(started)
+
+    def _wait_step(self, effect: sv.WaitStep) -> sv.Event:
+        """Until the step ends (StepEnded) or, watching, the next poll (Polled)."""
+        wait_s = poll_wait_s(self.policy.watch.poll_s, self.poll_cost_s) if effect.poll else STEP_POLL_S
+        while True:
             try:
-                status = step.wait(timeout=watch.wait_s() if watch else STEP_POLL_S)
-                break
+                status = self.step.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
-                seen.poll(self.journal)
-                detection = watch.poll() if watch else None
-        if detection is None and status != 0 and watch is not None:
-            detection = watch.lost(status)   # Slurm ended the step on a node it lost: the watch saw it go
-            if detection is not None:
-                self._journal_detection(detection)
-        elif detection is not None:
-            self._journal_detection(detection)
-            status = self._stop_training(detection, step, seen)
-        if agents is not None:   # scancel: each agent gets SIGTERM, then SIGKILL after KillWait (scancel(1))
+                self.checkpoints.poll(self.journal)
+                if effect.poll:
+                    return self._poll(sv.Polled)
+                continue
+            status = 128 - status if status < 0 else status
+            return self._poll(lambda t, readings: sv.StepEnded(status, t, readings)) if effect.poll \
+                else sv.StepEnded(status)
+
+    def _poll(self, event):
+        """The agents' files now, as `event(t, readings)`; the read's cost spaces the next poll."""
+        began = time.monotonic()
+        readings = read_node_files(self.gate_dir, self.state.chosen)
+        self.poll_cost_s = time.monotonic() - began
+        return event(time.time(), readings)
+
+    def _ask_for_checkpoint(self, effect: sv.AskForCheckpoint) -> None:
+        """The one way the supervisor asks the ranks to checkpoint: the signal through srun, which
+        forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES); then wait for a save."""
+        before = self.checkpoints.last
+        if effect.signal is not None and self.step.poll() is None:
+            self.step.send_signal(effect.signal)
+            deadline = time.monotonic() + effect.wait_s
+            while self.checkpoints.last == before and time.monotonic() < deadline and self.step.poll() is None:
+                time.sleep(0.2)
+                self.checkpoints.poll(self.journal)
+        self.journal.add("checkpoint_request", signal=effect.signal, saved=self.checkpoints.last != before)
+
+    def _step_over(self, effect: sv.StepOver) -> None:
+        if effect.agents and self.agents is not None:
+            # scancel: each agent gets SIGTERM, then SIGKILL after KillWait (scancel(1))
             slurm.cancel_steps(self.job_id, sv.AGENT_STEP, self.env)
-            slurm.stop_step(agents, self.job_id, sv.OWN_STEPS, self.env, self.policy.watch.end_grace_s,
+            slurm.stop_step(self.agents, self.job_id, sv.OWN_STEPS, self.env, self.policy.watch.end_grace_s,
                             cancel_others=False)
-        seen.poll(self.journal)
-        cause = (f"ended by the watch ({detection.kind})" if detection else
-                 "completed" if status == 0 else f"exit status {status}")
-        self.journal.add("step_end", status=status, cause=cause, training_start_t=started, last_checkpoint_t=seen.last)
-        if detection is not None:
-            return sv.WatchStopped(detection.kind, detection.suspects, status)
-        return sv.StepEnded(status)
+            self.agents = None
+        self.checkpoints.poll(self.journal)
+        self.journal.add("step_end", status=effect.status, cause=effect.cause, training_start_t=self.step_started,
+                         last_checkpoint_t=self.checkpoints.last)
 
-    def _journal_detection(self, detection) -> None:
-        """Kept until the gate after it has judged (`_journal_confirmation`)."""
-        self.detection = detection
-        self.journal.add("detection", kind=detection.kind, suspects=list(detection.suspects),
-                         evidence=detection.evidence, details=detection.details)
-        say(f"trainctl: watch: {detection.kind}: {detection.evidence}", err=True)
+    def _start_sentinel(self) -> None:
+        slurm.start_step(sv.sentinel_argv(self.plan, self.gate_dir), self.env)
 
-    def _stop_training(self, detection, step: subprocess.Popen, seen: "CheckpointWatch") -> int:
-        """Evidence first (stacks of a hung job, a checkpoint of a live one), then end the step."""
-        watch = self.policy.watch
-        if detection.kind == "hung":
-            answering = tuple(node for node in self.training_nodes if node not in detection.suspects)
-            stacks = request_stacks(self.gate_dir, answering, watch.dump_wait_s)
-            self.journal.add("stacks", files=stacks)
-        else:
-            asked = sv.checkpoint_signal(self.plan.signal)
-            before = seen.last
-            if asked is not None and step.poll() is None:
-                step.send_signal(asked)   # srun forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES)
-                deadline = time.monotonic() + watch.checkpoint_wait_s
-                while seen.last == before and time.monotonic() < deadline and step.poll() is None:
-                    time.sleep(0.2)
-                    seen.poll(self.journal)
-            self.journal.add("checkpoint_request", signal=asked, saved=seen.last != before)
-        return slurm.stop_step(step, self.job_id, sv.OWN_STEPS, self.env, watch.end_grace_s)
+    # ------------------------------------------------------------ a successor around bad nodes
 
-    def _start_sentinel(self):
-        return slurm.start_step(sv.sentinel_argv(self.plan, self.gate_dir), self.env)
-
-    # ------------------------------------------------------------ retry around bad nodes
-
-    def _retry(self, action: sv.Retry) -> sv.Event:
+    def _retry(self, effect: sv.Retry) -> sv.Event:
         from trainctl.errors import TrainctlError
         from trainctl.job import retry as retrying
         from trainctl.launcher.render import split_sbatch_options
 
         _, on_argv = split_sbatch_options(self.plan.sbatch_options)
         try:
-            rec = retrying.retry_around_bad_nodes(self.gate_dir, action.phase, action.status, list(action.nodes),
-                                                  action.budget, self.script_path,
+            rec = retrying.retry_around_bad_nodes(self.gate_dir, effect.phase, effect.status, list(effect.nodes),
+                                                  effect.budget, self.script_path,
                                                   tuple(option.argv for option in on_argv), self.env,
-                                                  (self.plan.nodes, self.plan.spare), action.condemned)
+                                                  (self.plan.nodes, self.plan.spare), effect.condemned)
         except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed
             say(f"trainctl: warning: could not decide on a retry: {exc}", err=True)
             self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")
@@ -338,54 +346,10 @@ class JobRun:
         return sv.RetryHandled()
 
 
-class Watch:
-    """The detectors (`trainctl.job.watch`, pure) fed with the node agents' files each poll."""
-
-    def __init__(self, job: "JobRun", action: sv.RunTraining, started: float):
-        from trainctl.job import watch
-        from trainctl.slurm import expand_hostlist
-
-        self.job = job
-        self.nodes = tuple(expand_hostlist(action.job_nodes))
-        self.limits = job.policy.watch_limits
-        self.state = watch.start(started, job.accepted_step_s)
-        self.poll_s = job.policy.watch.poll_s
-        self.cost_s = 0.0                       # the last poll's
-
-    def wait_s(self) -> float:
-        """Until the next poll: the site's poll_s, longer where a poll costs more than WATCH_SHARE of it."""
-        return max(self.poll_s, self.cost_s / WATCH_SHARE)
-
-    def poll(self):
-        began = time.monotonic()
-        try:
-            return self._poll()
-        finally:
-            self.cost_s = time.monotonic() - began
-
-    def _poll(self):
-        from trainctl.job import watch
-
-        stepped = self.state.progress_steps >= 0
-        seen = watch.observe(self.limits, self.state, time.time(), read_node_files(self.job.gate_dir, self.nodes))
-        self.state = seen.state
-        if not stepped and self.state.progress_steps >= 0:   # training again: the restart's cost ends here
-            self.job.journal.add("first_step", steps=self.state.progress_steps)
-        for node in seen.silent_while_progressing:
-            self.job.journal.add("agent_silent", node=node, note="training goes on: not a detection")
-        return seen.detection
-
-    def lost(self, status: int):
-        """The step failed by itself: the nodes whose agent fell silent before, as a detection
-        (a node Slurm lost stops its agent too); None when every agent still wrote."""
-        from trainctl.job import watch
-
-        self.poll()
-        silent = watch.silent_nodes(self.limits, self.state, time.time())
-        if not silent:
-            return None
-        return watch.Detection("hung", silent, f"the training step ended with status {status} after the agent of "
-                                               f"{', '.join(silent)} fell silent", {"silent": list(silent)})
+def healthy_unused(decision: dict, chosen: tuple[str, ...]) -> tuple[str, ...]:
+    """Nodes the gate passed but did not choose (decision.json), in Slurm's order: the spares."""
+    excluded = {item.get("host") for item in decision.get("excluded", [])}
+    return tuple(node for node in decision.get("allocated", []) if node not in chosen and node not in excluded)
 
 
 class CheckpointWatch:

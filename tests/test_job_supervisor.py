@@ -1,19 +1,28 @@
-"""The job's supervisor without Slurm: each decision of the state machine, the argv of each step,
-what it reads back from gate decide and scontrol, and the goodput of a chain of journals."""
+"""The job's supervisor without Slurm: the whole life of a job as scripted events fed to the pure
+state machine (gate, release, training, each detection kind, confirmation, restart on a spare or
+on fewer nodes, successor, the end), the argv of each step, what it reads back from gate decide
+and scontrol, and the goodput of a chain of journals."""
+
+from dataclasses import replace
 
 import pytest
 
 from trainctl.job import supervisor as sv
 from trainctl.job.goodput import goodput
 from trainctl.job.journal import Journal, parse_journal
+from trainctl.job.watch import Detection, NodeReading, RankProgress, WatchLimits
 from trainctl.launcher.plan import JobPlan, SubmitRequest, plan_job
 from trainctl.site import load_site
 
 ALLOCATED = ("node1", "node2", "node3", "node4")
+LIMITS = WatchLimits(slow_factor=1.5, slow_window_s=10.0, baseline_window_s=120.0, warmup_s=0.0, hang_floor_s=20.0,
+                     hang_steps=20.0, agent_silence_s=10.0)
+WATCH = sv.WatchFacts(LIMITS, checkpoint_signal=10, checkpoint_wait_s=15.0, dump_wait_s=5.0, end_grace_s=3.0)
 
 
-def facts(*, release=True, retries=0, batch_host="node1", restarts=0, spares=0, min_nodes=1, successors=0):
-    return sv.JobFacts(ALLOCATED, batch_host, release, retries, restarts, spares, min_nodes, successors)
+def facts(*, release=True, retries=0, batch_host="node1", restarts=0, spares=0, min_nodes=1, successors=0,
+          watch=None, allocated=ALLOCATED):
+    return sv.JobFacts(allocated, batch_host, release, retries, restarts, spares, min_nodes, successors, watch)
 
 
 def plan(**changes):
@@ -23,20 +32,80 @@ def plan(**changes):
 
 
 def run_events(job: sv.JobFacts, *events):
-    """The actions the supervisor takes for `events`, from the start."""
-    state, action = sv.advance(job, sv.JobState(), sv.Started())
-    actions = [action]
+    """The last effect of each step, from the start (the one that answers with the next event)."""
+    state, effects = sv.advance(job, sv.JobState(), sv.Started())
+    actions = [effects[-1]]
     for event in events:
-        state, action = sv.advance(job, state, event)
-        actions.append(action)
+        state, effects = sv.advance(job, state, event)
+        actions.append(effects[-1])
     return actions
+
+
+def feed(job: sv.JobFacts, state: sv.JobState, event) -> tuple[sv.JobState, tuple]:
+    return sv.advance(job, state, event)
+
+
+def reading(node: str, t: float, steps: int, step_s: float = 0.5, failed=(), seconds=None) -> NodeReading:
+    """A node agent's file: one rank per node (rank = the node's number), `steps` steps so far,
+    which took `seconds` (steps x step_s unless given)."""
+    rank = int(node.removeprefix("node"))
+    seconds = steps * step_s if seconds is None else seconds
+    return NodeReading(node, t, (RankProgress(rank, steps, seconds, t if steps else 0.0),), tuple(failed))
+
+
+def training(job: sv.JobFacts, chosen=("node1", "node2"), unused=("node3", "node4"), start_t=1000.0):
+    """Gate, release and the training step started at `start_t`, from scratch."""
+    state, effects = sv.advance(job, sv.JobState(), sv.Started())
+    state, effects = feed(job, state, sv.GateDecided(sv.fold_hostlist(list(chosen)), chosen, "10.0.0.1", unused))
+    if state.phase == "release":
+        state, effects = feed(job, state, sv.Resized(len(state.releasing)))
+    assert isinstance(effects[-1], sv.RunTraining)
+    return feed(job, state, sv.TrainingStarted(start_t))
+
+
+def polls(job, state, nodes, times, steps_at, step_s=0.5, failed=None, seconds_at=None):
+    """Feed one Polled per time until the phase changes; steps_at(node, t) -> the node's steps then
+    (seconds_at(node, t): the seconds they took). Returns the last (state, effects)."""
+    effects = ()
+    for t in times:
+        readings = {node: reading(node, t, steps_at(node, t), step_s, (failed or {}).get(node, ()),
+                                  seconds_at(node, t) if seconds_at else None)
+                    for node in nodes}
+        state, effects = feed(job, state, sv.Polled(t, readings))
+        if state.phase != "train":
+            break
+    return state, effects
 
 
 def test_a_healthy_job_gates_releases_the_spares_trains_and_ends_with_the_steps_status():
     actions = run_events(facts(), sv.GateDecided("node[1,4]", ("node1", "node4"), "10.0.0.1"), sv.Resized(2),
-                         sv.StepEnded(0))
+                         sv.TrainingStarted(1.0), sv.StepEnded(0))
     assert actions == [sv.RunGate(), sv.Release("node[1,4]", move_sentinel=True),
-                       sv.RunTraining("node[1,4]", 2, "10.0.0.1", start_sentinel=True), sv.Finish(0)]
+                       sv.RunTraining("node[1,4]", 2, "10.0.0.1", start_sentinel=True), sv.WaitStep(poll=False),
+                       sv.Finish(0)]
+    state, effects = sv.advance(facts(), sv.JobState(), sv.Started())
+    assert effects == (sv.StartSentinel(), sv.RunGate())
+    assert sv.advance(facts(allocated=("node1",)), sv.JobState(), sv.Started())[1] == (sv.RunGate(),)
+
+
+def test_the_step_ends_with_its_record_before_the_jobs_end():
+    job = facts(release=False)
+    state, _ = training(job)
+    state, effects = feed(job, state, sv.StepEnded(0))
+    assert effects == (sv.StepOver(0, "completed", agents=False), sv.Finish(0))
+    assert state.phase == "end"
+
+
+def test_the_release_rewrites_the_environment_the_later_steps_get():
+    job = facts()
+    state, _ = sv.advance(job, sv.JobState(), sv.Started())
+    state, _ = feed(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a", ("node3", "node4")))
+    state, _ = feed(job, state, sv.Resized(2, (("SLURM_JOB_NODELIST", "node[1-2]"), ("SLURM_JOB_NUM_NODES", "2")),
+                                           ("SLURM_TASKS_PER_NODE",)))
+    base = {"SLURM_JOB_NODELIST": "node[1-4]", "SLURM_JOB_NUM_NODES": "4", "SLURM_TASKS_PER_NODE": "1(x4)", "X": "1"}
+    assert sv.job_environment(base, state) == {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_NUM_NODES": "2", "X": "1"}
+    assert base["SLURM_JOB_NUM_NODES"] == "4"    # the batch script's own is left as it was
+    assert state.held == ("node1", "node2")
 
 
 def test_the_batch_host_is_kept_when_the_gate_left_it_out_and_the_sentinel_stays_on_a_kept_node():
@@ -68,10 +137,10 @@ def test_a_failed_gate_retries_around_the_allocation_only_with_retries():
 
 def test_a_failed_step_retries_around_its_nodes_and_ends_with_its_status():
     actions = run_events(facts(retries=1, release=False), sv.GateDecided("node[1-2]", ("node1", "node2"), "a"),
-                         sv.StepEnded(137), sv.RetryHandled())
-    assert actions[2:] == [sv.Retry("step", 137, ("node1", "node2"), budget=1), sv.Finish(137)]
-    assert run_events(facts(release=False), sv.GateDecided("node1", ("node1",), "a"), sv.StepEnded(3))[-1] == \
-        sv.Finish(3)
+                         sv.TrainingStarted(1.0), sv.StepEnded(137), sv.RetryHandled())
+    assert actions[3:] == [sv.Retry("step", 137, ("node1", "node2"), budget=1), sv.Finish(137)]
+    assert run_events(facts(release=False), sv.GateDecided("node1", ("node1",), "a"), sv.TrainingStarted(1.0),
+                      sv.StepEnded(3))[-1] == sv.Finish(3)
 
 
 def test_a_held_spare_stays_through_training_and_the_rest_go_back():
@@ -79,63 +148,192 @@ def test_a_held_spare_stays_through_training_and_the_rest_go_back():
     assert actions[1] == sv.Release("node[1-3]", move_sentinel=False)
 
 
+# ---------------------------------------------------------------- training, watched
+
+def test_the_watch_starts_the_agents_and_polls_while_the_job_makes_progress():
+    job = facts(release=False, watch=WATCH)
+    state, effects = training(job)
+    assert effects == (sv.StartAgents("node[1-2]", 2), sv.WaitStep(poll=True))
+    state, effects = feed(job, state, sv.Polled(1001.0, {"node1": reading("node1", 1001.0, 1),
+                                                         "node2": reading("node2", 1001.0, 1)}))
+    assert effects == (sv.Journal("first_step", {"steps": 1}), sv.WaitStep(poll=True))
+    state, effects = polls(job, state, ("node1", "node2"), [1002.0 + i for i in range(30)],
+                           lambda node, t: int(t - 1000.0) * 2)
+    assert effects == (sv.WaitStep(poll=True),) and state.phase == "train"
+    state, effects = feed(job, state, sv.StepEnded(0, 1040.0, {}))
+    assert effects == (sv.StepOver(0, "completed", agents=True), sv.Finish(0))
+
+
+def test_an_agent_silent_while_training_goes_on_is_journaled_once_and_is_no_detection():
+    job = facts(release=False, watch=WATCH)
+    state, _ = training(job)
+    noted = []
+    for second in range(1, 40):
+        t = 1000.0 + second
+        readings = {"node1": reading("node1", t, second),
+                    "node2": reading("node2", min(t, 1005.0), min(second, 5))}   # node2's agent stops at 1005
+        state, effects = feed(job, state, sv.Polled(t, readings))
+        noted += [e for e in effects if isinstance(e, sv.Journal) and e.kind == "agent_silent"]
+        assert state.phase == "train", effects
+    assert noted == [sv.Journal("agent_silent", {"node": "node2", "note": "training goes on: not a detection"})]
+
+
+def sick_detected(job):
+    state, _ = training(job)
+    state, _ = polls(job, state, ("node1", "node2"), [1001.0, 1002.0], lambda node, t: int(t - 1000.0))
+    return polls(job, state, ("node1", "node2"), [1003.0], lambda node, t: int(t - 1000.0),
+                 failed={"node2": (("gpu.xid", "Xid 79: fallen off the bus"),)})
+
+
+def test_a_sick_node_asks_for_a_checkpoint_stops_the_step_and_restarts_on_the_held_spare():
+    job = facts(spares=1, restarts=2, watch=WATCH)
+    state, effects = sick_detected(job)
+    assert state.phase == "stopping" and state.detection.suspects == ("node2",)
+    assert effects[0].kind == "detection" and effects[0].fields["suspects"] == ["node2"]
+    assert effects[1] == sv.Say("trainctl: watch: sick: node2: gpu.xid: Xid 79: fallen off the bus")
+    assert effects[2:] == (sv.AskForCheckpoint(10, 15.0), sv.StopStep(3.0))
+    state, effects = feed(job, state, sv.StepStopped(143))
+    assert effects == (sv.StepOver(143, "ended by the watch (sick)", agents=True),
+                       sv.RunGate(("node1", "node3"), archive=1))
+    assert state.condemned == ("node2",) and state.restarts == 1 and state.watch is None
+    # the gate confirms: the named node is left out (and drained where the site asks), the spare trains
+    state, effects = feed(job, state, sv.GateDecided("node[1,3]", ("node1", "node3"), "a"))
+    assert effects[0] == sv.Journal("confirmation", {"kind": "sick", "checked": ["node1", "node3"], "named": {
+        "node2": "sick: node2: gpu.xid: Xid 79: fallen off the bus"}})
+    assert effects[1:] == (sv.Say("trainctl: watch: leaving out node2"),
+                           sv.Drain({"node2": ("sick", "gpu.xid", "Xid 79: fallen off the bus")}),
+                           sv.Release("node[1,3]", move_sentinel=True))
+    assert state.detection is None
+    state, effects = feed(job, state, sv.Resized(2))
+    assert effects == (sv.RunTraining("node[1,3]", 2, "a", start_sentinel=True, restart=1),)
+    state, effects = feed(job, state, sv.TrainingStarted(2000.0))
+    assert effects == (sv.StartAgents("node[1,3]", 2), sv.WaitStep(poll=True))
+
+
+def test_without_a_checkpoint_signal_the_request_is_still_one_effect():
+    job = facts(spares=1, restarts=2, watch=sv.WatchFacts(LIMITS, None, 15.0, 5.0, 3.0))
+    assert sick_detected(job)[1][2] == sv.AskForCheckpoint(None, 15.0)
+
+
+def test_a_hung_node_gets_the_others_stacks_and_is_named_by_its_silent_agent():
+    job = facts(spares=1, restarts=2, watch=WATCH)
+    state, _ = training(job)
+    state, _ = polls(job, state, ("node1", "node2"), [1001.0 + i for i in range(5)], lambda node, t: int(t - 1000.0))
+    # node2 hangs at 1005: its agent writes no more, and no rank finishes a step
+    for t in [1006.0 + i for i in range(25)]:
+        readings = {"node1": reading("node1", t, 5), "node2": reading("node2", 1005.0, 5)}
+        state, effects = feed(job, state, sv.Polled(t, readings))
+        if state.phase != "train":
+            break
+    assert state.detection.kind == "hung" and state.detection.suspects == ("node2",)
+    assert effects[-2:] == (sv.RequestStacks(("node1",), 5.0), sv.StopStep(3.0))
+    state, effects = feed(job, state, sv.StepStopped(137))
+    assert effects[-1] == sv.RunGate(("node1", "node3"), archive=1)
+
+
+def test_a_slowdown_no_gate_localises_becomes_the_new_normal_on_the_same_nodes():
+    job = facts(release=False, restarts=1, watch=WATCH)
+    state, _ = training(job)
+    # 0.5 s a step for 60 s, then 1.0 s a step: two steps a poll, then one
+    state, effects = polls(job, state, ("node1", "node2"), [1001.0 + i for i in range(90)],
+                           lambda node, t: int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0)),
+                           seconds_at=lambda node, t: t - 1000.0)
+    assert state.phase == "stopping" and state.detection.kind == "slow" and state.detection.suspects == ()
+    assert effects[-2:] == (sv.AskForCheckpoint(10, 15.0), sv.StopStep(3.0))
+    state, effects = feed(job, state, sv.StepStopped(143))
+    assert effects[-1] == sv.RunGate(ALLOCATED, archive=1) and state.condemned == ()
+    state, effects = feed(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
+    assert effects[0].kind == "confirmation" and effects[0].fields["note"] == "slowdown not localised"
+    assert effects[1] == sv.Say("trainctl: watch: the gate names no node (slow not localised): "
+                                "resuming on the same nodes")
+    assert effects[2] == sv.RunTraining("node[1-2]", 2, "a", start_sentinel=False, restart=1)
+    assert state.accepted_step_s > 0.5
+    state, _ = feed(job, state, sv.TrainingStarted(3000.0))
+    assert state.watch.accepted_step_s == state.accepted_step_s
+
+
+def test_a_slowdown_the_gate_localises_names_the_node_the_gate_excluded():
+    job = facts(release=False, restarts=1, watch=WATCH)
+    state = sv.JobState(phase="gate", held=ALLOCATED, chosen=("node1", "node2"), restarts=1,
+                        detection=Detection("slow", (), "step time 1 s, 2x"))
+    state, effects = feed(job, state, sv.GateDecided("node[1,3]", ("node1", "node3"), "a",
+                                                     gate_named={"node2": "fabric: straggler"}))
+    assert effects[0].fields["named"] == {"node2": "fabric: straggler"}
+    assert effects[1] == sv.Say("trainctl: watch: leaving out node2")
+    assert not any(isinstance(e, sv.Drain) for e in effects)   # gate decide drained it itself
+    assert state.accepted_step_s == 0.0
+
+
+def test_a_step_that_fails_after_an_agent_fell_silent_is_a_hang_of_that_node():
+    job = facts(spares=1, restarts=2, watch=WATCH)
+    state, _ = training(job)
+    state, _ = polls(job, state, ("node1", "node2"), [1001.0, 1002.0, 1003.0], lambda node, t: int(t - 1000.0))
+    # Slurm ended the step 12 s later, node2's agent silent since 1003
+    state, effects = feed(job, state, sv.StepEnded(137, 1015.0, {"node1": reading("node1", 1015.0, 15),
+                                                                 "node2": reading("node2", 1003.0, 3)}))
+    assert effects[0].kind == "detection" and effects[0].fields["suspects"] == ["node2"]
+    assert effects[2:] == (sv.StepOver(137, "ended by the watch (hung)", agents=True),
+                           sv.RunGate(("node1", "node3"), archive=1))
+    # every agent still wrote: the program's own failure, no detection
+    state, _ = training(job)
+    state, effects = feed(job, state, sv.StepEnded(1, 1001.0, {"node1": reading("node1", 1001.0, 1),
+                                                               "node2": reading("node2", 1001.0, 1)}))
+    assert effects == (sv.StepOver(1, "exit status 1", agents=True), sv.Finish(1))
+
+
 def test_a_hung_node_is_left_out_of_the_next_gate_and_training_restarts_on_the_spare():
-    job = facts(restarts=2, spares=1)
-    state, _ = sv.advance(job, sv.JobState(), sv.Started())
-    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a", ("node3", "node4")))
-    state, action = sv.advance(job, state, sv.Resized(3))
-    assert state.held == ("node1", "node2", "node3") and action.restart == 0
-    state, action = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
-    assert action == sv.RunGate(("node1", "node3")) and state.condemned == ("node2",)
-    state, action = sv.advance(job, state, sv.GateDecided("node[1,3]", ("node1", "node3"), "a"))
-    assert action == sv.Release("node[1,3]", move_sentinel=True)
-    state, action = sv.advance(job, state, sv.Resized(2))
-    assert action == sv.RunTraining("node[1,3]", 2, "a", start_sentinel=True, restart=1)
+    job = facts(restarts=2, spares=1, watch=WATCH)
+    state, _ = training(job)
+    assert state.held == ("node1", "node2", "node3")
+    state, effects = stopped_after(job, state, "hung", ("node2",))
+    assert effects[-1] == sv.RunGate(("node1", "node3"), archive=1) and state.condemned == ("node2",)
+    state, effects = feed(job, state, sv.GateDecided("node[1,3]", ("node1", "node3"), "a"))
+    assert effects[-1] == sv.Release("node[1,3]", move_sentinel=True)
+    state, effects = feed(job, state, sv.Resized(2))
+    assert effects[-1] == sv.RunTraining("node[1,3]", 2, "a", start_sentinel=True, restart=1)
     assert state.held == ("node1", "node3")
+    # a second detection gates again, on fewer nodes, with the next round number
+    state, _ = feed(job, state, sv.TrainingStarted(2000.0))
+    state, effects = stopped_after(job, state, "hung", ("node3",))
+    assert effects[-1] == sv.RunGate(("node1",), archive=2) and state.condemned == ("node2", "node3")
 
 
-def test_a_slowdown_runs_the_gate_on_every_held_node_and_names_nobody_itself():
-    job = facts(restarts=1, release=False)
-    state, _ = sv.advance(job, sv.JobState(), sv.Started())
-    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
-    state, action = sv.advance(job, state, sv.WatchStopped("slow", (), 143))
-    assert action == sv.RunGate(ALLOCATED) and state.condemned == ()
-    state, action = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
-    assert action == sv.RunTraining("node[1-2]", 2, "a", start_sentinel=False, restart=1)
-    # restarts used up: the next detection goes on in a successor excluding what the watch named,
-    # within --retries or the site's watch.max_successors, whichever allows more
-    ended = sv.advance(job, state, sv.WatchStopped("sick", ("node2",), 143))[1]
+def stopped_after(job, state, kind, suspects, status=143):
+    state = replace(state, phase="stopping", detection=Detection(kind, suspects, "evidence"))
+    return feed(job, state, sv.StepStopped(status))
+
+
+def test_restarts_used_up_go_on_in_a_successor_within_retries_or_the_sites_successors():
+    state, _ = training(facts(release=False))
+    state = replace(state, restarts=1)
+    job = facts(restarts=1, release=False, watch=WATCH)
+    ended = stopped_after(job, state, "sick", ("node2",))[1][-1]
     assert ended == sv.Finish(143, "the watch found node2 sick; the 1 restarts the site allows inside the "
                                    "allocation are used up; no successor job: --retries is 0 and the site's "
                                    "watch.max_successors is 0")
-    retrying = facts(restarts=1, release=False, retries=1)
-    assert sv.advance(retrying, state, sv.WatchStopped("sick", ("node2",), 143))[1] == \
+    retrying = facts(restarts=1, release=False, retries=1, watch=WATCH)
+    assert stopped_after(retrying, state, "sick", ("node2",))[1][-1] == \
         sv.Retry("step", 143, ("node1", "node2"), ("node2",), budget=1)
-    by_default = facts(restarts=1, release=False, successors=2)
-    assert sv.advance(by_default, state, sv.WatchStopped("sick", ("node2",), 143))[1] == \
-        sv.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2)
+    by_default = facts(restarts=1, release=False, successors=2, watch=WATCH)
+    state, effects = stopped_after(by_default, state, "sick", ("node2",))
+    assert effects[-1] == sv.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2)
+    assert state.phase == "retry" and state.detection is None
+    assert feed(by_default, state, sv.RetryHandled())[1] == (sv.Finish(143),)
 
 
-def test_too_few_healthy_nodes_after_a_detection_retries_excluding_the_condemned():
-    job = facts(restarts=1, retries=1, release=False)
-    state, _ = sv.advance(job, sv.JobState(), sv.Started())
-    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
-    state, _ = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
-    assert sv.advance(job, state, sv.GateRefused(2))[1] == sv.Retry("gate", 2, ALLOCATED, ("node2",), budget=1)
-    # without --retries too, by the site's watch.max_successors
-    job = facts(restarts=1, release=False, successors=2)
-    state, _ = sv.advance(job, sv.JobState(), sv.Started())
-    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a"))
-    state, _ = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
-    assert sv.advance(job, state, sv.GateRefused(2))[1] == sv.Retry("gate", 2, ALLOCATED, ("node2",), budget=2)
+def test_too_few_healthy_nodes_after_a_detection_go_on_in_a_successor_excluding_the_condemned():
+    for job, budget in ((facts(restarts=1, retries=1, release=False, watch=WATCH), 1),
+                        (facts(restarts=1, release=False, successors=2, watch=WATCH), 2)):
+        state, _ = training(job)
+        state, _ = stopped_after(job, state, "hung", ("node2",))
+        state, effects = feed(job, state, sv.GateRefused(2, gate_named={"node3": "ib.ports: Down"}))
+        assert effects[0].kind == "confirmation"
+        assert effects[-1] == sv.Retry("gate", 2, ALLOCATED, ("node2",), budget=budget)
 
 
 def trained_on_two_of_three(job: sv.JobFacts) -> sv.JobState:
     """--nodes 2 --spare 1: the gate chose node[1-2]; node3 passed too."""
-    state, _ = sv.advance(job, sv.JobState(), sv.Started())
-    state, _ = sv.advance(job, state, sv.GateDecided("node[1-2]", ("node1", "node2"), "a", ("node3",)))
-    if state.phase == "release":
-        state, _ = sv.advance(job, state, sv.Resized(len(state.releasing)))
+    state, _ = training(job, unused=("node3",))
     assert state.phase == "train"
     return state
 
@@ -144,51 +342,54 @@ def three_nodes(**changes) -> sv.JobFacts:
     defaults = dict(release=True, retries=0, max_restarts=3, hold_spares=0, min_nodes=2, successors=2)
     defaults.update(changes)
     return sv.JobFacts(("node1", "node2", "node3"), "node1", defaults["release"], defaults["retries"],
-                       defaults["max_restarts"], defaults["hold_spares"], defaults["min_nodes"], defaults["successors"])
+                       defaults["max_restarts"], defaults["hold_spares"], defaults["min_nodes"], defaults["successors"],
+                       WATCH)
 
 
 def test_with_the_sites_defaults_a_named_node_without_a_spare_held_goes_on_in_a_successor_without_a_gate():
     job = three_nodes()
     state = trained_on_two_of_three(job)
     assert state.held == ("node1", "node2")          # the spare went back after the first gate
-    state, action = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
-    assert action == sv.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2)
+    state, effects = stopped_after(job, state, "hung", ("node2",))
+    assert effects == (sv.StepOver(143, "ended by the watch (hung)", agents=True),
+                       sv.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2))
     assert state.phase == "retry" and state.condemned == ("node2",)
-    assert sv.advance(job, state, sv.RetryHandled())[1] == sv.Finish(143)
+    assert feed(job, state, sv.RetryHandled())[1] == (sv.Finish(143),)
 
 
 def test_a_held_spare_takes_the_named_nodes_place_inside_the_allocation():
     job = three_nodes(hold_spares=1)
     state = trained_on_two_of_three(job)
-    assert state.held == ALLOCATED[:3]                # nothing to release: the spare is held
-    state, action = sv.advance(job, state, sv.WatchStopped("sick", ("node2",), 143))
-    assert action == sv.RunGate(("node1", "node3"))
-    state, action = sv.advance(job, state, sv.GateDecided("node[1,3]", ("node1", "node3"), "a"))
-    assert action == sv.Release("node[1,3]", move_sentinel=True)
-    assert sv.advance(job, state, sv.Resized(2))[1] == sv.RunTraining("node[1,3]", 2, "a", True, restart=1)
+    assert state.held == ("node1", "node2", "node3")   # nothing to release: the spare is held
+    state, effects = stopped_after(job, state, "sick", ("node2",))
+    assert effects[-1] == sv.RunGate(("node1", "node3"), archive=1)
+    state, effects = feed(job, state, sv.GateDecided("node[1,3]", ("node1", "node3"), "a"))
+    assert effects[-1] == sv.Release("node[1,3]", move_sentinel=True)
+    assert feed(job, state, sv.Resized(2))[1] == (sv.RunTraining("node[1,3]", 2, "a", True, restart=1),)
 
 
 def test_without_a_spare_training_restarts_on_fewer_nodes_down_to_min_nodes():
     job = three_nodes(min_nodes=1)
     state = trained_on_two_of_three(job)
-    state, action = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
-    assert action == sv.RunGate(("node1",))
-    state, action = sv.advance(job, state, sv.GateDecided("node1", ("node1",), "a"))
-    assert action == sv.Release("node1", move_sentinel=True)     # the hung node goes back to Slurm
-    assert sv.advance(job, state, sv.Resized(1))[1] == sv.RunTraining("node1", 1, "a", False, restart=1)
+    state, effects = stopped_after(job, state, "hung", ("node2",))
+    assert effects[-1] == sv.RunGate(("node1",), archive=1)
+    state, effects = feed(job, state, sv.GateDecided("node1", ("node1",), "a"))
+    assert effects[-1] == sv.Release("node1", move_sentinel=True)     # the hung node goes back to Slurm
+    assert feed(job, state, sv.Resized(1))[1] == (sv.RunTraining("node1", 1, "a", False, restart=1),)
 
 
 def test_when_the_job_truly_cannot_go_on_one_line_names_the_node_and_why():
     job = three_nodes(successors=0)
     state = trained_on_two_of_three(job)
-    state, action = sv.advance(job, state, sv.WatchStopped("hung", ("node2",), 143))
-    assert action == sv.Finish(143, "the watch found node2 hung; 1 node left in the allocation, --min-nodes is 2; "
-                                    "no successor job: --retries is 0 and the site's watch.max_successors is 0")
+    state, effects = stopped_after(job, state, "hung", ("node2",))
+    assert effects[-1] == sv.Finish(143, "the watch found node2 hung; 1 node left in the allocation, --min-nodes "
+                                         "is 2; no successor job: --retries is 0 and the site's "
+                                         "watch.max_successors is 0")
     assert state.phase == "end"
     # a slowdown nobody could localise, with the restarts used up
     job = three_nodes(successors=0, max_restarts=0)
     state = trained_on_two_of_three(job)
-    assert sv.advance(job, state, sv.WatchStopped("slow", (), 143))[1].why.startswith(
+    assert stopped_after(job, state, "slow", ())[1][-1].why.startswith(
         "the watch found the job slow and named no node; the 0 restarts")
 
 
@@ -201,6 +402,9 @@ def test_the_checkpoint_signal_comes_from_the_plans_sbatch_signal(value, expecte
 def test_an_event_out_of_place_is_a_bug_not_a_silent_skip():
     with pytest.raises(ValueError, match="StepEnded cannot happen in phase gate"):
         run_events(facts(), sv.StepEnded(0))
+    with pytest.raises(ValueError, match="Polled cannot happen in phase train"):   # no watch, no poll
+        state, _ = training(facts(release=False))
+        feed(facts(release=False), state, sv.Polled(1.0, {}))
 
 
 def test_step_argv_from_the_plan():
@@ -221,7 +425,7 @@ def test_step_argv_from_the_plan():
                                                                           "--ntasks=2"]
     restart = sv.training_argv(job, sv.RunTraining("node[1,4]", 2, "10.0.0.1", False, restart=1), "/g")
     assert "--overlap" in restart and "--overlap" not in training
-    agents = sv.agent_argv(job, sv.RunTraining("node[1,4]", 2, "10.0.0.1", False), "/g")
+    agents = sv.agent_argv(job, sv.StartAgents("node[1,4]", 2), "/g")
     assert agents[:7] == ["srun", "--overlap", "--job-name=trainctl-agent", "--nodelist=node[1,4]", "--nodes=2",
                           "--ntasks=2", "--ntasks-per-node=1"]
     assert "--relative=1" in sv.sentinel_argv(job, "/g")
