@@ -14,6 +14,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 from trainctl.job import supervisor as sv
 from trainctl.job import slurm_actions as slurm
@@ -98,49 +99,40 @@ class JobRun:
             self.state, effects = sv.advance(self.facts, self.state, event)
             event = None
             for effect in effects:
-                if isinstance(effect, sv.Finish):
-                    return self._finish(effect)
                 answer = self.carry_out(effect)
+                if isinstance(effect, sv.Finish):
+                    return answer
                 if answer is not None:
                     event = answer
             if event is None:
                 raise AssertionError(f"job supervisor: no event after {effects}")
 
     def carry_out(self, effect: sv.Effect) -> sv.Event | None:
-        """One effect; the event it answers with, for those that answer."""
-        if isinstance(effect, sv.Journal):
-            self.journal.add(effect.kind, **effect.fields)
-        elif isinstance(effect, sv.Say):
-            say(effect.line, err=effect.err)
-        elif isinstance(effect, sv.StartSentinel):
-            self._start_sentinel()
-        elif isinstance(effect, sv.RunGate):
-            return self._gate(effect)
-        elif isinstance(effect, sv.Drain):
-            self._drain(effect)
-        elif isinstance(effect, sv.Release):
-            return self._release(effect)
-        elif isinstance(effect, sv.RunTraining):
-            return self._start_training(effect)
-        elif isinstance(effect, sv.StartAgents):
-            self.agents = slurm.start_step(sv.agent_argv(self.plan, effect, self.gate_dir), self.env)
-        elif isinstance(effect, sv.WaitStep):
-            return self._wait_step(effect)
-        elif isinstance(effect, sv.RequestStacks):
-            self.journal.add("stacks", files=request_stacks(self.gate_dir, effect.nodes, effect.wait_s))
-        elif isinstance(effect, sv.AskForCheckpoint):
-            self._ask_for_checkpoint(effect)
-        elif isinstance(effect, sv.StopStep):
-            return sv.StepStopped(slurm.stop_step(self.step, self.job_id, sv.OWN_STEPS, self.env, effect.grace_s))
-        elif isinstance(effect, sv.StepOver):
-            self._step_over(effect)
-        elif isinstance(effect, sv.Retry):
-            return self._retry(effect)
-        else:
-            raise TypeError(f"job supervisor: no way to carry out {effect!r}")
-        return None
+        """One effect, by its one executor; the event it answers with, for those that answer."""
+        return self.executors()[type(effect)](effect)
+
+    def executors(self) -> dict[type, Callable[..., sv.Event | None]]:
+        """The one way each effect is carried out (Finish ends the loop: `_finish`)."""
+        return {
+            sv.Journal: self._journal,
+            sv.Say: lambda effect: say(effect.line, err=effect.err),
+            sv.StartSentinel: self._start_sentinel,
+            sv.RunGate: self._gate,
+            sv.Drain: self._drain,
+            sv.Release: self._release,
+            sv.RunTraining: self._start_training,
+            sv.StartAgents: self._start_agents,
+            sv.WaitStep: self._wait_step,
+            sv.RequestStacks: self._request_stacks,
+            sv.AskForCheckpoint: self._ask_for_checkpoint,
+            sv.StopStep: self._stop_step,
+            sv.StepOver: self._step_over,
+            sv.Retry: self._retry,
+            sv.Finish: self._finish,
+        }
 
     def _finish(self, effect: sv.Finish) -> int:
+        """The job's exit status."""
         if effect.why:
             say(f"trainctl: the job cannot go on: {effect.why}", err=True)
         self.journal.add("job_end", status=effect.status, **({"cause": effect.why} if effect.why else {}))
@@ -275,6 +267,15 @@ class JobRun:
         self.step = slurm.start_step(sv.training_argv(self.plan, effect, self.gate_dir), env)
         return sv.TrainingStarted(started)
 
+    def _start_agents(self, effect: sv.StartAgents) -> None:
+        self.agents = slurm.start_step(sv.agent_argv(self.plan, effect, self.gate_dir), self.env)
+
+    def _request_stacks(self, effect: sv.RequestStacks) -> None:
+        self.journal.add("stacks", files=request_stacks(self.gate_dir, effect.nodes, effect.wait_s))
+
+    def _stop_step(self, effect: sv.StopStep) -> sv.Event:
+        return sv.StepStopped(slurm.stop_step(self.step, self.job_id, sv.OWN_STEPS, self.env, effect.grace_s))
+
     def _wait_step(self, effect: sv.WaitStep) -> sv.Event:
         """Until the step ends (StepEnded) or, watching, the next poll (Polled)."""
         wait_s = poll_wait_s(self.policy.watch.poll_s, self.poll_cost_s) if effect.poll else STEP_POLL_S
@@ -320,7 +321,10 @@ class JobRun:
         self.journal.add("step_end", status=effect.status, cause=effect.cause, training_start_t=self.step_started,
                          last_checkpoint_t=self.checkpoints.last)
 
-    def _start_sentinel(self) -> None:
+    def _journal(self, effect: sv.Journal) -> None:
+        self.journal.add(effect.kind, **effect.fields)
+
+    def _start_sentinel(self, effect: sv.StartSentinel | None = None) -> None:
         slurm.start_step(sv.sentinel_argv(self.plan, self.gate_dir), self.env)
 
     # ------------------------------------------------------------ a successor around bad nodes

@@ -264,6 +264,28 @@ def test_a_slowdown_the_gate_localises_names_the_node_the_gate_excluded():
     assert state.accepted_step_s == 0.0
 
 
+def test_a_program_without_the_progress_api_is_found_hung_by_an_agent_silent_for_the_hang_floor():
+    job = facts(spares=1, restarts=2, watch=WATCH)
+    state, _ = training(job)
+    for t in [1001.0 + i for i in range(40)]:   # no rank reports a step; node2's agent stops at 1005
+        state, effects = feed(job, state, sv.Polled(t, {"node1": reading("node1", t, 0),
+                                                        "node2": reading("node2", min(t, 1005.0), 0)}))
+        if state.phase != "train":
+            break
+    assert t >= 1005.0 + LIMITS.hang_floor_s
+    assert state.detection.kind == "hung" and state.detection.suspects == ("node2",)
+    assert effects[-2:] == (sv.RequestStacks(("node1",), 5.0), sv.StopStep(3.0))
+
+
+def test_every_effect_the_machine_returns_has_one_executor_in_the_driver():
+    import typing
+
+    from trainctl.job.run import JobRun
+
+    driver = JobRun.__new__(JobRun)     # the table only, no Slurm
+    assert set(driver.executors()) == set(typing.get_args(sv.Effect))
+
+
 def test_a_step_that_fails_after_an_agent_fell_silent_is_a_hang_of_that_node():
     job = facts(spares=1, restarts=2, watch=WATCH)
     state, _ = training(job)
