@@ -44,7 +44,7 @@ def test_a_gate_round_and_the_watchs_evidence_move_aside_before_the_gate_runs_ag
 
 
 def test_a_poll_that_costs_more_than_its_share_of_poll_s_spaces_the_next_one():
-    from trainctl.job.run import WATCH_SHARE, poll_wait_s
+    from trainctl.job.driver import WATCH_SHARE, poll_wait_s
     from trainctl.site import WatchConfig
 
     config = WatchConfig()

@@ -1,6 +1,7 @@
-"""`trainctl job run`: the supervisor's driver on the batch host, from the gate to the end of the job.
+"""`trainctl job run`: the driver of the job's state machine (`trainctl.job.machine`) on the batch
+host, from the gate to the end of the job.
 
-It feeds events to `supervisor.advance` (pure) and carries out the effects it returns, each
+It feeds events to `machine.advance` (pure) and carries out the effects it returns, each
 through one method here and Slurm's commands in `slurm_actions`; every decision is the
 machine's. It prints what the job script used to print, on the job's stdout and stderr.
 """
@@ -16,15 +17,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from trainctl.job import supervisor as sv
-from trainctl.job import slurm_actions as slurm
-from trainctl.job.gate_cli import GATE_STEP_STATUS   # read by `gate decide --wait`: the gate step is over
-from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal
-from trainctl.job.retry import _read_json, gate_bad_nodes
 from trainctl.agent_socket import WATCH_DIR_ENV
+from trainctl.errors import Stopped, TrainctlError, UsageError
+from trainctl.job import machine, slurm_actions
+from trainctl.job.gate_cli import GATE_STEP_STATUS, ignore_checkpoint_signals
+from trainctl.job.gate_drain import drain_condemned
+from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal
+from trainctl.job.policy import load_gate_policy
+from trainctl.job.retry import (ENV_ATTEMPT, ENV_EXCLUDE, _read_json, gate_bad_nodes, retry_around_bad_nodes,
+                                summary_line)
 from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
 from trainctl.launcher.plan import JobPlan
+from trainctl.launcher.render import split_sbatch_options
 from trainctl.proc import run
+from trainctl.slurm import expand_hostlist, this_node_name
 
 GATE_STEP_GRACE_S = 5.0                 # the gate step ends by itself just after the decision, unless a node is lost
 DECIDE_MARGIN_S = 60.0                  # beyond decide's own deadline, before it counts as hung
@@ -44,11 +50,11 @@ def poll_wait_s(poll_s: float, cost_s: float) -> float:
     return max(poll_s, cost_s / WATCH_SHARE)
 
 
-class JobRun:
-    def __init__(self, plan: JobPlan, script_path: str, env: dict[str, str]):
-        from trainctl.job.policy import load_gate_policy
-        from trainctl.slurm import expand_hostlist, this_node_name
+class JobDriver:
+    """Carries out the machine's effects for one job; holds only the live handles (the steps'
+    sruns, the journal) and the machine's latest state."""
 
+    def __init__(self, plan: JobPlan, script_path: str, env: dict[str, str]):
         self.plan, self.script_path, self.base_env = plan, script_path, env
         self.job_id = env["SLURM_JOB_ID"]
         self.gate_dir = str(Path(env["SLURM_SUBMIT_DIR"]) / f"trainctl-gate-{self.job_id}")
@@ -57,12 +63,14 @@ class JobRun:
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
         watch = self.policy.watch
-        watching = sv.WatchFacts(self.policy.watch_limits, sv.checkpoint_signal(plan.signal), watch.checkpoint_wait_s,
-                                 watch.dump_wait_s, watch.end_grace_s) if watch.enabled else None
-        self.facts = sv.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries,
-                                 watch.max_restarts if watch.enabled else 0, watch.hold_spares if watch.enabled else 0,
-                                 plan.min_nodes, watch.max_successors if watch.enabled else 0, watching)
-        self.state = sv.JobState()
+        watching = machine.WatchFacts(self.policy.watch_limits, machine.checkpoint_signal(plan.signal),
+                                      watch.checkpoint_wait_s, watch.dump_wait_s,
+                                      watch.end_grace_s) if watch.enabled else None
+        self.facts = machine.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries,
+                                      watch.max_restarts if watch.enabled else 0,
+                                      watch.hold_spares if watch.enabled else 0, plan.min_nodes,
+                                      watch.max_successors if watch.enabled else 0, watching)
+        self.state = machine.JobState()
         # the training step now: its srun, when it started, the checkpoints seen, the last poll's cost
         self.step: subprocess.Popen | None = None
         self.agents: subprocess.Popen | None = None
@@ -72,11 +80,9 @@ class JobRun:
 
     @property
     def env(self) -> dict[str, str]:
-        return sv.job_environment(self.base_env, self.state)
+        return machine.job_environment(self.base_env, self.state)
 
     def run(self) -> int:
-        from trainctl.errors import Stopped
-
         try:
             return self._run()
         except Stopped as exc:  # scancel or the time limit: the end is journaled, then the CLI reports it
@@ -84,8 +90,6 @@ class JobRun:
             raise
 
     def _run(self) -> int:
-        from trainctl.job.retry import ENV_ATTEMPT, ENV_EXCLUDE
-
         attempt = self.env.get(ENV_ATTEMPT, "1")
         if self.plan.retries:
             excluding = self.env.get(ENV_EXCLUDE, "")
@@ -93,45 +97,45 @@ class JobRun:
                 + (f", excluding {excluding}" if excluding else ""))
         self.journal.add("job_start", attempt=int(attempt) if attempt.isdigit() else attempt,
                          nodes=list(self.facts.allocated), batch_host=self.facts.batch_host,
-                         slurm=slurm.slurm_version(self.env))
-        event: sv.Event = sv.Started()
+                         slurm=slurm_actions.slurm_version(self.env))
+        event: machine.Event = machine.Started()
         while True:
-            self.state, effects = sv.advance(self.facts, self.state, event)
+            self.state, effects = machine.advance(self.facts, self.state, event)
             event = None
             for effect in effects:
                 answer = self.carry_out(effect)
-                if isinstance(effect, sv.Finish):
+                if isinstance(effect, machine.Finish):
                     return answer
                 if answer is not None:
                     event = answer
             if event is None:
-                raise AssertionError(f"job supervisor: no event after {effects}")
+                raise AssertionError(f"job driver: no event after {effects}")
 
-    def carry_out(self, effect: sv.Effect) -> sv.Event | None:
+    def carry_out(self, effect: machine.Effect) -> machine.Event | None:
         """One effect, by its one executor; the event it answers with, for those that answer."""
         return self.executors()[type(effect)](effect)
 
-    def executors(self) -> dict[type, Callable[..., sv.Event | None]]:
+    def executors(self) -> dict[type, Callable[..., machine.Event | None]]:
         """The one way each effect is carried out (Finish ends the loop: `_finish`)."""
         return {
-            sv.Journal: self._journal,
-            sv.Say: lambda effect: say(effect.line, err=effect.err),
-            sv.StartSentinel: self._start_sentinel,
-            sv.RunGate: self._gate,
-            sv.Drain: self._drain,
-            sv.Release: self._release,
-            sv.RunTraining: self._start_training,
-            sv.StartAgents: self._start_agents,
-            sv.WaitStep: self._wait_step,
-            sv.RequestStacks: self._request_stacks,
-            sv.AskForCheckpoint: self._ask_for_checkpoint,
-            sv.StopStep: self._stop_step,
-            sv.StepOver: self._step_over,
-            sv.Retry: self._retry,
-            sv.Finish: self._finish,
+            machine.Journal: self._journal,
+            machine.Say: lambda effect: say(effect.line, err=effect.err),
+            machine.StartSentinel: self._start_sentinel,
+            machine.RunGate: self._gate,
+            machine.Drain: self._drain,
+            machine.Release: self._release,
+            machine.RunTraining: self._start_training,
+            machine.StartAgents: self._start_agents,
+            machine.WaitStep: self._wait_step,
+            machine.RequestStacks: self._request_stacks,
+            machine.AskForCheckpoint: self._ask_for_checkpoint,
+            machine.StopStep: self._stop_step,
+            machine.StepOver: self._step_over,
+            machine.Retry: self._retry,
+            machine.Finish: self._finish,
         }
 
-    def _finish(self, effect: sv.Finish) -> int:
+    def _finish(self, effect: machine.Finish) -> int:
         """The job's exit status."""
         if effect.why:
             say(f"trainctl: the job cannot go on: {effect.why}", err=True)
@@ -140,27 +144,25 @@ class JobRun:
 
     # ------------------------------------------------------------ the gate
 
-    def _gate(self, effect: sv.RunGate) -> sv.Event:
-        from trainctl.slurm import expand_hostlist
-
+    def _gate(self, effect: machine.RunGate) -> machine.Event:
         again = {}
         if effect.archive:   # again after a detection: the last round's files go aside, as evidence
             evidence = archive_gate_round(self.gate_dir, effect.archive)
             again = {"nodes": list(effect.nodes), "evidence": os.path.relpath(evidence, self.gate_dir)}
         self.journal.add("gate_start", **again)
-        step = slurm.start_step(sv.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"]),
-                                                  effect.nodes), self.env)
+        argv = machine.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"]), effect.nodes)
+        step = slurm_actions.start_step(argv, self.env)
         watcher = threading.Thread(target=self._write_gate_status, args=(step,), daemon=True)
         watcher.start()
         if not effect.archive:
             self._journal_submit_time()
-        result = run(sv.decide_argv(self.plan, self.gate_dir, effect.nodes), timeout=self._decide_timeout_s(),
+        result = run(machine.decide_argv(self.plan, self.gate_dir, effect.nodes), timeout=self._decide_timeout_s(),
                      env=self.env)
         sys.stderr.write(result.stderr)   # the report, or the one line saying which nodes failed
         sys.stderr.flush()
         watcher.join(GATE_STEP_GRACE_S)
         if watcher.is_alive():   # a lost node's task never returns: end what is left of the step
-            slurm.cancel_steps(self.job_id, sv.GATE_STEP, self.env)
+            slurm_actions.cancel_steps(self.job_id, machine.GATE_STEP, self.env)
         decision = self._read_decision()
         self._journal_verdicts(decision)
         gate_named = gate_bad_nodes(decision)
@@ -168,39 +170,39 @@ class JobRun:
             status = result.returncode if result.returncode is not None else 4
             self.journal.add("gate_end", status=status, why=result.describe_failure())
             if effect.archive:
-                say(f"trainctl: the gate after the detection checked {sv.fold_hostlist(list(effect.nodes))} "
+                say(f"trainctl: the gate after the detection checked {machine.fold_hostlist(list(effect.nodes))} "
                     f"(left out before it, named by the watch: {', '.join(self.state.condemned) or 'none'}); "
                     f"gate decide exited with status {status} (report: {self.gate_dir}/report.txt)", err=True)
             else:
                 say(f"trainctl: not starting the job: gate decide exited with status {status} "
                     f"(report: {self.gate_dir}/report.txt)", err=True)
-            return sv.GateRefused(status, gate_named=gate_named)
-        decided = sv.parse_decision(result.stdout)
+            return machine.GateRefused(status, gate_named=gate_named)
+        decided = machine.parse_decision(result.stdout)
         if decided is None:
             self.journal.add("gate_end", status=2, why="no nodes and MASTER_ADDR printed")
             say(f"trainctl: gate decide did not print the nodes and MASTER_ADDR: {result.stdout!r}", err=True)
-            return sv.GateRefused(2, retryable=False, gate_named=gate_named)
+            return machine.GateRefused(2, retryable=False, gate_named=gate_named)
         job_nodes, master_addr = decided
         chosen = tuple(expand_hostlist(job_nodes))
         self.journal.add("gate_end", status=0, chosen=list(chosen), master_addr=master_addr)
         say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
-        return sv.GateDecided(job_nodes, chosen, master_addr, healthy_unused(decision, chosen), gate_named)
+        return machine.GateDecided(job_nodes, chosen, master_addr, healthy_unused(decision, chosen), gate_named)
 
     def _read_decision(self) -> dict:
         return _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
 
-    def _drain(self, effect: sv.Drain) -> None:
+    def _drain(self, effect: machine.Drain) -> None:
         """Drain the nodes the detection named itself, where the site's `[gate] drain_on` asks
         (those the gate named were drained by `gate decide`)."""
-        from trainctl.job.gate_drain import drain_condemned
 
         for drain in drain_condemned(self.policy.site, self.policy.config, effect.nodes, self.env):
             self.journal.add("drain", node=drain.host, outcome=drain.outcome, reason=drain.reason)
             say(f"trainctl: {drain.line()}", err=True)
 
     def _write_gate_status(self, step) -> None:
-        status = slurm.wait_step(step, STEP_POLL_S)
+        status = slurm_actions.wait_step(step, STEP_POLL_S)
         try:
+            # read by `gate decide --wait`: the gate step is over
             Path(self.gate_dir, GATE_STEP_STATUS).write_text(f"{status}\n")
         except OSError:  # decide then waits for its deadline instead: slower, not wrong
             pass
@@ -210,7 +212,7 @@ class JobRun:
 
     def _journal_submit_time(self) -> None:
         """When Slurm took this job (for the queue time in `job show`)."""
-        submitted = slurm.job_record(self.job_id, self.env).get("SubmitTime", "")
+        submitted = slurm_actions.job_record(self.job_id, self.env).get("SubmitTime", "")
         try:
             when = datetime.fromisoformat(submitted).timestamp()  # scontrol prints local time
         except ValueError:
@@ -226,10 +228,10 @@ class JobRun:
 
     # ------------------------------------------------------------ the release
 
-    def _release(self, effect: sv.Release) -> sv.Event:
+    def _release(self, effect: machine.Release) -> machine.Event:
         if effect.move_sentinel:
-            slurm.cancel_steps(self.job_id, sv.SENTINEL_STEP, self.env)
-        result, resize = slurm.shrink_job(self.job_id, effect.keep, self.gate_dir, self.env)
+            slurm_actions.cancel_steps(self.job_id, machine.SENTINEL_STEP, self.env)
+        result, resize = slurm_actions.shrink_job(self.job_id, effect.keep, self.gate_dir, self.env)
         output = " ".join((result.stdout + result.stderr).split()) if not result.timed_out \
             else result.describe_failure()
         exported: dict[str, str] = {}
@@ -241,17 +243,17 @@ class JobRun:
             say(f"trainctl: warning: released the unused nodes, but scontrol wrote no "
                 f"{self.gate_dir}/slurm_job_{self.job_id}_resize.sh: {output}", err=True)
         else:
-            exported, unset = sv.parse_resize_script(resize)
+            exported, unset = machine.parse_resize_script(resize)
             holds = exported.get("SLURM_JOB_NODELIST", self.env.get("SLURM_JOB_NODELIST", ""))
             say(f"trainctl: released the nodes the job does not use; it now holds {holds}")
             self.journal.add("released", holds=holds)
         count = exported.get("SLURM_JOB_NUM_NODES", self.env.get("SLURM_JOB_NUM_NODES", ""))
-        return sv.Resized(int(count) if count.isdigit() else len(self.facts.allocated), tuple(exported.items()),
-                          unset)
+        return machine.Resized(int(count) if count.isdigit() else len(self.facts.allocated), tuple(exported.items()),
+                               unset)
 
     # ------------------------------------------------------------ the training step
 
-    def _start_training(self, effect: sv.RunTraining) -> sv.Event:
+    def _start_training(self, effect: machine.RunTraining) -> machine.Event:
         if effect.start_sentinel:
             self._start_sentinel()
         if self.plan.rank_output and not effect.restart:
@@ -264,19 +266,20 @@ class JobRun:
         started = self.journal.add("training_start", nodes=effect.job_nodes, master_addr=effect.master_addr,
                                    **({"restart": effect.restart} if effect.restart else {}))["t"]
         self.step_started, self.checkpoints, self.poll_cost_s = started, CheckpointWatch(checkpoint, started), 0.0
-        self.step = slurm.start_step(sv.training_argv(self.plan, effect, self.gate_dir), env)
-        return sv.TrainingStarted(started)
+        self.step = slurm_actions.start_step(machine.training_argv(self.plan, effect, self.gate_dir), env)
+        return machine.TrainingStarted(started)
 
-    def _start_agents(self, effect: sv.StartAgents) -> None:
-        self.agents = slurm.start_step(sv.agent_argv(self.plan, effect, self.gate_dir), self.env)
+    def _start_agents(self, effect: machine.StartAgents) -> None:
+        self.agents = slurm_actions.start_step(machine.agent_argv(self.plan, effect, self.gate_dir), self.env)
 
-    def _request_stacks(self, effect: sv.RequestStacks) -> None:
+    def _request_stacks(self, effect: machine.RequestStacks) -> None:
         self.journal.add("stacks", files=request_stacks(self.gate_dir, effect.nodes, effect.wait_s))
 
-    def _stop_step(self, effect: sv.StopStep) -> sv.Event:
-        return sv.StepStopped(slurm.stop_step(self.step, self.job_id, sv.OWN_STEPS, self.env, effect.grace_s))
+    def _stop_step(self, effect: machine.StopStep) -> machine.Event:
+        status = slurm_actions.stop_step(self.step, self.job_id, machine.OWN_STEPS, self.env, effect.grace_s)
+        return machine.StepStopped(status)
 
-    def _wait_step(self, effect: sv.WaitStep) -> sv.Event:
+    def _wait_step(self, effect: machine.WaitStep) -> machine.Event:
         """Until the step ends (StepEnded) or, watching, the next poll (Polled)."""
         wait_s = poll_wait_s(self.policy.watch.poll_s, self.poll_cost_s) if effect.poll else STEP_POLL_S
         while True:
@@ -285,11 +288,11 @@ class JobRun:
             except subprocess.TimeoutExpired:
                 self.checkpoints.poll(self.journal)
                 if effect.poll:
-                    return self._poll(sv.Polled)
+                    return self._poll(machine.Polled)
                 continue
             status = 128 - status if status < 0 else status
-            return self._poll(lambda t, readings: sv.StepEnded(status, t, readings)) if effect.poll \
-                else sv.StepEnded(status)
+            return self._poll(lambda t, readings: machine.StepEnded(status, t, readings)) if effect.poll \
+                else machine.StepEnded(status)
 
     def _poll(self, event):
         """The agents' files now, as `event(t, readings)`; the read's cost spaces the next poll."""
@@ -298,7 +301,7 @@ class JobRun:
         self.poll_cost_s = time.monotonic() - began
         return event(time.time(), readings)
 
-    def _ask_for_checkpoint(self, effect: sv.AskForCheckpoint) -> None:
+    def _ask_for_checkpoint(self, effect: machine.AskForCheckpoint) -> None:
         """The one way the supervisor asks the ranks to checkpoint: the signal through srun, which
         forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES); then wait for a save."""
         before = self.checkpoints.last
@@ -310,44 +313,40 @@ class JobRun:
                 self.checkpoints.poll(self.journal)
         self.journal.add("checkpoint_request", signal=effect.signal, saved=self.checkpoints.last != before)
 
-    def _step_over(self, effect: sv.StepOver) -> None:
+    def _step_over(self, effect: machine.StepOver) -> None:
         if effect.agents and self.agents is not None:
             # scancel: each agent gets SIGTERM, then SIGKILL after KillWait (scancel(1))
-            slurm.cancel_steps(self.job_id, sv.AGENT_STEP, self.env)
-            slurm.stop_step(self.agents, self.job_id, sv.OWN_STEPS, self.env, self.policy.watch.end_grace_s,
-                            cancel_others=False)
+            slurm_actions.cancel_steps(self.job_id, machine.AGENT_STEP, self.env)
+            slurm_actions.stop_step(self.agents, self.job_id, machine.OWN_STEPS, self.env,
+                                    self.policy.watch.end_grace_s, cancel_others=False)
             self.agents = None
         self.checkpoints.poll(self.journal)
         self.journal.add("step_end", status=effect.status, cause=effect.cause, training_start_t=self.step_started,
                          last_checkpoint_t=self.checkpoints.last)
 
-    def _journal(self, effect: sv.Journal) -> None:
+    def _journal(self, effect: machine.Journal) -> None:
         self.journal.add(effect.kind, **effect.fields)
 
-    def _start_sentinel(self, effect: sv.StartSentinel | None = None) -> None:
-        slurm.start_step(sv.sentinel_argv(self.plan, self.gate_dir), self.env)
+    def _start_sentinel(self, effect: machine.StartSentinel | None = None) -> None:
+        slurm_actions.start_step(machine.sentinel_argv(self.plan, self.gate_dir), self.env)
 
     # ------------------------------------------------------------ a successor around bad nodes
 
-    def _retry(self, effect: sv.Retry) -> sv.Event:
-        from trainctl.errors import TrainctlError
-        from trainctl.job import retry as retrying
-        from trainctl.launcher.render import split_sbatch_options
-
+    def _retry(self, effect: machine.Retry) -> machine.Event:
         _, on_argv = split_sbatch_options(self.plan.sbatch_options)
         try:
-            rec = retrying.retry_around_bad_nodes(self.gate_dir, effect.phase, effect.status, list(effect.nodes),
+            rec = retry_around_bad_nodes(self.gate_dir, effect.phase, effect.status, list(effect.nodes),
                                                   effect.budget, self.script_path,
                                                   tuple(option.argv for option in on_argv), self.env,
                                                   (self.plan.nodes, self.plan.spare), effect.condemned)
         except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed
             say(f"trainctl: warning: could not decide on a retry: {exc}", err=True)
             self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")
-            return sv.RetryHandled()
-        say("trainctl: " + retrying.summary_line(rec))
+            return machine.RetryHandled()
+        say("trainctl: " + summary_line(rec))
         self.journal.add("retry", retry=rec["retry"], reason=rec["reason"], successor=rec["successor"],
                          bad_nodes=sorted(rec["bad_nodes"]), exclude=rec["exclude"])
-        return sv.RetryHandled()
+        return machine.RetryHandled()
 
 
 def healthy_unused(decision: dict, chosen: tuple[str, ...]) -> tuple[str, ...]:
@@ -378,13 +377,10 @@ class CheckpointWatch:
 
 
 def run_job(plan: JobPlan, script_path: str, env: dict[str, str]) -> int:
-    from trainctl.errors import UsageError
-
     missing = [name for name in ("SLURM_JOB_ID", "SLURM_SUBMIT_DIR", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES")
                if not env.get(name)]
     if missing:
         raise UsageError(f"job run runs as a Slurm batch script: {', '.join(missing)} not set")
-    from trainctl.job.gate_cli import ignore_checkpoint_signals
 
     ignore_checkpoint_signals()
-    return JobRun(plan, script_path, env).run()
+    return JobDriver(plan, script_path, env).run()

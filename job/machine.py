@@ -10,7 +10,7 @@ to the site's `watch.max_successors`).
 
 `advance(facts, state, event)` is pure: from what the job knows and what just happened, it returns
 the next state and the effects to carry out, in order; at most one of them (the last) answers
-with the next event. The driver (`trainctl.job.run`) carries them out and feeds that event back.
+with the next event. The driver (`trainctl.job.driver`) carries them out and feeds that event back.
 The argv builders and parsers here are pure too, so the whole job is unit-tested without Slurm.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import shlex
 import signal as signals
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal, Mapping, NamedTuple, Union
 
 from trainctl.job.watch import (Detection, NodeReading, WatchLimits, WatchState, confirm, observe, silent_nodes,
@@ -267,7 +267,7 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
         return state, (over,) + effects
     if phase == "retry" and isinstance(event, RetryHandled):
         return replace(state, phase="end"), (Finish(state.status),)
-    raise ValueError(f"job supervisor: {type(event).__name__} cannot happen in phase {phase}")
+    raise ValueError(f"job machine: {type(event).__name__} cannot happen in phase {phase}")
 
 
 def _after_gate(facts: JobFacts, state: JobState, event: GateDecided | GateRefused) -> tuple[JobState, Effects]:
@@ -347,8 +347,9 @@ def _step_ended(facts: JobFacts, state: JobState, event: StepEnded) -> tuple[Job
         seen = observe(limits, state.watch, event.t, event.readings).state
         silent = silent_nodes(limits, seen, event.t)
         if silent:
-            detection = Detection("hung", silent, f"the training step ended with status {event.status} after the "
-                                                   f"agent of {', '.join(silent)} fell silent", {"silent": list(silent)})
+            evidence = (f"the training step ended with status {event.status} after the agent of "
+                        f"{', '.join(silent)} fell silent")
+            detection = Detection("hung", silent, evidence, {"silent": list(silent)})
             over = StepOver(event.status, f"ended by the watch ({detection.kind})", True)
             state, effects = _after_detection(facts, replace(state, watch=None, detection=detection), detection,
                                               event.status)
