@@ -14,7 +14,7 @@ agent's write cost) and is not part of the poll.
 The agents of each N run in one process, the supervisor of each N in another (forked before
 anything big is built), as on a cluster: the supervisor's heap, which Python's garbage collector
 walks, holds its own state and readings only. A poll is what the supervisor does every `poll_s`
-(job/run.py, Watch.poll): read_node_files over every node, then watch.observe with the site
+(job/driver.py, each poll): read_node_files over every node, then watch.observe with the site
 default [watch] limits and time.time(). Each N's WatchState starts from a history of MAX_SAMPLES
 samples (one a second, as a run of more than an hour gives), built by observe itself over a
 one-node job, so every poll drops the oldest sample and the baseline and slow windows are full;
@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import interleaved  # noqa: E402
 from trainctl.job import agent, watch  # noqa: E402
-from trainctl.job.run import WATCH_SHARE  # noqa: E402
+from trainctl.job.driver import WATCH_SHARE  # noqa: E402
 from trainctl.job.watch_io import prepare_watch_dir, read_node_files  # noqa: E402
 from trainctl.progress import RECORD, VERSION, decode  # noqa: E402
 from trainctl.site import WatchConfig  # noqa: E402

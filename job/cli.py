@@ -84,7 +84,7 @@ def run_command(plan_file, script_path):
     the status of the step that ended the job.
     """
     from trainctl.errors import UsageError
-    from trainctl.job.run import run_job
+    from trainctl.job.driver import run_job
     from trainctl.launcher.plan import JobPlan
 
     try:

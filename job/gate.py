@@ -94,7 +94,8 @@ class Decision:
                 key = (exclusion.status == "unknown", reason.cause)
                 groups.setdefault(key, []).append((exclusion.host, reason.detail))
         if not groups:
-            return _one_line(head + "no node reported", limit)
+            # every node checked passed: the check was asked of fewer nodes than the job needs
+            return _one_line(head + "no node failed; fewer nodes were checked than are needed", limit)
         # causes shared by exactly the same nodes (more than one) are named together, once:
         # "gpu[1-4] gpu.count, host.cpus"; one node's causes stay apart, each with its detail
         merged: dict[tuple[bool, frozenset[str] | str], list[tuple[str, list[tuple[str, str]]]]] = {}

@@ -1,5 +1,6 @@
-"""Requeue around bad nodes: the job's supervisor (or `trainctl job retry`), when the gate or the
-training step failed, decides whether the job submits its successor and submits it.
+"""A successor job around bad nodes: when the gate or the training step failed, or the watch
+named nodes the allocation cannot do without, the job's driver (`trainctl.job.driver`) decides
+here whether the job submits its successor, and submits it.
 
 Collect (`collect_evidence`: the job's record, the nodes' Slurm states, a probe step that
 tells which nodes still start a task; Slurm's commands run in `slurm_actions`) -> decide
@@ -24,6 +25,10 @@ import os
 import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Literal
+
+from trainctl.errors import TrainctlError, UsageError
+from trainctl.files import write_atomically
+from trainctl.slurm import expand_hostlist, fold_hostlist, node_states
 
 ATTEMPT_FILE = "attempt.json"       # in a successor's gate dir: its attempt number and predecessor
 RETRY_FILE = "retry.json"           # in a failed attempt's gate dir: what was decided and done
@@ -122,8 +127,6 @@ def _watch_named(evidence: Evidence) -> dict[str, str]:
 
 
 def successor_comment(attempt: Attempt, decision: RetryDecision) -> str:
-    from trainctl.slurm import fold_hostlist
-
     return (f"trainctl: attempt {decision.next_attempt} of {attempt.retries + 1}, after job {attempt.job_id} "
             f"({decision.reason}: {fold_hostlist(list(decision.bad_nodes))})")
 
@@ -137,8 +140,6 @@ def successor_argv(attempt: Attempt, decision: RetryDecision, extra_options: tup
     specified and without delaying the initiation of the job" (sbatch(1), --nodes). With the bad
     nodes excluded, N + spare may be more than the partition has left, and a fixed count would
     then wait or be rejected."""
-    from trainctl.slurm import fold_hostlist
-
     count = [f"--nodes={nodes}-{nodes + spare}"] if spare else []
     return ["sbatch", "--parsable", *extra_options, *count, f"--exclude={fold_hostlist(list(decision.exclude))}",
             f"--dependency=afterany:{attempt.job_id}", f"--comment={successor_comment(attempt, decision)}"]
@@ -155,8 +156,6 @@ def successor_environment(environ: dict[str, str], attempt: Attempt, decision: R
 
 
 def attempt_from_environment(environ: dict[str, str], job_id: str, retries: int) -> Attempt:
-    from trainctl.errors import UsageError
-
     raw = environ.get(ENV_ATTEMPT, "1")
     if not raw.isdigit() or int(raw) < 1:
         raise UsageError(f"{ENV_ATTEMPT}={raw!r}: expected a number from 1")
@@ -183,8 +182,6 @@ def record(attempt: Attempt, evidence: Evidence, decision: RetryDecision, succes
 
 def summary_line(rec: dict) -> str:
     """One line for the job output and the gate report."""
-    from trainctl.slurm import fold_hostlist
-
     head = f"attempt {rec['attempt']} of {rec['retries'] + 1} (job {rec['job_id']})"
     bad = "; ".join(f"{node}: {why}" for node, why in rec["bad_nodes"].items())
     if rec.get("successor"):
@@ -199,9 +196,9 @@ def summary_line(rec: dict) -> str:
 
 
 def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, env: dict[str, str]) -> Evidence:
-    from trainctl.errors import TrainctlError
+    # here, not at the top: `job show` (a login-node command) reads this module's records, and
+    # slurm_actions brings the job's state machine with it (10-20 ms, `python -X importtime`)
     from trainctl.job.slurm_actions import job_record, probe_nodes
-    from trainctl.slurm import expand_hostlist, node_states
 
     job_id = env["SLURM_JOB_ID"]
     decision = _read_json(posixpath.join(gate_dir, "decision.json"))
@@ -227,8 +224,7 @@ def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[s
                            node_count: tuple[int, int], condemned: tuple[str, ...] = ()) -> dict:
     """Collect, decide and (when decided) submit the successor; record it all in retry.json, in the
     successor's attempt.json and in report.txt. Returns the record (`summary_line` says it)."""
-    from trainctl.errors import TrainctlError
-    from trainctl.job.slurm_actions import submit_successor
+    from trainctl.job.slurm_actions import submit_successor   # as in collect_evidence
 
     job_id = env["SLURM_JOB_ID"]
     attempt = attempt_from_environment(env, job_id, retries)
@@ -261,8 +257,6 @@ def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[s
 
 
 def write_json(path: str, data: dict) -> None:
-    from trainctl.files import write_atomically
-
     write_atomically(path, json.dumps(data, indent=1) + "\n")
 
 

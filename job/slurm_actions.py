@@ -1,4 +1,4 @@
-"""Every Slurm action the job's supervisor takes, through Slurm's own commands (srun, squeue,
+"""Every Slurm action the job's driver takes, through Slurm's own commands (srun, squeue,
 scancel, scontrol, sbatch), each bounded.
 
 Commands that answer (squeue, scancel, scontrol, sbatch, the probe step) run through
@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from trainctl.errors import ExternalCommandError
-from trainctl.job.supervisor import OWN_STEPS, PROBE_STEP
+from trainctl.errors import ExternalCommandError, ParseError
+from trainctl.job.machine import OWN_STEPS, PROBE_STEP
+from trainctl.launcher.submit import parse_parsable
 from trainctl.proc import ProcResult, run, run_checked
-from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
+from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner, parse_slurm_version
 
 SLURM_CMD_TIMEOUT_S = 30.0
 RESIZE_TIMEOUT_S = 60.0
@@ -130,9 +131,6 @@ def shrink_job(job_id: str, keep: str, gate_dir: str, env: dict[str, str]) -> tu
 
 def slurm_version(env: dict[str, str]) -> str:
     """"24.11.5" from `scontrol --version`; why not, when it cannot tell (for the journal)."""
-    from trainctl.errors import ParseError
-    from trainctl.slurm import parse_slurm_version
-
     result = run(["scontrol", "--version"], timeout=SCONTROL_TIMEOUT_S, env=env)
     try:
         if not result.ok:
@@ -169,8 +167,6 @@ def probe_nodes(nodes: list[str], gate_dir: str, prefix: str, env: dict[str, str
 
 def submit_successor(script_text: str, argv: list[str], env: dict[str, str], submit_dir: str) -> str:
     """sbatch the successor (the script on stdin); its job id."""
-    from trainctl.launcher.submit import parse_parsable
-
     result = run_checked(argv, timeout=SBATCH_TIMEOUT_S, input_text=script_text, cwd=submit_dir, env=env)
     return parse_parsable(result.stdout)[0]
 

@@ -143,6 +143,14 @@ def test_a_node_with_no_report_by_the_deadline_is_lost_with_the_deadline_named()
                                        "no report within 91 s")
 
 
+def test_too_few_nodes_checked_is_said_so_not_as_a_node_that_failed_to_report():
+    """After a detection the gate checks only the nodes the job still trusts: all may pass and still
+    be fewer than the job needs."""
+    decision = decide(("n1",), {"n1": HEALTHY["n1"]}, fabric_report(), wanted=2, minimum=2)
+    assert decision.failure_line() == ("only 1 of 1 nodes healthy, need 2: no node failed; fewer nodes were "
+                                       "checked than are needed")
+
+
 def test_failure_line_folds_nodes_by_cause_within_300_characters():
     hosts = [f"gpu{i:03d}" for i in range(1, 201)]
     reports = {h: node_report(h, ("ib.ports", "fail", f"mlx5_{i % 8} port 1 is Down")) for i, h in enumerate(hosts[:120])}

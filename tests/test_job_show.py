@@ -151,7 +151,7 @@ def test_a_file_that_cannot_be_read_is_one_error_line_not_a_crash(tmp_path):
 
 
 def test_job_show_follows_the_attempts_of_a_retried_job(tmp_path):
-    """Attempt files as `trainctl job retry` writes them (tests/test_retry_cluster.py makes real ones)."""
+    """Attempt files as a job's supervisor writes them (tests/test_retry_cluster.py makes real ones)."""
     from trainctl.job.show import chain_lines, collect_chain
 
     first, second = tmp_path / "trainctl-gate-7", tmp_path / "trainctl-gate-8"

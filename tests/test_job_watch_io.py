@@ -43,17 +43,11 @@ def test_a_gate_round_and_the_watchs_evidence_move_aside_before_the_gate_runs_ag
     assert list((tmp_path / "watch").iterdir()) == []
 
 
-def test_a_poll_that_costs_more_than_its_share_of_poll_s_spaces_the_next_one(tmp_path):
-    from types import SimpleNamespace
-
-    from trainctl.job.run import WATCH_SHARE, Watch
-    from trainctl.job.supervisor import RunTraining
+def test_a_poll_that_costs_more_than_its_share_of_poll_s_spaces_the_next_one():
+    from trainctl.job.driver import WATCH_SHARE, poll_wait_s
     from trainctl.site import WatchConfig
 
     config = WatchConfig()
-    job = SimpleNamespace(policy=SimpleNamespace(watch=config, watch_limits=None), accepted_step_s=0.0,
-                          gate_dir=str(tmp_path))
-    watch = Watch(job, RunTraining("node[1-2]", 2, "10.0.0.1", False), started=1000.0)
-    assert watch.wait_s() == config.poll_s
-    watch.cost_s = config.poll_s * WATCH_SHARE * 4      # a large job's poll
-    assert watch.wait_s() == config.poll_s * 4
+    assert poll_wait_s(config.poll_s, 0.0) == config.poll_s
+    # a large job's poll
+    assert poll_wait_s(config.poll_s, config.poll_s * WATCH_SHARE * 4) == config.poll_s * 4

@@ -3,7 +3,7 @@ the job's output."""
 
 import os
 
-from trainctl.job import supervisor as sv
+from trainctl.job import machine as sv
 from trainctl.job.slurm_actions import own_step_srun_log, start_step, wait_step
 from trainctl.launcher.plan import SubmitRequest, plan_job
 from trainctl.site import load_site

@@ -200,8 +200,12 @@ class WatchConfig:
     dump_wait_s: float = doc("after a hang, how long the agents get to record every rank's stack "
                              "(py-spy dump)", 30.0)
     end_grace_s: float = doc("after SIGTERM to the training step, before scancel; again before SIGKILL", 10.0)
-    max_restarts: int = doc("restarts inside the allocation after a detection; then the job ends or "
-                            "retries (launch.retries) excluding the named nodes", 3)
+    max_restarts: int = doc("restarts inside the allocation after a detection; then the job goes on in a "
+                            "successor job excluding the named nodes (max_successors)", 3)
+    max_successors: int = doc("after a detection the job cannot restart around inside its allocation (no "
+                              "spare held, fewer than --min-nodes left, or max_restarts used up): successor "
+                              "jobs the chain may submit, each excluding the named nodes, where submit "
+                              "--retries allows fewer; 0: the job ends", 2)
     hold_spares: int = doc("healthy nodes the gate did not choose that the job keeps through training, "
                            "to restart on after a detection (each costs node-hours while held; "
                            "launch.release_unused gives back the rest)", 0)

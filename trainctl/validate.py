@@ -113,6 +113,7 @@ SITE_BOUNDS: dict[str, Bounds] = {
     "watch.dump_wait_s": Bounds(0, 3600),
     "watch.end_grace_s": Bounds(1, 3600),
     "watch.max_restarts": Bounds(0, 1000),
+    "watch.max_successors": Bounds(0, 1000),
     "watch.hold_spares": Bounds(0, MAX_NODES),
     "partitions.*.gpus_per_node": Bounds(0, 1024),
     "partitions.*.port_rate_gbps": AMOUNT,

@@ -1,0 +1,399 @@
+"""`trainctl job run`: the driver of the job's state machine (`trainctl.job.machine`) on the batch
+host, from the gate to the end of the job.
+
+It feeds events to `machine.advance` (pure) and carries out the effects it returns, each
+through one method here and Slurm's commands in `slurm_actions`; every decision is the
+machine's. It prints what the job script used to print, on the job's stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from trainctl.agent_socket import WATCH_DIR_ENV
+from trainctl.errors import Stopped, TrainctlError, UsageError
+from trainctl.job import machine, slurm_actions
+from trainctl.job.gate_cli import GATE_STEP_STATUS, ignore_checkpoint_signals
+from trainctl.job.gate_drain import drain_condemned
+from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal, drop_journal
+from trainctl.job.policy import load_gate_policy
+from trainctl.job.retry import (ENV_ATTEMPT, ENV_EXCLUDE, _read_json, gate_bad_nodes, retry_around_bad_nodes,
+                                summary_line)
+from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
+from trainctl.launcher.plan import JobPlan
+from trainctl.launcher.render import split_sbatch_options
+from trainctl.proc import run
+from trainctl.slurm import expand_hostlist, this_node_name
+
+GATE_STEP_GRACE_S = 5.0                 # the gate step ends by itself just after the decision, unless a node is lost
+DECIDE_MARGIN_S = 60.0                  # beyond decide's own deadline, before it counts as hung
+STEP_POLL_S = 2.0                       # how often the training step's checkpoint file is looked at
+# The watch's polls take at most this share of the batch host's core (a training node's): a
+# poll's cost grows with the job's nodes (bench/watch_scale.py), so large jobs poll less often.
+WATCH_SHARE = 0.05
+
+
+def say(line: str, *, err: bool = False) -> None:
+    stream = sys.stderr if err else sys.stdout
+    print(line, file=stream, flush=True)  # flushed: the steps' srun write to the same file
+
+
+def poll_wait_s(poll_s: float, cost_s: float) -> float:
+    """Until the next poll: the site's poll_s, longer where a poll costs more than WATCH_SHARE of it."""
+    return max(poll_s, cost_s / WATCH_SHARE)
+
+
+class JobDriver:
+    """Carries out the machine's effects for one job; holds only the live handles (the steps'
+    sruns, the journal) and the machine's latest state."""
+
+    def __init__(self, plan: JobPlan, script_path: str, env: dict[str, str]):
+        self.plan, self.script_path, self.base_env = plan, script_path, env
+        self.job_id = env["SLURM_JOB_ID"]
+        self.gate_dir = str(Path(env["SLURM_SUBMIT_DIR"]) / f"trainctl-gate-{self.job_id}")
+        os.makedirs(self.gate_dir, exist_ok=True)
+        self.journal = Journal(os.path.join(self.gate_dir, JOURNAL_FILE))
+        allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
+        self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
+        watch = self.policy.watch
+        watching = machine.WatchFacts(self.policy.watch_limits, machine.checkpoint_signal(plan.signal),
+                                      watch.checkpoint_wait_s, watch.dump_wait_s,
+                                      watch.end_grace_s) if watch.enabled else None
+        self.facts = machine.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries,
+                                      watch.max_restarts if watch.enabled else 0,
+                                      watch.hold_spares if watch.enabled else 0, plan.min_nodes,
+                                      watch.max_successors if watch.enabled else 0, watching)
+        self.state = machine.JobState()
+        # the training step now: its srun, when it started, the checkpoints seen, the last poll's cost
+        self.step: subprocess.Popen | None = None
+        self.agents: subprocess.Popen | None = None
+        self.step_started = 0.0
+        self.checkpoints: CheckpointWatch | None = None
+        self.poll_cost_s = 0.0
+
+    @property
+    def env(self) -> dict[str, str]:
+        return machine.job_environment(self.base_env, self.state)
+
+    def run(self) -> int:
+        try:
+            return self._run()
+        except Stopped as exc:  # scancel or the time limit: the end is journaled, then the CLI reports it
+            self.journal.add("job_end", status=128 + exc.signum, cause=f"stopped by signal {exc.signum}")
+            raise
+        finally:
+            self._drop_journal()
+
+    def _drop_journal(self) -> None:
+        """Where the site names a journal directory, a copy of the finished journal goes there for
+        the history to fold in (`trainctl.sweep.fleet`): written aside, then renamed into place."""
+        config = self.policy.config
+        if config is not None and config.fleet.journal_dir:
+            problem = drop_journal(self.journal.path, config.fleet.journal_dir, self.job_id)
+            if problem:
+                say(f"trainctl: warning: the site's journal directory keeps no copy of this job's journal: {problem}",
+                    err=True)
+
+    def _run(self) -> int:
+        attempt = self.env.get(ENV_ATTEMPT, "1")
+        if self.plan.retries:
+            excluding = self.env.get(ENV_EXCLUDE, "")
+            say(f"trainctl: attempt {attempt} of {self.plan.retries + 1}"
+                + (f", excluding {excluding}" if excluding else ""))
+        self.journal.add("job_start", job=self.job_id, site=self.policy.config.name if self.policy.config else "",
+                         attempt=int(attempt) if attempt.isdigit() else attempt,
+                         nodes=list(self.facts.allocated), batch_host=self.facts.batch_host,
+                         slurm=slurm_actions.slurm_version(self.env))
+        event: machine.Event = machine.Started()
+        while True:
+            self.state, effects = machine.advance(self.facts, self.state, event)
+            event = None
+            for effect in effects:
+                answer = self.carry_out(effect)
+                if isinstance(effect, machine.Finish):
+                    return answer
+                if answer is not None:
+                    event = answer
+            if event is None:
+                raise AssertionError(f"job driver: no event after {effects}")
+
+    def carry_out(self, effect: machine.Effect) -> machine.Event | None:
+        """One effect, by its one executor; the event it answers with, for those that answer."""
+        return self.executors()[type(effect)](effect)
+
+    def executors(self) -> dict[type, Callable[..., machine.Event | None]]:
+        """The one way each effect is carried out (Finish ends the loop: `_finish`)."""
+        return {
+            machine.Journal: self._journal,
+            machine.Say: lambda effect: say(effect.line, err=effect.err),
+            machine.StartSentinel: self._start_sentinel,
+            machine.RunGate: self._gate,
+            machine.Drain: self._drain,
+            machine.Release: self._release,
+            machine.RunTraining: self._start_training,
+            machine.StartAgents: self._start_agents,
+            machine.WaitStep: self._wait_step,
+            machine.RequestStacks: self._request_stacks,
+            machine.AskForCheckpoint: self._ask_for_checkpoint,
+            machine.StopStep: self._stop_step,
+            machine.StepOver: self._step_over,
+            machine.Retry: self._retry,
+            machine.Finish: self._finish,
+        }
+
+    def _finish(self, effect: machine.Finish) -> int:
+        """The job's exit status."""
+        if effect.why:
+            say(f"trainctl: the job cannot go on: {effect.why}", err=True)
+        self.journal.add("job_end", status=effect.status, **({"cause": effect.why} if effect.why else {}))
+        return effect.status
+
+    # ------------------------------------------------------------ the gate
+
+    def _gate(self, effect: machine.RunGate) -> machine.Event:
+        again = {}
+        if effect.archive:   # again after a detection: the last round's files go aside, as evidence
+            evidence = archive_gate_round(self.gate_dir, effect.archive)
+            again = {"nodes": list(effect.nodes), "evidence": os.path.relpath(evidence, self.gate_dir)}
+        self.journal.add("gate_start", **again)
+        argv = machine.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"]), effect.nodes)
+        step = slurm_actions.start_step(argv, self.env)
+        watcher = threading.Thread(target=self._write_gate_status, args=(step,), daemon=True)
+        watcher.start()
+        if not effect.archive:
+            self._journal_submit_time()
+        result = run(machine.decide_argv(self.plan, self.gate_dir, effect.nodes), timeout=self._decide_timeout_s(),
+                     env=self.env)
+        sys.stderr.write(result.stderr)   # the report, or the one line saying which nodes failed
+        sys.stderr.flush()
+        watcher.join(GATE_STEP_GRACE_S)
+        if watcher.is_alive():   # a lost node's task never returns: end what is left of the step
+            slurm_actions.cancel_steps(self.job_id, machine.GATE_STEP, self.env)
+        decision = self._read_decision()
+        self._journal_verdicts(decision)
+        gate_named = gate_bad_nodes(decision)
+        if not result.ok:
+            status = result.returncode if result.returncode is not None else 4
+            self.journal.add("gate_end", status=status, why=result.describe_failure())
+            if effect.archive:
+                say(f"trainctl: the gate after the detection checked {machine.fold_hostlist(list(effect.nodes))} "
+                    f"(left out before it, named by the watch: {', '.join(self.state.condemned) or 'none'}); "
+                    f"gate decide exited with status {status} (report: {self.gate_dir}/report.txt)", err=True)
+            else:
+                say(f"trainctl: not starting the job: gate decide exited with status {status} "
+                    f"(report: {self.gate_dir}/report.txt)", err=True)
+            return machine.GateRefused(status, gate_named=gate_named)
+        decided = machine.parse_decision(result.stdout)
+        if decided is None:
+            self.journal.add("gate_end", status=2, why="no nodes and MASTER_ADDR printed")
+            say(f"trainctl: gate decide did not print the nodes and MASTER_ADDR: {result.stdout!r}", err=True)
+            return machine.GateRefused(2, retryable=False, gate_named=gate_named)
+        job_nodes, master_addr = decided
+        chosen = tuple(expand_hostlist(job_nodes))
+        self.journal.add("gate_end", status=0, chosen=list(chosen), master_addr=master_addr)
+        say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
+        return machine.GateDecided(job_nodes, chosen, master_addr, healthy_unused(decision, chosen), gate_named)
+
+    def _read_decision(self) -> dict:
+        return _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
+
+    def _drain(self, effect: machine.Drain) -> None:
+        """Drain the nodes the detection named itself, where the site's `[gate] drain_on` asks
+        (those the gate named were drained by `gate decide`)."""
+
+        for drain in drain_condemned(self.policy.site, self.policy.config, effect.nodes, self.env):
+            self.journal.add("drain", node=drain.host, outcome=drain.outcome, reason=drain.reason)
+            say(f"trainctl: {drain.line()}", err=True)
+
+    def _write_gate_status(self, step) -> None:
+        status = slurm_actions.wait_step(step, STEP_POLL_S)
+        try:
+            # read by `gate decide --wait`: the gate step is over
+            Path(self.gate_dir, GATE_STEP_STATUS).write_text(f"{status}\n")
+        except OSError:  # decide then waits for its deadline instead: slower, not wrong
+            pass
+
+    def _decide_timeout_s(self) -> float:
+        return self.policy.deadline_s(len(self.facts.allocated)) + DECIDE_MARGIN_S
+
+    def _journal_submit_time(self) -> None:
+        """When Slurm took this job (for the queue time in `job show`)."""
+        submitted = slurm_actions.job_record(self.job_id, self.env).get("SubmitTime", "")
+        try:
+            when = datetime.fromisoformat(submitted).timestamp()  # scontrol prints local time
+        except ValueError:
+            return
+        self.journal.add("submitted", submitted_t=when)
+
+    def _journal_verdicts(self, decision: dict) -> None:
+        chosen = set(decision.get("chosen", []))
+        excluded = {item.get("host"): item.get("reasons", []) for item in decision.get("excluded", [])}
+        for node in decision.get("allocated", []):
+            verdict = "chosen" if node in chosen else "excluded" if node in excluded else "healthy, not needed"
+            self.journal.add("node_verdict", node=node, verdict=verdict, reasons=excluded.get(node, []))
+
+    # ------------------------------------------------------------ the release
+
+    def _release(self, effect: machine.Release) -> machine.Event:
+        if effect.move_sentinel:
+            slurm_actions.cancel_steps(self.job_id, machine.SENTINEL_STEP, self.env)
+        result, resize = slurm_actions.shrink_job(self.job_id, effect.keep, self.gate_dir, self.env)
+        output = " ".join((result.stdout + result.stderr).split()) if not result.timed_out \
+            else result.describe_failure()
+        exported: dict[str, str] = {}
+        unset: tuple[str, ...] = ()
+        if not result.ok:
+            say(f"trainctl: warning: the job keeps all its nodes: scontrol update NodeList={effect.keep}: {output}",
+                err=True)
+        elif resize is None:
+            say(f"trainctl: warning: released the unused nodes, but scontrol wrote no "
+                f"{self.gate_dir}/slurm_job_{self.job_id}_resize.sh: {output}", err=True)
+        else:
+            exported, unset = machine.parse_resize_script(resize)
+            holds = exported.get("SLURM_JOB_NODELIST", self.env.get("SLURM_JOB_NODELIST", ""))
+            say(f"trainctl: released the nodes the job does not use; it now holds {holds}")
+            self.journal.add("released", holds=holds)
+        count = exported.get("SLURM_JOB_NUM_NODES", self.env.get("SLURM_JOB_NUM_NODES", ""))
+        return machine.Resized(int(count) if count.isdigit() else len(self.facts.allocated), tuple(exported.items()),
+                               unset)
+
+    # ------------------------------------------------------------ the training step
+
+    def _start_training(self, effect: machine.RunTraining) -> machine.Event:
+        if effect.start_sentinel:
+            self._start_sentinel()
+        if self.plan.rank_output and not effect.restart:
+            say(f"trainctl: each rank's output: {self.gate_dir}/rank-<node>-<rank>.out "
+                f"(trainctl job show {self.job_id})")
+        checkpoint = os.path.join(self.gate_dir, CHECKPOINT_FILE)
+        env = dict(self.env, **{CHECKPOINT_ENV: checkpoint})
+        if self.facts.watch is not None:
+            env[WATCH_DIR_ENV] = prepare_watch_dir(self.gate_dir)
+        started = self.journal.add("training_start", nodes=effect.job_nodes, master_addr=effect.master_addr,
+                                   **({"restart": effect.restart} if effect.restart else {}))["t"]
+        self.step_started, self.checkpoints, self.poll_cost_s = started, CheckpointWatch(checkpoint, started), 0.0
+        self.step = slurm_actions.start_step(machine.training_argv(self.plan, effect, self.gate_dir), env)
+        return machine.TrainingStarted(started)
+
+    def _start_agents(self, effect: machine.StartAgents) -> None:
+        self.agents = slurm_actions.start_step(machine.agent_argv(self.plan, effect, self.gate_dir), self.env)
+
+    def _request_stacks(self, effect: machine.RequestStacks) -> None:
+        self.journal.add("stacks", files=request_stacks(self.gate_dir, effect.nodes, effect.wait_s))
+
+    def _stop_step(self, effect: machine.StopStep) -> machine.Event:
+        status = slurm_actions.stop_step(self.step, self.job_id, machine.OWN_STEPS, self.env, effect.grace_s)
+        return machine.StepStopped(status)
+
+    def _wait_step(self, effect: machine.WaitStep) -> machine.Event:
+        """Until the step ends (StepEnded) or, watching, the next poll (Polled)."""
+        wait_s = poll_wait_s(self.policy.watch.poll_s, self.poll_cost_s) if effect.poll else STEP_POLL_S
+        while True:
+            try:
+                status = self.step.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                self.checkpoints.poll(self.journal)
+                if effect.poll:
+                    return self._poll(machine.Polled)
+                continue
+            status = 128 - status if status < 0 else status
+            return self._poll(lambda t, readings: machine.StepEnded(status, t, readings)) if effect.poll \
+                else machine.StepEnded(status)
+
+    def _poll(self, event):
+        """The agents' files now, as `event(t, readings)`; the read's cost spaces the next poll."""
+        began = time.monotonic()
+        readings = read_node_files(self.gate_dir, self.state.chosen)
+        self.poll_cost_s = time.monotonic() - began
+        return event(time.time(), readings)
+
+    def _ask_for_checkpoint(self, effect: machine.AskForCheckpoint) -> None:
+        """The one way the supervisor asks the ranks to checkpoint: the signal through srun, which
+        forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES); then wait for a save."""
+        before = self.checkpoints.last
+        if effect.signal is not None and self.step.poll() is None:
+            self.step.send_signal(effect.signal)
+            deadline = time.monotonic() + effect.wait_s
+            while self.checkpoints.last == before and time.monotonic() < deadline and self.step.poll() is None:
+                time.sleep(0.2)
+                self.checkpoints.poll(self.journal)
+        self.journal.add("checkpoint_request", signal=effect.signal, saved=self.checkpoints.last != before)
+
+    def _step_over(self, effect: machine.StepOver) -> None:
+        if effect.agents and self.agents is not None:
+            # scancel: each agent gets SIGTERM, then SIGKILL after KillWait (scancel(1))
+            slurm_actions.cancel_steps(self.job_id, machine.AGENT_STEP, self.env)
+            slurm_actions.stop_step(self.agents, self.job_id, machine.OWN_STEPS, self.env,
+                                    self.policy.watch.end_grace_s, cancel_others=False)
+            self.agents = None
+        self.checkpoints.poll(self.journal)
+        self.journal.add("step_end", status=effect.status, cause=effect.cause, training_start_t=self.step_started,
+                         last_checkpoint_t=self.checkpoints.last)
+
+    def _journal(self, effect: machine.Journal) -> None:
+        self.journal.add(effect.kind, **effect.fields)
+
+    def _start_sentinel(self, effect: machine.StartSentinel | None = None) -> None:
+        slurm_actions.start_step(machine.sentinel_argv(self.plan, self.gate_dir), self.env)
+
+    # ------------------------------------------------------------ a successor around bad nodes
+
+    def _retry(self, effect: machine.Retry) -> machine.Event:
+        _, on_argv = split_sbatch_options(self.plan.sbatch_options)
+        try:
+            rec = retry_around_bad_nodes(self.gate_dir, effect.phase, effect.status, list(effect.nodes),
+                                                  effect.budget, self.script_path,
+                                                  tuple(option.argv for option in on_argv), self.env,
+                                                  (self.plan.nodes, self.plan.spare), effect.condemned)
+        except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed
+            say(f"trainctl: warning: could not decide on a retry: {exc}", err=True)
+            self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")
+            return machine.RetryHandled()
+        say("trainctl: " + summary_line(rec))
+        self.journal.add("retry", retry=rec["retry"], reason=rec["reason"], successor=rec["successor"],
+                         bad_nodes=sorted(rec["bad_nodes"]), exclude=rec["exclude"])
+        return machine.RetryHandled()
+
+
+def healthy_unused(decision: dict, chosen: tuple[str, ...]) -> tuple[str, ...]:
+    """Nodes the gate passed but did not choose (decision.json), in Slurm's order: the spares."""
+    excluded = {item.get("host") for item in decision.get("excluded", [])}
+    return tuple(node for node in decision.get("allocated", []) if node not in chosen and node not in excluded)
+
+
+class CheckpointWatch:
+    """The program's checkpoints, as it reports them: it writes the file named by
+    TRAINCTL_CHECKPOINT_FILE after each one (what it writes is its business: a step number, say)."""
+
+    def __init__(self, path: str, since: float):
+        self.path = path
+        self.since = since
+        self.last: float | None = None
+
+    def poll(self, journal: Journal) -> None:
+        try:
+            written = os.stat(self.path).st_mtime
+        except OSError:
+            return
+        if written > self.since and (self.last is None or written > self.last):
+            self.last = written
+            with open(self.path, errors="replace") as handle:
+                note = handle.read(200).strip()
+            journal.add("checkpoint", checkpoint_t=written, note=" ".join(note.split()))
+
+
+def run_job(plan: JobPlan, script_path: str, env: dict[str, str]) -> int:
+    missing = [name for name in ("SLURM_JOB_ID", "SLURM_SUBMIT_DIR", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES")
+               if not env.get(name)]
+    if missing:
+        raise UsageError(f"job run runs as a Slurm batch script: {', '.join(missing)} not set")
+
+    ignore_checkpoint_signals()
+    return JobDriver(plan, script_path, env).run()

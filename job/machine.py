@@ -1,0 +1,544 @@
+"""The life of a job, as a pure state machine: gate -> release unused nodes -> training step ->
+done, a successor job around bad nodes, or the end. While training runs, the watch
+(`trainctl.job.watch`) may find the job slow, a node sick or the job hung: the machine asks for
+evidence (a checkpoint, or the ranks' stacks), stops the step, and the gate runs again on the
+nodes the job holds, less those the detection named; what the gate says confirms the detection,
+and training restarts from its checkpoint on the nodes it chooses (a held spare included), down
+to --min-nodes, up to the site's `watch.max_restarts`. Where the allocation cannot carry on, a
+successor job excluding the named nodes goes on from the checkpoint, even without --retries (up
+to the site's `watch.max_successors`).
+
+`advance(facts, state, event)` is pure: from what the job knows and what just happened, it returns
+the next state and the effects to carry out, in order; at most one of them (the last) answers
+with the next event. The driver (`trainctl.job.driver`) carries them out and feeds that event back.
+The argv builders and parsers here are pure too, so the whole job is unit-tested without Slurm.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal as signals
+from dataclasses import dataclass, replace
+from typing import Literal, Mapping, NamedTuple, Union
+
+from trainctl.job.watch import (Detection, NodeReading, WatchLimits, WatchState, confirm, observe, silent_nodes,
+                                start as start_watch)
+from trainctl.launcher.plan import RANK_OUTPUT, JobPlan
+from trainctl.slurm import fold_hostlist
+from trainctl.validate import SLURM_SIGNAL
+
+GATE_STEP = "trainctl-gate"          # step names: scancel finds the steps to end by them
+SENTINEL_STEP = "trainctl-sentinel"
+AGENT_STEP = "trainctl-agent"
+PROBE_STEP = "trainctl-probe"
+OWN_STEPS = (GATE_STEP, SENTINEL_STEP, AGENT_STEP, PROBE_STEP)   # every other numbered step is the training step
+Phase = Literal["start", "gate", "release", "train", "stopping", "retry", "end"]
+
+
+@dataclass(frozen=True)
+class WatchFacts:
+    """The site's `[watch]` settings the machine decides with (absent: the watch is off)."""
+
+    limits: WatchLimits
+    checkpoint_signal: int | None  # what the ranks checkpoint on (submit --signal); None: not asked
+    checkpoint_wait_s: float
+    dump_wait_s: float
+    end_grace_s: float
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What stays true for the whole job."""
+
+    allocated: tuple[str, ...]     # the job's nodes at its start, in Slurm's order
+    batch_host: str                # runs the supervisor; never released
+    release_unused: bool           # the site's launch.release_unused
+    retries: int                   # submit --retries (0: a failure ends the chain)
+    max_restarts: int = 0          # the site's watch.max_restarts: in-allocation restarts after a detection
+    hold_spares: int = 0           # the site's watch.hold_spares: healthy unused nodes kept through training
+    min_nodes: int = 1             # submit --min-nodes: the fewest nodes training may restart on
+    successors: int = 0            # the site's watch.max_successors: successors after a detection (0: none)
+    watch: WatchFacts | None = None   # None: the watch is off
+
+
+@dataclass(frozen=True)
+class JobState:
+    phase: Phase = "start"
+    job_nodes: str = ""            # the hostlist the gate chose, as `gate decide` printed it
+    chosen: tuple[str, ...] = ()   # the nodes training runs (or last ran) on
+    master_addr: str = ""
+    sentinel_moved: bool = False   # the release cancelled the sentinel: it must start again
+    status: int = 0                # the exit status the job ends with
+    held: tuple[str, ...] = ()     # the job's nodes now, in Slurm's order (empty: all allocated)
+    spares: tuple[str, ...] = ()   # healthy nodes the gate did not choose, kept through training
+    restarts: int = 0              # in-allocation restarts so far
+    condemned: tuple[str, ...] = ()  # nodes a watch detection named: never chosen again by this job
+    releasing: tuple[str, ...] = ()  # the nodes a Release in flight keeps
+    gate_rounds: int = 0           # gate rounds started (a detection runs the gate again)
+    detection: Detection | None = None   # the last detection, until the gate after it has judged
+    accepted_step_s: float = 0.0   # a slowdown the gate could not localise: the watch's new normal
+    watch: WatchState | None = None  # the watch over the training step running now
+    # the job's environment as scontrol's resize script rewrote it: (name, value); value None: unset
+    env_changes: tuple[tuple[str, str | None], ...] = ()
+
+
+# ---------------------------------------------------------------- events (what happened)
+
+class Started(NamedTuple):
+    pass
+
+
+class GateDecided(NamedTuple):
+    job_nodes: str                 # folded hostlist
+    chosen: tuple[str, ...]
+    master_addr: str
+    healthy_unused: tuple[str, ...] = ()   # passed the gate, not chosen: candidate spares
+    gate_named: Mapping[str, str] = {}     # node -> why the gate excluded it (its decision)
+
+
+class GateRefused(NamedTuple):
+    status: int                    # gate decide's exit status (2: too few healthy nodes)
+    retryable: bool = True         # False: decide printed nonsense, not a verdict about nodes
+    gate_named: Mapping[str, str] = {}
+
+
+class Resized(NamedTuple):
+    node_count: int                # the job's nodes after the update (all of them when refused)
+    exported: tuple[tuple[str, str], ...] = ()   # scontrol's resize script: variables set
+    unset: tuple[str, ...] = ()                  # and unset
+
+
+class TrainingStarted(NamedTuple):
+    t: float                       # wall time the training step started
+
+
+class Polled(NamedTuple):
+    """The watch's poll: each training node's agent file (None: none yet), read at `t`."""
+    t: float
+    readings: Mapping[str, NodeReading | None]
+
+
+class StepEnded(NamedTuple):
+    """The training step ended by itself; with the watch on, the agents' files read at its end."""
+    status: int
+    t: float = 0.0
+    readings: Mapping[str, NodeReading | None] = {}
+
+
+class StepStopped(NamedTuple):
+    """The training step, ended by the driver on the machine's StopStep."""
+    status: int
+
+
+class RetryHandled(NamedTuple):
+    pass
+
+
+Event = Union[Started, GateDecided, GateRefused, Resized, TrainingStarted, Polled, StepEnded, StepStopped,
+              RetryHandled]
+
+
+# ---------------------------------------------------------------- effects (what to do next)
+
+class Journal(NamedTuple):
+    """An event for the journal (`trainctl.job.journal`)."""
+    kind: str
+    fields: Mapping[str, object] = {}
+
+
+class Say(NamedTuple):
+    """One line on the job's output (stderr: `err`)."""
+    line: str
+    err: bool = True
+
+
+class StartSentinel(NamedTuple):
+    pass
+
+
+class RunGate(NamedTuple):
+    """Answers GateDecided or GateRefused."""
+    nodes: tuple[str, ...] = ()    # the nodes to check (empty: every node of the job)
+    archive: int = 0               # again after a detection: set round N's files aside first (0: none)
+
+
+class Drain(NamedTuple):
+    """Drain the nodes a detection named where the site's `[gate] drain_on` asks."""
+    nodes: Mapping[str, tuple[str, str, str]]   # node -> (kind, check, reason)
+
+
+class Release(NamedTuple):
+    """Answers Resized."""
+    keep: str                      # NodeList= for scontrol update
+    move_sentinel: bool            # the sentinel's node goes: cancel it first
+
+
+class RunTraining(NamedTuple):
+    """Start the training step (answers TrainingStarted)."""
+    job_nodes: str
+    node_count: int
+    master_addr: str
+    start_sentinel: bool           # the release moved it off its node: start it on the new second node
+    restart: int = 0               # 0: the first training step; N: the Nth restart after a detection
+
+
+class StartAgents(NamedTuple):
+    """The watch's node agents, one on each training node."""
+    job_nodes: str
+    node_count: int
+
+
+class WaitStep(NamedTuple):
+    """Wait for the training step: answers StepEnded, or with `poll` a Polled at the next poll."""
+    poll: bool
+
+
+class RequestStacks(NamedTuple):
+    """Evidence of a hang: the agents of `nodes` record every rank's stacks (and NCCL dumps)."""
+    nodes: tuple[str, ...]
+    wait_s: float
+
+
+class AskForCheckpoint(NamedTuple):
+    """Evidence of a live job: ask the ranks to checkpoint and wait for the save, at most `wait_s`."""
+    signal: int | None             # None: the job has no checkpoint signal; the request is only journaled
+    wait_s: float
+
+
+class StopStep(NamedTuple):
+    """End the training step (SIGTERM, scancel, SIGKILL, `grace_s` apart); answers StepStopped."""
+    grace_s: float
+
+
+class StepOver(NamedTuple):
+    """The training step has ended: its agents go, and the journal records the end."""
+    status: int
+    cause: str
+    agents: bool                   # the watch's agents ran beside it
+
+
+class Retry(NamedTuple):
+    """Collect the evidence and submit a successor where it decides to; answers RetryHandled."""
+    phase: Literal["gate", "step"]
+    status: int
+    nodes: tuple[str, ...]
+    condemned: tuple[str, ...] = ()   # nodes the watch named: excluded by the successor too
+    budget: int = 0                # successors the chain may have in all (the attempt after the last one ends)
+
+
+class Finish(NamedTuple):
+    status: int
+    why: str = ""                  # after a detection: one plain line, the nodes and why the job cannot go on
+
+
+Effect = Union[Journal, Say, StartSentinel, RunGate, Drain, Release, RunTraining, StartAgents, WaitStep,
+               RequestStacks, AskForCheckpoint, StopStep, StepOver, Retry, Finish]
+Effects = tuple[Effect, ...]
+
+
+def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, Effects]:
+    """The next state and effects after `event`. Raises ValueError for an event the phase cannot have."""
+    phase = state.phase
+    if phase == "start" and isinstance(event, Started):
+        sentinel = (StartSentinel(),) if len(facts.allocated) > 1 else ()
+        return replace(state, phase="gate", held=facts.allocated, gate_rounds=1), sentinel + (RunGate(),)
+    if phase == "gate" and isinstance(event, (GateDecided, GateRefused)):
+        state, said = _confirm(state, event.gate_named)
+        state, effects = _after_gate(facts, state, event)
+        return state, said + effects
+    if phase == "release" and isinstance(event, Resized):
+        held = state.releasing if event.node_count == len(state.releasing) else state.held
+        changes = tuple(event.exported) + tuple((name, None) for name in event.unset)
+        return _train(replace(state, held=held, releasing=(), env_changes=state.env_changes + changes),
+                      event.node_count)
+    if phase == "train" and isinstance(event, TrainingStarted):
+        if facts.watch is None:
+            return state, (WaitStep(poll=False),)
+        return (replace(state, watch=start_watch(event.t, state.accepted_step_s)),
+                (StartAgents(state.job_nodes, len(state.chosen)), WaitStep(poll=True)))
+    if phase == "train" and isinstance(event, Polled) and facts.watch is not None and state.watch is not None:
+        return _watch_poll(facts.watch, state, event)
+    if phase == "train" and isinstance(event, StepEnded):
+        return _step_ended(facts, state, event)
+    if phase == "stopping" and isinstance(event, StepStopped):
+        detection = state.detection
+        over = StepOver(event.status, f"ended by the watch ({detection.kind})", facts.watch is not None)
+        state, effects = _after_detection(facts, replace(state, watch=None), detection, event.status)
+        return state, (over,) + effects
+    if phase == "retry" and isinstance(event, RetryHandled):
+        return replace(state, phase="end"), (Finish(state.status),)
+    raise ValueError(f"job machine: {type(event).__name__} cannot happen in phase {phase}")
+
+
+def _after_gate(facts: JobFacts, state: JobState, event: GateDecided | GateRefused) -> tuple[JobState, Effects]:
+    if isinstance(event, GateRefused):
+        if not event.retryable:
+            return replace(state, phase="end", status=event.status), (Finish(event.status),)
+        if state.restarts:   # the gate after a detection: the job goes on in a successor where it may
+            return _go_on_elsewhere(facts, state, "gate", event.status, state.held,
+                                    "the gate after the detection found too few healthy nodes")
+        if facts.retries:
+            return (replace(state, phase="retry", status=event.status),
+                    (Retry("gate", event.status, state.held, state.condemned, facts.retries),))
+        return replace(state, phase="end", status=event.status), (Finish(event.status),)
+    decided = replace(state, job_nodes=event.job_nodes, chosen=event.chosen, master_addr=event.master_addr,
+                      spares=event.healthy_unused[:facts.hold_spares])
+    kept = nodes_to_keep(facts, decided) if facts.release_unused else None
+    if kept is None:
+        return _train(decided, len(decided.held))
+    moved = len(decided.held) > 1 and decided.held[1] not in kept
+    return (replace(decided, phase="release", sentinel_moved=moved, releasing=kept),
+            (Release(fold_hostlist(list(kept)), moved),))
+
+
+def _confirm(state: JobState, gate_named: Mapping[str, str]) -> tuple[JobState, Effects]:
+    """After a detection, what the gate said about the nodes confirms it: whom it names, or nobody."""
+    detection = state.detection
+    if detection is None:
+        return state, ()
+    confirmed = confirm(detection, gate_named, state.chosen, state.accepted_step_s)
+    state = replace(state, detection=None, accepted_step_s=confirmed.accepted_step_s)
+    journal = Journal("confirmation", {"kind": confirmed.kind, "named": dict(confirmed.named),
+                                       "checked": [node for node in state.held if node not in state.condemned],
+                                       **({"note": confirmed.note} if confirmed.note else {})})
+    if not confirmed.named:
+        return state, (journal, Say(f"trainctl: watch: the gate names no node ({detection.kind} not localised): "
+                                    "resuming on the same nodes"))
+    failed = {item["node"]: (item["check"], item["reason"]) for item in detection.details.get("failed", [])}
+    drains = {node: (detection.kind, *failed.get(node, ("watch." + detection.kind, detection.evidence)))
+              for node in detection.suspects}
+    return state, (journal, Say(f"trainctl: watch: leaving out {', '.join(sorted(confirmed.named))}"),
+                   *((Drain(drains),) if drains else ()))
+
+
+def _watch_poll(watch: WatchFacts, state: JobState, event: Polled) -> tuple[JobState, Effects]:
+    stepped = state.watch.progress_steps >= 0
+    seen = observe(watch.limits, state.watch, event.t, event.readings)
+    state = replace(state, watch=seen.state)
+    effects: list[Effect] = []
+    if not stepped and seen.state.progress_steps >= 0:   # training again: the restart's cost ends here
+        effects.append(Journal("first_step", {"steps": seen.state.progress_steps}))
+    effects += [Journal("agent_silent", {"node": node, "note": "training goes on: not a detection"})
+                for node in seen.silent_while_progressing]
+    detection = seen.detection
+    if detection is None:
+        return state, (*effects, WaitStep(poll=True))
+    if detection.kind == "hung":   # the stacks of the ranks whose agent still answers
+        evidence: Effect = RequestStacks(tuple(n for n in state.chosen if n not in detection.suspects),
+                                         watch.dump_wait_s)
+    else:
+        evidence = AskForCheckpoint(watch.checkpoint_signal, watch.checkpoint_wait_s)
+    return (replace(state, phase="stopping", detection=detection),
+            (*effects, *_detected(detection), evidence, StopStep(watch.end_grace_s)))
+
+
+def _detected(detection: Detection) -> Effects:
+    return (Journal("detection", {"kind": detection.kind, "suspects": list(detection.suspects),
+                                  "evidence": detection.evidence, "details": detection.details}),
+            Say(f"trainctl: watch: {detection.kind}: {detection.evidence}"))
+
+
+def _step_ended(facts: JobFacts, state: JobState, event: StepEnded) -> tuple[JobState, Effects]:
+    watching = facts.watch is not None and state.watch is not None
+    if watching and event.status != 0:
+        # the step failed by itself: the nodes whose agent fell silent before, as a detection
+        # (a node Slurm lost stops its agent too)
+        limits = facts.watch.limits
+        seen = observe(limits, state.watch, event.t, event.readings).state
+        silent = silent_nodes(limits, seen, event.t)
+        if silent:
+            evidence = (f"the training step ended with status {event.status} after the agent of "
+                        f"{', '.join(silent)} fell silent")
+            detection = Detection("hung", silent, evidence, {"silent": list(silent)})
+            over = StepOver(event.status, f"ended by the watch ({detection.kind})", True)
+            state, effects = _after_detection(facts, replace(state, watch=None, detection=detection), detection,
+                                              event.status)
+            return state, (*_detected(detection), over, *effects)
+    over = StepOver(event.status, "completed" if event.status == 0 else f"exit status {event.status}", watching)
+    state = replace(state, watch=None)
+    if event.status == 0:
+        return replace(state, phase="end"), (over, Finish(0))
+    if facts.retries:
+        return (replace(state, phase="retry", status=event.status),
+                (over, Retry("step", event.status, state.chosen, state.condemned, facts.retries)))
+    return replace(state, phase="end", status=event.status), (over, Finish(event.status))
+
+
+def _after_detection(facts: JobFacts, state: JobState, detection: Detection, status: int) -> tuple[JobState, Effects]:
+    """The step ended on a detection: the gate again on the nodes the job still trusts, or elsewhere."""
+    condemned = state.condemned + tuple(node for node in detection.suspects if node not in state.condemned)
+    stopped = replace(state, condemned=condemned, status=status)
+    again = tuple(node for node in state.held if node not in condemned)
+    if state.restarts >= facts.max_restarts:
+        return _go_on_elsewhere(facts, stopped, "step", status, state.chosen,
+                                f"{_named(detection)}; the {facts.max_restarts} restarts the site allows "
+                                "inside the allocation are used up")
+    if len(again) < facts.min_nodes:   # the gate cannot choose enough: no need to ask it
+        return _go_on_elsewhere(facts, stopped, "step", status, state.chosen,
+                                f"{_named(detection)}; {_count(len(again))} left in the allocation, "
+                                f"--min-nodes is {facts.min_nodes}")
+    return (replace(stopped, phase="gate", restarts=state.restarts + 1, status=0,
+                    gate_rounds=state.gate_rounds + 1),
+            (RunGate(again, archive=state.gate_rounds),))
+
+
+def _go_on_elsewhere(facts: JobFacts, state: JobState, phase: Literal["gate", "step"], status: int,
+                     nodes: tuple[str, ...], why: str) -> tuple[JobState, Effects]:
+    """After a detection the allocation cannot carry on: a successor job excluding the condemned
+    nodes, within the larger of --retries and the site's watch.max_successors; else the end, with
+    why in one line. The detection waits no longer for a gate to confirm it."""
+    state = replace(state, detection=None)
+    budget = max(facts.retries, facts.successors)
+    if budget:
+        return (replace(state, phase="retry", status=status),
+                (Retry(phase, status, nodes, state.condemned, budget),))
+    return (replace(state, phase="end", status=status),
+            (Finish(status, f"{why}; no successor job: --retries is 0 and the site's watch.max_successors is 0"),))
+
+
+def _named(detection: Detection) -> str:
+    if detection.suspects:
+        return f"the watch found {fold_hostlist(list(detection.suspects))} {detection.kind}"
+    return f"the watch found the job {detection.kind} and named no node"
+
+
+def _count(nodes: int) -> str:
+    return f"{nodes} node{'' if nodes == 1 else 's'}"
+
+
+def _train(state: JobState, node_count: int) -> tuple[JobState, Effects]:
+    restart_sentinel = state.sentinel_moved and node_count > 1
+    return (replace(state, phase="train", sentinel_moved=False),
+            (RunTraining(state.job_nodes, len(state.chosen), state.master_addr, restart_sentinel, state.restarts),))
+
+
+def nodes_to_keep(facts: JobFacts, state: JobState) -> tuple[str, ...] | None:
+    """The nodes the job keeps, in Slurm's order, when it can give nodes back; None when it keeps
+    them all. It keeps the chosen nodes, the spares the site holds through training, and the
+    batch host, which runs the supervisor, even when the gate left it out."""
+    wanted = set(state.chosen) | set(state.spares) | {facts.batch_host}
+    kept = tuple(node for node in state.held if node in wanted)
+    return None if len(kept) >= len(state.held) else kept
+
+
+def job_environment(base: Mapping[str, str], state: JobState) -> dict[str, str]:
+    """The environment the job's steps get now: the batch script's, as the release rewrote it."""
+    env = dict(base)
+    for name, value in state.env_changes:
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+# ---------------------------------------------------------------- what the job runs (argv, pure)
+
+def gate_step_argv(plan: JobPlan, gate_dir: str, task_count: int, nodes: tuple[str, ...] = ()) -> list[str]:
+    """One task per allocated node runs the node checks and the fabric test. --kill-on-bad-exit=0:
+    one node's failure must not end the others' tasks. Each node logs to its own file: srun aborts
+    the whole step when its I/O connection to one node's slurmstepd breaks (Slurm 22.05,
+    step_launch_notify_io_failure), so a node that dies would take the others' tasks with it.
+    --overlap: a lost node keeps this step registered until Slurm gives up on it; an overlapping
+    step does not hold the nodes the training step needs (srun(1): "A step using this option will
+    overlap all other steps, even those that did not specify --overlap"). --ntasks overrides the
+    job's SLURM_NTASKS, which srun would otherwise read."""
+    only = [f"--nodelist={fold_hostlist(list(nodes))}", f"--nodes={len(nodes)}"] if nodes else []
+    return ["srun", "--overlap", f"--job-name={GATE_STEP}", *only, f"--ntasks={len(nodes) or task_count}",
+            "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--input=none", f"--output={gate_dir}/node-%N.log",
+            plan.trainctl, "gate", "node", "--site", plan.site_ref, "--partition", plan.partition,
+            "--dir", gate_dir]
+
+
+def decide_argv(plan: JobPlan, gate_dir: str, nodes: tuple[str, ...] = ()) -> list[str]:
+    """Waits until every node has reported or the gate's deadline (from the site), then prints the
+    chosen nodes and MASTER_ADDR, or one line on stderr naming which nodes failed and why.
+    `nodes`: only these (a gate after a detection leaves the condemned nodes out)."""
+    only = ["--allocated", fold_hostlist(list(nodes))] if nodes else []
+    return [plan.trainctl, "gate", "decide", "--site", plan.site_ref, "--partition", plan.partition,
+            "--dir", gate_dir, "--nodes", str(plan.nodes), "--min-nodes", str(plan.min_nodes), *only, "--wait"]
+
+
+def agent_argv(plan: JobPlan, action: StartAgents, gate_dir: str) -> list[str]:
+    """The watch's node agents: one task on each training node, for the training step's life
+    (--overlap: beside the training step, on its CPUs)."""
+    return ["srun", "--overlap", f"--job-name={AGENT_STEP}", f"--nodelist={action.job_nodes}",
+            f"--nodes={action.node_count}", f"--ntasks={action.node_count}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=0", "--input=none", f"--output={gate_dir}/watch/agent-%N.log",
+            plan.trainctl, "job", "agent", "--dir", gate_dir, "--site", plan.site_ref,
+            "--partition", plan.partition]
+
+
+def sentinel_argv(plan: JobPlan, gate_dir: str) -> list[str]:
+    """On the job's second node, for the job's life; it writes its own log (srun's output forwarding
+    runs through the batch host, whose loss is what the sentinel reports)."""
+    return ["srun", "--overlap", f"--job-name={SENTINEL_STEP}", "--nodes=1", "--ntasks=1", "--relative=1",
+            "--input=none", "--open-mode=append", f"--output={gate_dir}/sentinel.out",
+            plan.trainctl, "gate", "sentinel", "--dir", gate_dir, "--log", f"{gate_dir}/sentinel.log"]
+
+
+def training_argv(plan: JobPlan, action: RunTraining, gate_dir: str) -> list[str]:
+    """The program, on the chosen nodes only; rank-exec sets the torch.distributed environment,
+    binds each rank (when the plan binds) and execs the program. --kill-on-bad-exit=1: one rank
+    that fails ends the step, rather than leaving the others waiting in a collective."""
+    argv = ["srun", f"--nodelist={action.job_nodes}", f"--nodes={action.node_count}",
+            f"--ntasks={action.node_count * plan.tasks_per_node}", f"--ntasks-per-node={plan.tasks_per_node}",
+            "--kill-on-bad-exit=1"]
+    if action.restart:
+        # the ended step stays registered on a hung node until Slurm declares that node down
+        # (SlurmdTimeout), holding its CPUs on every node of the step; an overlapping step does not
+        # wait for them (srun(1) --overlap). Its tasks on the live nodes are gone.
+        argv.append("--overlap")
+    if plan.bind:
+        argv.append("--cpu-bind=none")
+    if plan.rank_output:
+        argv.append(f"--output={gate_dir}/{RANK_OUTPUT}")
+    argv += [plan.trainctl, "rank-exec", "--site", plan.site_ref, "--partition", plan.partition,
+             "--master-addr", action.master_addr, "--gate-dir", gate_dir]
+    if not plan.bind:
+        argv.append("--no-bind")
+    return argv + ["--", *plan.program]
+
+
+def checkpoint_signal(sbatch_signal: str) -> int | None:
+    """The signal the job's program checkpoints on, from the plan's sbatch --signal value, read
+    with the same pattern that checked it (`trainctl.validate.SLURM_SIGNAL`); None when there is
+    none, or it goes to the batch shell only (B:), which the ranks never see."""
+    match = SLURM_SIGNAL.fullmatch(sbatch_signal)
+    if not match or "B" in (match["prefix"] or "").upper():
+        return None
+    name = match["sig"].upper().removeprefix("SIG")
+    if name.isdigit():
+        return int(name)
+    return int(signals.Signals["SIG" + name]) if "SIG" + name in signals.Signals.__members__ else None
+
+
+# ---------------------------------------------------------------- what comes back (parsers, pure)
+
+def parse_decision(stdout: str) -> tuple[str, str] | None:
+    """`gate decide`'s two lines: (hostlist of the chosen nodes, MASTER_ADDR); None if not that."""
+    lines = stdout.splitlines()
+    if len(lines) < 2 or not lines[0].strip() or not lines[1].strip():
+        return None
+    return lines[0].strip(), lines[1].strip()
+
+
+def parse_resize_script(text: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """scontrol's slurm_job_<id>_resize.sh -> (variables it exports, variables it unsets).
+
+    scontrol writes `export NAME="value"` and `unset NAME` lines (src/scontrol/update_job.c,
+    _update_job_size; Slurm's FAQ, "Can I change my job's size after it has started running?"),
+    so that the job's later steps see the smaller job. Read as shell words, never run."""
+    exported: dict[str, str] = {}
+    unset: list[str] = []
+    for line in text.splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            name, _, value = words[1].partition("=")
+            exported[name] = value
+        elif len(words) >= 2 and words[0] == "unset":
+            unset += words[1:]
+    return exported, tuple(unset)

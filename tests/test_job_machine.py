@@ -1,0 +1,526 @@
+"""The job's supervisor without Slurm: the whole life of a job as scripted events fed to the pure
+state machine (gate, release, training, each detection kind, confirmation, restart on a spare or
+on fewer nodes, successor, the end), the argv of each step, what it reads back from gate decide
+and scontrol, and the goodput of a chain of journals."""
+
+from dataclasses import replace
+
+import pytest
+
+from trainctl.job import machine
+from trainctl.job.goodput import goodput
+from trainctl.job.journal import Journal, parse_journal
+from trainctl.job.watch import Detection, NodeReading, RankProgress, WatchLimits
+from trainctl.launcher.plan import JobPlan, SubmitRequest, plan_job
+from trainctl.site import load_site
+
+ALLOCATED = ("node1", "node2", "node3", "node4")
+LIMITS = WatchLimits(slow_factor=1.5, slow_window_s=10.0, baseline_window_s=120.0, warmup_s=0.0, hang_floor_s=20.0,
+                     hang_steps=20.0, agent_silence_s=10.0)
+WATCH = machine.WatchFacts(LIMITS, checkpoint_signal=10, checkpoint_wait_s=15.0, dump_wait_s=5.0, end_grace_s=3.0)
+
+
+def facts(*, release=True, retries=0, batch_host="node1", restarts=0, spares=0, min_nodes=1, successors=0,
+          watch=None, allocated=ALLOCATED):
+    return machine.JobFacts(allocated, batch_host, release, retries, restarts, spares, min_nodes, successors, watch)
+
+
+def plan(**changes):
+    request = SubmitRequest(site_ref="local-demo", program=("/bin/true", "a b"), nodes=2, spare=2, **changes)
+    return plan_job(load_site("local-demo").config, request, node_trainctl="/opt/trainctl", node_python="/py",
+                    command=("trainctl", "submit"), version="0")
+
+
+def run_events(job: machine.JobFacts, *events):
+    """The last effect of each step, from the start (the one that answers with the next event)."""
+    state, effects = machine.advance(job, machine.JobState(), machine.Started())
+    actions = [effects[-1]]
+    for event in events:
+        state, effects = machine.advance(job, state, event)
+        actions.append(effects[-1])
+    return actions
+
+
+def feed(job: machine.JobFacts, state: machine.JobState, event) -> tuple[machine.JobState, tuple]:
+    return machine.advance(job, state, event)
+
+
+def reading(node: str, t: float, steps: int, step_s: float = 0.5, failed=(), seconds=None) -> NodeReading:
+    """A node agent's file: one rank per node (rank = the node's number), `steps` steps so far,
+    which took `seconds` (steps x step_s unless given)."""
+    rank = int(node.removeprefix("node"))
+    seconds = steps * step_s if seconds is None else seconds
+    return NodeReading(node, t, (RankProgress(rank, steps, seconds, t if steps else 0.0),), tuple(failed))
+
+
+def training(job: machine.JobFacts, chosen=("node1", "node2"), unused=("node3", "node4"), start_t=1000.0):
+    """Gate, release and the training step started at `start_t`, from scratch."""
+    state, effects = machine.advance(job, machine.JobState(), machine.Started())
+    state, effects = feed(job, state, machine.GateDecided(machine.fold_hostlist(list(chosen)), chosen, "10.0.0.1", unused))
+    if state.phase == "release":
+        state, effects = feed(job, state, machine.Resized(len(state.releasing)))
+    assert isinstance(effects[-1], machine.RunTraining)
+    return feed(job, state, machine.TrainingStarted(start_t))
+
+
+def polls(job, state, nodes, times, steps_at, step_s=0.5, failed=None, seconds_at=None):
+    """Feed one Polled per time until the phase changes; steps_at(node, t) -> the node's steps then
+    (seconds_at(node, t): the seconds they took). Returns the last (state, effects)."""
+    effects = ()
+    for t in times:
+        readings = {node: reading(node, t, steps_at(node, t), step_s, (failed or {}).get(node, ()),
+                                  seconds_at(node, t) if seconds_at else None)
+                    for node in nodes}
+        state, effects = feed(job, state, machine.Polled(t, readings))
+        if state.phase != "train":
+            break
+    return state, effects
+
+
+def test_a_healthy_job_gates_releases_the_spares_trains_and_ends_with_the_steps_status():
+    actions = run_events(facts(), machine.GateDecided("node[1,4]", ("node1", "node4"), "10.0.0.1"), machine.Resized(2),
+                         machine.TrainingStarted(1.0), machine.StepEnded(0))
+    assert actions == [machine.RunGate(), machine.Release("node[1,4]", move_sentinel=True),
+                       machine.RunTraining("node[1,4]", 2, "10.0.0.1", start_sentinel=True), machine.WaitStep(poll=False),
+                       machine.Finish(0)]
+    state, effects = machine.advance(facts(), machine.JobState(), machine.Started())
+    assert effects == (machine.StartSentinel(), machine.RunGate())
+    assert machine.advance(facts(allocated=("node1",)), machine.JobState(), machine.Started())[1] == (machine.RunGate(),)
+
+
+def test_the_step_ends_with_its_record_before_the_jobs_end():
+    job = facts(release=False)
+    state, _ = training(job)
+    state, effects = feed(job, state, machine.StepEnded(0))
+    assert effects == (machine.StepOver(0, "completed", agents=False), machine.Finish(0))
+    assert state.phase == "end"
+
+
+def test_the_release_rewrites_the_environment_the_later_steps_get():
+    job = facts()
+    state, _ = machine.advance(job, machine.JobState(), machine.Started())
+    state, _ = feed(job, state, machine.GateDecided("node[1-2]", ("node1", "node2"), "a", ("node3", "node4")))
+    state, _ = feed(job, state, machine.Resized(2, (("SLURM_JOB_NODELIST", "node[1-2]"), ("SLURM_JOB_NUM_NODES", "2")),
+                                                ("SLURM_TASKS_PER_NODE",)))
+    base = {"SLURM_JOB_NODELIST": "node[1-4]", "SLURM_JOB_NUM_NODES": "4", "SLURM_TASKS_PER_NODE": "1(x4)", "X": "1"}
+    assert machine.job_environment(base, state) == {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_NUM_NODES": "2", "X": "1"}
+    assert base["SLURM_JOB_NUM_NODES"] == "4"    # the batch script's own is left as it was
+    assert state.held == ("node1", "node2")
+
+
+def test_the_batch_host_is_kept_when_the_gate_left_it_out_and_the_sentinel_stays_on_a_kept_node():
+    actions = run_events(facts(), machine.GateDecided("node[2-3]", ("node2", "node3"), "10.0.0.2"), machine.Resized(3))
+    assert actions[1] == machine.Release("node[1-3]", move_sentinel=False)
+    assert actions[2] == machine.RunTraining("node[2-3]", 2, "10.0.0.2", start_sentinel=False)
+
+
+def test_nothing_to_release_goes_straight_to_training():
+    job = machine.JobFacts(("node1", "node2"), "node1", True, 0)
+    actions = run_events(job, machine.GateDecided("node[1-2]", ("node1", "node2"), "10.0.0.1"))
+    assert actions[1] == machine.RunTraining("node[1-2]", 2, "10.0.0.1", start_sentinel=False)
+    assert run_events(facts(release=False), machine.GateDecided("node1", ("node1",), "a"))[1] == \
+        machine.RunTraining("node1", 1, "a", start_sentinel=False)
+
+
+def test_a_refused_release_restarts_the_cancelled_sentinel_on_the_nodes_the_job_kept():
+    actions = run_events(facts(), machine.GateDecided("node1,node4", ("node1", "node4"), "a"), machine.Resized(4))
+    assert actions[-1].start_sentinel
+
+
+def test_a_failed_gate_retries_around_the_allocation_only_with_retries():
+    assert run_events(facts(), machine.GateRefused(2))[-1] == machine.Finish(2)
+    actions = run_events(facts(retries=1), machine.GateRefused(2), machine.RetryHandled())
+    assert actions[1:] == [machine.Retry("gate", 2, ALLOCATED, budget=1), machine.Finish(2)]
+    # nonsense from gate decide is not a verdict about nodes: no retry
+    assert run_events(facts(retries=1), machine.GateRefused(2, retryable=False))[-1] == machine.Finish(2)
+
+
+def test_a_failed_step_retries_around_its_nodes_and_ends_with_its_status():
+    actions = run_events(facts(retries=1, release=False), machine.GateDecided("node[1-2]", ("node1", "node2"), "a"),
+                         machine.TrainingStarted(1.0), machine.StepEnded(137), machine.RetryHandled())
+    assert actions[3:] == [machine.Retry("step", 137, ("node1", "node2"), budget=1), machine.Finish(137)]
+    assert run_events(facts(release=False), machine.GateDecided("node1", ("node1",), "a"), machine.TrainingStarted(1.0),
+                      machine.StepEnded(3))[-1] == machine.Finish(3)
+
+
+def test_a_held_spare_stays_through_training_and_the_rest_go_back():
+    actions = run_events(facts(spares=1), machine.GateDecided("node[1-2]", ("node1", "node2"), "a", ("node3", "node4")))
+    assert actions[1] == machine.Release("node[1-3]", move_sentinel=False)
+
+
+# ---------------------------------------------------------------- training, watched
+
+def test_the_watch_starts_the_agents_and_polls_while_the_job_makes_progress():
+    job = facts(release=False, watch=WATCH)
+    state, effects = training(job)
+    assert effects == (machine.StartAgents("node[1-2]", 2), machine.WaitStep(poll=True))
+    state, effects = feed(job, state, machine.Polled(1001.0, {"node1": reading("node1", 1001.0, 1),
+                                                              "node2": reading("node2", 1001.0, 1)}))
+    assert effects == (machine.Journal("first_step", {"steps": 1}), machine.WaitStep(poll=True))
+    state, effects = polls(job, state, ("node1", "node2"), [1002.0 + i for i in range(30)],
+                           lambda node, t: int(t - 1000.0) * 2)
+    assert effects == (machine.WaitStep(poll=True),) and state.phase == "train"
+    state, effects = feed(job, state, machine.StepEnded(0, 1040.0, {}))
+    assert effects == (machine.StepOver(0, "completed", agents=True), machine.Finish(0))
+
+
+def test_an_agent_silent_while_training_goes_on_is_journaled_once_and_is_no_detection():
+    job = facts(release=False, watch=WATCH)
+    state, _ = training(job)
+    noted = []
+    for second in range(1, 40):
+        t = 1000.0 + second
+        readings = {"node1": reading("node1", t, second),
+                    "node2": reading("node2", min(t, 1005.0), min(second, 5))}   # node2's agent stops at 1005
+        state, effects = feed(job, state, machine.Polled(t, readings))
+        noted += [e for e in effects if isinstance(e, machine.Journal) and e.kind == "agent_silent"]
+        assert state.phase == "train", effects
+    assert noted == [machine.Journal("agent_silent", {"node": "node2", "note": "training goes on: not a detection"})]
+
+
+def sick_detected(job):
+    state, _ = training(job)
+    state, _ = polls(job, state, ("node1", "node2"), [1001.0, 1002.0], lambda node, t: int(t - 1000.0))
+    return polls(job, state, ("node1", "node2"), [1003.0], lambda node, t: int(t - 1000.0),
+                 failed={"node2": (("gpu.xid", "Xid 79: fallen off the bus"),)})
+
+
+def test_a_sick_node_asks_for_a_checkpoint_stops_the_step_and_restarts_on_the_held_spare():
+    job = facts(spares=1, restarts=2, watch=WATCH)
+    state, effects = sick_detected(job)
+    assert state.phase == "stopping" and state.detection.suspects == ("node2",)
+    assert effects[0].kind == "detection" and effects[0].fields["suspects"] == ["node2"]
+    assert effects[1] == machine.Say("trainctl: watch: sick: node2: gpu.xid: Xid 79: fallen off the bus")
+    assert effects[2:] == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
+    state, effects = feed(job, state, machine.StepStopped(143))
+    assert effects == (machine.StepOver(143, "ended by the watch (sick)", agents=True),
+                       machine.RunGate(("node1", "node3"), archive=1))
+    assert state.condemned == ("node2",) and state.restarts == 1 and state.watch is None
+    # the gate confirms: the named node is left out (and drained where the site asks), the spare trains
+    state, effects = feed(job, state, machine.GateDecided("node[1,3]", ("node1", "node3"), "a"))
+    assert effects[0] == machine.Journal("confirmation", {"kind": "sick", "checked": ["node1", "node3"], "named": {
+        "node2": "sick: node2: gpu.xid: Xid 79: fallen off the bus"}})
+    assert effects[1:] == (machine.Say("trainctl: watch: leaving out node2"),
+                           machine.Drain({"node2": ("sick", "gpu.xid", "Xid 79: fallen off the bus")}),
+                           machine.Release("node[1,3]", move_sentinel=True))
+    assert state.detection is None
+    state, effects = feed(job, state, machine.Resized(2))
+    assert effects == (machine.RunTraining("node[1,3]", 2, "a", start_sentinel=True, restart=1),)
+    state, effects = feed(job, state, machine.TrainingStarted(2000.0))
+    assert effects == (machine.StartAgents("node[1,3]", 2), machine.WaitStep(poll=True))
+
+
+def test_without_a_checkpoint_signal_the_request_is_still_one_effect():
+    job = facts(spares=1, restarts=2, watch=machine.WatchFacts(LIMITS, None, 15.0, 5.0, 3.0))
+    assert sick_detected(job)[1][2] == machine.AskForCheckpoint(None, 15.0)
+
+
+def test_a_hung_node_gets_the_others_stacks_and_is_named_by_its_silent_agent():
+    job = facts(spares=1, restarts=2, watch=WATCH)
+    state, _ = training(job)
+    state, _ = polls(job, state, ("node1", "node2"), [1001.0 + i for i in range(5)], lambda node, t: int(t - 1000.0))
+    # node2 hangs at 1005: its agent writes no more, and no rank finishes a step
+    for t in [1006.0 + i for i in range(25)]:
+        readings = {"node1": reading("node1", t, 5), "node2": reading("node2", 1005.0, 5)}
+        state, effects = feed(job, state, machine.Polled(t, readings))
+        if state.phase != "train":
+            break
+    assert state.detection.kind == "hung" and state.detection.suspects == ("node2",)
+    assert effects[-2:] == (machine.RequestStacks(("node1",), 5.0), machine.StopStep(3.0))
+    state, effects = feed(job, state, machine.StepStopped(137))
+    assert effects[-1] == machine.RunGate(("node1", "node3"), archive=1)
+
+
+def test_a_slowdown_no_gate_localises_becomes_the_new_normal_on_the_same_nodes():
+    job = facts(release=False, restarts=1, watch=WATCH)
+    state, _ = training(job)
+    # 0.5 s a step for 60 s, then 1.0 s a step: two steps a poll, then one
+    state, effects = polls(job, state, ("node1", "node2"), [1001.0 + i for i in range(90)],
+                           lambda node, t: int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0)),
+                           seconds_at=lambda node, t: t - 1000.0)
+    assert state.phase == "stopping" and state.detection.kind == "slow" and state.detection.suspects == ()
+    assert effects[-2:] == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
+    state, effects = feed(job, state, machine.StepStopped(143))
+    assert effects[-1] == machine.RunGate(ALLOCATED, archive=1) and state.condemned == ()
+    state, effects = feed(job, state, machine.GateDecided("node[1-2]", ("node1", "node2"), "a"))
+    assert effects[0].kind == "confirmation" and effects[0].fields["note"] == "slowdown not localised"
+    assert effects[1] == machine.Say("trainctl: watch: the gate names no node (slow not localised): "
+                                     "resuming on the same nodes")
+    assert effects[2] == machine.RunTraining("node[1-2]", 2, "a", start_sentinel=False, restart=1)
+    assert state.accepted_step_s > 0.5
+    state, _ = feed(job, state, machine.TrainingStarted(3000.0))
+    assert state.watch.accepted_step_s == state.accepted_step_s
+
+
+def test_a_slowdown_the_gate_localises_names_the_node_the_gate_excluded():
+    job = facts(release=False, restarts=1, watch=WATCH)
+    state = machine.JobState(phase="gate", held=ALLOCATED, chosen=("node1", "node2"), restarts=1,
+                             detection=Detection("slow", (), "step time 1 s, 2x"))
+    state, effects = feed(job, state, machine.GateDecided("node[1,3]", ("node1", "node3"), "a",
+                                                          gate_named={"node2": "fabric: straggler"}))
+    assert effects[0].fields["named"] == {"node2": "fabric: straggler"}
+    assert effects[1] == machine.Say("trainctl: watch: leaving out node2")
+    assert not any(isinstance(e, machine.Drain) for e in effects)   # gate decide drained it itself
+    assert state.accepted_step_s == 0.0
+
+
+def test_a_program_without_the_progress_api_is_found_hung_by_an_agent_silent_for_the_hang_floor():
+    job = facts(spares=1, restarts=2, watch=WATCH)
+    state, _ = training(job)
+    for t in [1001.0 + i for i in range(40)]:   # no rank reports a step; node2's agent stops at 1005
+        state, effects = feed(job, state, machine.Polled(t, {"node1": reading("node1", t, 0),
+                                                             "node2": reading("node2", min(t, 1005.0), 0)}))
+        if state.phase != "train":
+            break
+    assert t >= 1005.0 + LIMITS.hang_floor_s
+    assert state.detection.kind == "hung" and state.detection.suspects == ("node2",)
+    assert effects[-2:] == (machine.RequestStacks(("node1",), 5.0), machine.StopStep(3.0))
+
+
+def test_every_effect_the_machine_returns_has_one_executor_in_the_driver():
+    import typing
+
+    from trainctl.job.driver import JobDriver
+
+    driver = JobDriver.__new__(JobDriver)     # the table only, no Slurm
+    assert set(driver.executors()) == set(typing.get_args(machine.Effect))
+
+
+def test_a_step_that_fails_after_an_agent_fell_silent_is_a_hang_of_that_node():
+    job = facts(spares=1, restarts=2, watch=WATCH)
+    state, _ = training(job)
+    state, _ = polls(job, state, ("node1", "node2"), [1001.0, 1002.0, 1003.0], lambda node, t: int(t - 1000.0))
+    # Slurm ended the step 12 s later, node2's agent silent since 1003
+    state, effects = feed(job, state, machine.StepEnded(137, 1015.0, {"node1": reading("node1", 1015.0, 15),
+                                                                      "node2": reading("node2", 1003.0, 3)}))
+    assert effects[0].kind == "detection" and effects[0].fields["suspects"] == ["node2"]
+    assert effects[2:] == (machine.StepOver(137, "ended by the watch (hung)", agents=True),
+                           machine.RunGate(("node1", "node3"), archive=1))
+    # every agent still wrote: the program's own failure, no detection
+    state, _ = training(job)
+    state, effects = feed(job, state, machine.StepEnded(1, 1001.0, {"node1": reading("node1", 1001.0, 1),
+                                                                    "node2": reading("node2", 1001.0, 1)}))
+    assert effects == (machine.StepOver(1, "exit status 1", agents=True), machine.Finish(1))
+
+
+def test_a_hung_node_is_left_out_of_the_next_gate_and_training_restarts_on_the_spare():
+    job = facts(restarts=2, spares=1, watch=WATCH)
+    state, _ = training(job)
+    assert state.held == ("node1", "node2", "node3")
+    state, effects = stopped_after(job, state, "hung", ("node2",))
+    assert effects[-1] == machine.RunGate(("node1", "node3"), archive=1) and state.condemned == ("node2",)
+    state, effects = feed(job, state, machine.GateDecided("node[1,3]", ("node1", "node3"), "a"))
+    assert effects[-1] == machine.Release("node[1,3]", move_sentinel=True)
+    state, effects = feed(job, state, machine.Resized(2))
+    assert effects[-1] == machine.RunTraining("node[1,3]", 2, "a", start_sentinel=True, restart=1)
+    assert state.held == ("node1", "node3")
+    # a second detection gates again, on fewer nodes, with the next round number
+    state, _ = feed(job, state, machine.TrainingStarted(2000.0))
+    state, effects = stopped_after(job, state, "hung", ("node3",))
+    assert effects[-1] == machine.RunGate(("node1",), archive=2) and state.condemned == ("node2", "node3")
+
+
+def stopped_after(job, state, kind, suspects, status=143):
+    state = replace(state, phase="stopping", detection=Detection(kind, suspects, "evidence"))
+    return feed(job, state, machine.StepStopped(status))
+
+
+def test_restarts_used_up_go_on_in_a_successor_within_retries_or_the_sites_successors():
+    state, _ = training(facts(release=False))
+    state = replace(state, restarts=1)
+    job = facts(restarts=1, release=False, watch=WATCH)
+    ended = stopped_after(job, state, "sick", ("node2",))[1][-1]
+    assert ended == machine.Finish(143, "the watch found node2 sick; the 1 restarts the site allows inside the "
+                                   "allocation are used up; no successor job: --retries is 0 and the site's "
+                                   "watch.max_successors is 0")
+    retrying = facts(restarts=1, release=False, retries=1, watch=WATCH)
+    assert stopped_after(retrying, state, "sick", ("node2",))[1][-1] == \
+        machine.Retry("step", 143, ("node1", "node2"), ("node2",), budget=1)
+    by_default = facts(restarts=1, release=False, successors=2, watch=WATCH)
+    state, effects = stopped_after(by_default, state, "sick", ("node2",))
+    assert effects[-1] == machine.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2)
+    assert state.phase == "retry" and state.detection is None
+    assert feed(by_default, state, machine.RetryHandled())[1] == (machine.Finish(143),)
+
+
+def test_too_few_healthy_nodes_after_a_detection_go_on_in_a_successor_excluding_the_condemned():
+    for job, budget in ((facts(restarts=1, retries=1, release=False, watch=WATCH), 1),
+                        (facts(restarts=1, release=False, successors=2, watch=WATCH), 2)):
+        state, _ = training(job)
+        state, _ = stopped_after(job, state, "hung", ("node2",))
+        state, effects = feed(job, state, machine.GateRefused(2, gate_named={"node3": "ib.ports: Down"}))
+        assert effects[0].kind == "confirmation"
+        assert effects[-1] == machine.Retry("gate", 2, ALLOCATED, ("node2",), budget=budget)
+
+
+def trained_on_two_of_three(job: machine.JobFacts) -> machine.JobState:
+    """--nodes 2 --spare 1: the gate chose node[1-2]; node3 passed too."""
+    state, _ = training(job, unused=("node3",))
+    assert state.phase == "train"
+    return state
+
+
+def three_nodes(**changes) -> machine.JobFacts:
+    defaults = dict(release=True, retries=0, max_restarts=3, hold_spares=0, min_nodes=2, successors=2)
+    defaults.update(changes)
+    return machine.JobFacts(("node1", "node2", "node3"), "node1", defaults["release"], defaults["retries"],
+                            defaults["max_restarts"], defaults["hold_spares"], defaults["min_nodes"], defaults["successors"],
+                            WATCH)
+
+
+def test_with_the_sites_defaults_a_named_node_without_a_spare_held_goes_on_in_a_successor_without_a_gate():
+    job = three_nodes()
+    state = trained_on_two_of_three(job)
+    assert state.held == ("node1", "node2")          # the spare went back after the first gate
+    state, effects = stopped_after(job, state, "hung", ("node2",))
+    assert effects == (machine.StepOver(143, "ended by the watch (hung)", agents=True),
+                       machine.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2))
+    assert state.phase == "retry" and state.condemned == ("node2",)
+    assert feed(job, state, machine.RetryHandled())[1] == (machine.Finish(143),)
+
+
+def test_a_held_spare_takes_the_named_nodes_place_inside_the_allocation():
+    job = three_nodes(hold_spares=1)
+    state = trained_on_two_of_three(job)
+    assert state.held == ("node1", "node2", "node3")   # nothing to release: the spare is held
+    state, effects = stopped_after(job, state, "sick", ("node2",))
+    assert effects[-1] == machine.RunGate(("node1", "node3"), archive=1)
+    state, effects = feed(job, state, machine.GateDecided("node[1,3]", ("node1", "node3"), "a"))
+    assert effects[-1] == machine.Release("node[1,3]", move_sentinel=True)
+    assert feed(job, state, machine.Resized(2))[1] == (machine.RunTraining("node[1,3]", 2, "a", True, restart=1),)
+
+
+def test_without_a_spare_training_restarts_on_fewer_nodes_down_to_min_nodes():
+    job = three_nodes(min_nodes=1)
+    state = trained_on_two_of_three(job)
+    state, effects = stopped_after(job, state, "hung", ("node2",))
+    assert effects[-1] == machine.RunGate(("node1",), archive=1)
+    state, effects = feed(job, state, machine.GateDecided("node1", ("node1",), "a"))
+    assert effects[-1] == machine.Release("node1", move_sentinel=True)     # the hung node goes back to Slurm
+    assert feed(job, state, machine.Resized(1))[1] == (machine.RunTraining("node1", 1, "a", False, restart=1),)
+
+
+def test_when_the_job_truly_cannot_go_on_one_line_names_the_node_and_why():
+    job = three_nodes(successors=0)
+    state = trained_on_two_of_three(job)
+    state, effects = stopped_after(job, state, "hung", ("node2",))
+    assert effects[-1] == machine.Finish(143, "the watch found node2 hung; 1 node left in the allocation, --min-nodes "
+                                         "is 2; no successor job: --retries is 0 and the site's "
+                                         "watch.max_successors is 0")
+    assert state.phase == "end"
+    # a slowdown nobody could localise, with the restarts used up
+    job = three_nodes(successors=0, max_restarts=0)
+    state = trained_on_two_of_three(job)
+    assert stopped_after(job, state, "slow", ())[1][-1].why.startswith(
+        "the watch found the job slow and named no node; the 0 restarts")
+
+
+@pytest.mark.parametrize("value, expected", [("USR1@120", 10), ("R:USR2@60", 12), ("SIGTERM", 15), ("10@5", 10),
+                                             ("B:USR1@60", None), ("", None), ("NOPE", None)])
+def test_the_checkpoint_signal_comes_from_the_plans_sbatch_signal(value, expected):
+    assert machine.checkpoint_signal(value) == expected
+
+
+def test_an_event_out_of_place_is_a_bug_not_a_silent_skip():
+    with pytest.raises(ValueError, match="StepEnded cannot happen in phase gate"):
+        run_events(facts(), machine.StepEnded(0))
+    with pytest.raises(ValueError, match="Polled cannot happen in phase train"):   # no watch, no poll
+        state, _ = training(facts(release=False))
+        feed(facts(release=False), state, machine.Polled(1.0, {}))
+
+
+def test_step_argv_from_the_plan():
+    job = plan(gpus_per_node=0)
+    gate = machine.gate_step_argv(job, "/g", 4)
+    assert gate[:7] == ["srun", "--overlap", "--job-name=trainctl-gate", "--ntasks=4", "--ntasks-per-node=1",
+                        "--kill-on-bad-exit=0", "--input=none"]
+    assert gate[-9:] == ["/opt/trainctl", "gate", "node", "--site", "local-demo", "--partition", "gpu", "--dir", "/g"]
+    training = machine.training_argv(job, machine.RunTraining("node[1,4]", 2, "10.0.0.1", False), "/g")
+    assert training[:6] == ["srun", "--nodelist=node[1,4]", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                            "--kill-on-bad-exit=1"]
+    assert "--cpu-bind=none" not in training and "--output=/g/rank-%N-%t.out" in training
+    assert training[-4:] == ["--no-bind", "--", "/bin/true", "a b"]
+    assert machine.decide_argv(job, "/g")[-5:] == ["--nodes", "2", "--min-nodes", "2", "--wait"]
+    # after a detection: only the nodes the job still trusts
+    assert machine.decide_argv(job, "/g", ("node1", "node3"))[-3:] == ["--allocated", "node[1,3]", "--wait"]
+    assert machine.gate_step_argv(job, "/g", 4, ("node1", "node3"))[3:6] == ["--nodelist=node[1,3]", "--nodes=2",
+                                                                             "--ntasks=2"]
+    restart = machine.training_argv(job, machine.RunTraining("node[1,4]", 2, "10.0.0.1", False, restart=1), "/g")
+    assert "--overlap" in restart and "--overlap" not in training
+    agents = machine.agent_argv(job, machine.StartAgents("node[1,4]", 2), "/g")
+    assert agents[:7] == ["srun", "--overlap", "--job-name=trainctl-agent", "--nodelist=node[1,4]", "--nodes=2",
+                          "--ntasks=2", "--ntasks-per-node=1"]
+    assert "--relative=1" in machine.sentinel_argv(job, "/g")
+
+
+def test_the_plan_travels_through_the_script_unchanged():
+    job = plan(retries=2, signal="USR1@120", job_name="x y")
+    assert JobPlan.from_document(job.to_document()) == job
+    from trainctl.errors import UsageError
+
+    with pytest.raises(UsageError):
+        JobPlan.from_document({"format": 1, "nodes": 2})
+    with pytest.raises(UsageError):
+        JobPlan.from_document({"format": 99})
+
+
+@pytest.mark.parametrize("stdout, decided", [("node[1-2]\n10.0.0.1\n", ("node[1-2]", "10.0.0.1")),
+                                             ("node1\n", None), ("", None), ("\n10.0.0.1\n", None)])
+def test_gate_decides_two_lines_or_nothing(stdout, decided):
+    assert machine.parse_decision(stdout) == decided
+
+
+def test_the_resize_script_is_read_as_words_never_run():
+    text = ('export SLURM_NODELIST="node[1,4]"\nexport SLURM_JOB_NODELIST="node[1,4]"\nexport SLURM_NNODES=2\n'
+            'export SLURM_JOB_CPUS_PER_NODE="1(x2)"\nunset SLURM_NPROCS\nunset SLURM_TASKS_PER_NODE\n'
+            'export X="$(touch pwned)"\n')
+    exported, unset = machine.parse_resize_script(text)
+    assert exported["SLURM_JOB_NODELIST"] == "node[1,4]" and exported["SLURM_NNODES"] == "2"
+    assert exported["SLURM_JOB_CPUS_PER_NODE"] == "1(x2)" and exported["X"] == "$(touch pwned)"
+    assert unset == ("SLURM_NPROCS", "SLURM_TASKS_PER_NODE")
+
+
+def journal_of(tmp_path, name, timed_events):
+    """A journal written by Journal with a fake clock: [(t, event, fields), ...]."""
+    times = iter([t for t, _, _ in timed_events])
+    journal = Journal(str(tmp_path / name), clock=lambda: next(times))
+    for _, event, fields in timed_events:
+        journal.add(event, **fields)
+    return parse_journal((tmp_path / name).read_text())
+
+
+def test_goodput_splits_the_chain_into_queue_gate_training_restart_and_lost_work(tmp_path):
+    first = journal_of(tmp_path, "1.jsonl", [
+        (10, "job_start", {}), (11, "submitted", {"submitted_t": 0}), (30, "training_start", {}),
+        (80, "checkpoint", {"checkpoint_t": 70}),
+        (100, "step_end", {"status": 1, "training_start_t": 30, "last_checkpoint_t": 70}),
+        (110, "job_end", {"status": 1})])
+    second = journal_of(tmp_path, "2.jsonl", [
+        (120, "job_start", {}), (121, "submitted", {"submitted_t": 105}), (140, "training_start", {}),
+        (200, "step_end", {"status": 0, "training_start_t": 140}), (201, "job_end", {"status": 0})])
+    result = goodput([first, second], now=1000)
+    assert result.wall_s == 201 and not result.running
+    # training 30-100 (70 s, of which 70-100 lost) and 140-200 (60 s); the latest mark sets the phase:
+    # the successor, submitted at 105, is queued from then on
+    assert result.productive_s == pytest.approx(40 + 60)
+    assert result.lost_s == pytest.approx({"queue": 10 + 15, "gate": 20 + 20, "restart": 5, "lost_work": 30})
+    # the second leaves its finished step at 200 and ends at 201: that second is the job's own end
+    assert result.productive_s + sum(result.lost_s.values()) == pytest.approx(result.wall_s - 1)
+
+
+def test_goodput_of_a_running_job_counts_up_to_now_and_a_step_without_checkpoints_loses_all(tmp_path):
+    running = journal_of(tmp_path, "r.jsonl", [(0, "job_start", {}), (10, "training_start", {})])
+    result = goodput([running], now=50)
+    assert result.running and result.wall_s == 50 and result.productive_s == 40
+    failed = journal_of(tmp_path, "f.jsonl", [(0, "job_start", {}), (10, "training_start", {}),
+                                              (50, "step_end", {"status": 9, "training_start_t": 10}),
+                                              (55, "job_end", {"status": 9})])
+    result = goodput([failed], now=999)
+    assert result.productive_s == 0 and result.lost_s["lost_work"] == 40 and result.ratio == 0
+
+
+def test_a_journal_that_cannot_be_written_warns_once_and_never_ends_the_job(tmp_path, capsys):
+    journal = Journal(str(tmp_path / "no-such-dir" / "journal.jsonl"), clock=lambda: 5.0)
+    assert journal.add("job_start")["t"] == 5.0
+    journal.add("gate_start")
+    assert capsys.readouterr().err.count("cannot write the journal") == 1
