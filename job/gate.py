@@ -52,7 +52,7 @@ class Reason:
     detail: str
 
     def __str__(self) -> str:
-        return f"{self.cause}: {self.detail}"
+        return f"{self.cause}: {self.detail}" if self.detail else self.cause
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,35 @@ class Decision:
                 "excluded": [{"host": e.host, "status": e.status, "reasons": [str(r) for r in e.reasons],
                               "lost": any(r.cause == LOST for r in e.reasons)} for e in self.excluded],
                 "warnings": list(self.warnings), "unknown": list(self.unknown)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Decision:
+        """The decision `to_json` wrote; ValueError for anything else."""
+        def names(key: str) -> tuple[str, ...]:
+            value = data.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+                raise ValueError(f"{key}: not a list of names")
+            return tuple(value)
+
+        def count(key: str) -> int:
+            value = data.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 31:
+                raise ValueError(f"{key}: not a count")
+            return value
+
+        if not isinstance(data, dict) or not isinstance(data.get("excluded", []), list):
+            raise ValueError("not a decision")
+        excluded = []
+        for item in data.get("excluded", []):
+            reasons = item.get("reasons", []) if isinstance(item, dict) else None
+            if (not isinstance(item, dict) or not isinstance(item.get("host"), str) or not isinstance(reasons, list)
+                    or not all(isinstance(reason, str) for reason in reasons)):
+                raise ValueError("excluded: not a list of nodes with reasons")
+            excluded.append(Exclusion(item["host"], tuple(Reason(*reason.split(": ", 1)) if ": " in reason
+                                                          else Reason(reason, "") for reason in reasons),
+                                      "unknown" if item.get("status") == "unknown" else "fail"))
+        return cls(names("allocated"), names("healthy"), names("chosen"), tuple(excluded), names("warnings"),
+                   count("wanted"), count("minimum"), names("unknown"))
 
 
 def _short_hostlist(hosts: list[str]) -> str:

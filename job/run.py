@@ -13,12 +13,11 @@ import sys
 import threading
 import time
 from datetime import datetime
-from pathlib import Path
 
 from trainctl.job import supervisor as sv
 from trainctl.job import slurm_actions as slurm
-from trainctl.job.gate_cli import GATE_STEP_STATUS   # read by `gate decide --wait`: the gate step is over
-from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal
+from trainctl.job import jobdir
+from trainctl.job.jobdir import CHECKPOINT_ENV, JobPaths, Journal, Kind
 from trainctl.agent_socket import WATCH_DIR_ENV
 from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
 from trainctl.launcher.plan import JobPlan
@@ -44,9 +43,10 @@ class JobRun:
 
         self.plan, self.script_path, self.env = plan, script_path, env
         self.job_id = env["SLURM_JOB_ID"]
-        self.gate_dir = str(Path(env["SLURM_SUBMIT_DIR"]) / f"trainctl-gate-{self.job_id}")
+        self.paths = JobPaths.of(env["SLURM_SUBMIT_DIR"], self.job_id)
+        self.gate_dir = str(self.paths.root)
         os.makedirs(self.gate_dir, exist_ok=True)
-        self.journal = Journal(os.path.join(self.gate_dir, JOURNAL_FILE))
+        self.journal = Journal(self.paths.journal)
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
         watch = self.policy.watch
@@ -63,7 +63,7 @@ class JobRun:
         try:
             return self._run()
         except Stopped as exc:  # scancel or the time limit: the end is journaled, then the CLI reports it
-            self.journal.add("job_end", status=128 + exc.signum, cause=f"stopped by signal {exc.signum}")
+            self.journal.add(Kind.JOB_END, status=128 + exc.signum, cause=f"stopped by signal {exc.signum}")
             raise
 
     def _run(self) -> int:
@@ -74,7 +74,7 @@ class JobRun:
             excluding = self.env.get(ENV_EXCLUDE, "")
             say(f"trainctl: attempt {attempt} of {self.plan.retries + 1}"
                 + (f", excluding {excluding}" if excluding else ""))
-        self.journal.add("job_start", attempt=int(attempt) if attempt.isdigit() else attempt,
+        self.journal.add(Kind.JOB_START, attempt=int(attempt) if attempt.isdigit() else attempt,
                          nodes=list(self.facts.allocated), batch_host=self.facts.batch_host,
                          slurm=slurm.slurm_version(self.env))
         self.sentinel = self._start_sentinel() if len(self.facts.allocated) > 1 else None
@@ -89,7 +89,7 @@ class JobRun:
             else:
                 event = self._retry(action)
             state, action = sv.advance(self.facts, state, event)
-        self.journal.add("job_end", status=action.status)
+        self.journal.add(Kind.JOB_END, status=action.status)
         return action.status
 
     # ------------------------------------------------------------ the gate
@@ -100,7 +100,7 @@ class JobRun:
             evidence = archive_gate_round(self.gate_dir, self.gate_rounds)
             self.gate_rounds += 1
             again = {"nodes": list(action.nodes), "evidence": os.path.relpath(evidence, self.gate_dir)}
-        self.journal.add("gate_start", **again)
+        self.journal.add(Kind.GATE_START, **again)
         step = slurm.start_step(sv.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"]),
                                                   action.nodes), self.env)
         watcher = threading.Thread(target=self._write_gate_status, args=(step,), daemon=True)
@@ -118,35 +118,35 @@ class JobRun:
         self._journal_confirmation(action.nodes)
         if not result.ok:
             status = result.returncode if result.returncode is not None else 4
-            self.journal.add("gate_end", status=status, why=result.describe_failure())
+            self.journal.add(Kind.GATE_END, status=status, why=result.describe_failure())
             say(f"trainctl: not starting the job: gate decide exited with status {status} "
                 f"(report: {self.gate_dir}/report.txt)", err=True)
             return sv.GateRefused(status)
         decided = sv.parse_decision(result.stdout)
         if decided is None:
-            self.journal.add("gate_end", status=2, why="no nodes and MASTER_ADDR printed")
+            self.journal.add(Kind.GATE_END, status=2, why="no nodes and MASTER_ADDR printed")
             say(f"trainctl: gate decide did not print the nodes and MASTER_ADDR: {result.stdout!r}", err=True)
             return sv.GateRefused(2, retryable=False)
         from trainctl.slurm import expand_hostlist
 
         job_nodes, master_addr = decided
         chosen = tuple(expand_hostlist(job_nodes))
-        self.journal.add("gate_end", status=0, chosen=list(chosen), master_addr=master_addr)
+        self.journal.add(Kind.GATE_END, status=0, chosen=list(chosen), master_addr=master_addr)
         say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
         return sv.GateDecided(job_nodes, chosen, master_addr, self._healthy_unused(chosen))
 
     def _journal_confirmation(self, checked: tuple[str, ...]) -> None:
         """After a detection, what the gate said about the nodes: whom it names, or nobody."""
-        from trainctl.job.retry import _read_json, gate_bad_nodes
+        from trainctl.job.retry import gate_bad_nodes
         from trainctl.job.watch import confirm
 
         detection, self.detection = self.detection, None
         if detection is None:
             return
-        gate_named = gate_bad_nodes(_read_json(os.path.join(self.gate_dir, "decision.json")))
+        gate_named = gate_bad_nodes(jobdir.read_decision(self.paths))
         confirmed = confirm(detection, gate_named, self.training_nodes, self.accepted_step_s)
         self.accepted_step_s = confirmed.accepted_step_s
-        self.journal.add("confirmation", kind=confirmed.kind, named=dict(confirmed.named), checked=list(checked),
+        self.journal.add(Kind.CONFIRMATION, kind=confirmed.kind, named=dict(confirmed.named), checked=list(checked),
                          **({"note": confirmed.note} if confirmed.note else {}))
         if confirmed.named:
             say(f"trainctl: watch: leaving out {', '.join(sorted(confirmed.named))}", err=True)
@@ -164,21 +164,21 @@ class JobRun:
         condemned = {node: (detection.kind, *failed.get(node, ("watch." + detection.kind, detection.evidence)))
                      for node in detection.suspects}
         for drain in drain_condemned(self.policy.site, self.policy.config, condemned, self.env):
-            self.journal.add("drain", node=drain.host, outcome=drain.outcome, reason=drain.reason)
+            self.journal.add(Kind.DRAIN, node=drain.host, outcome=drain.outcome, reason=drain.reason)
             say(f"trainctl: {drain.line()}", err=True)
 
     def _healthy_unused(self, chosen: tuple[str, ...]) -> tuple[str, ...]:
         """Nodes the gate passed but did not choose (decision.json), in Slurm's order: the spares."""
-        from trainctl.job.retry import _read_json
-
-        decision = _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
-        excluded = {item.get("host") for item in decision.get("excluded", [])}
-        return tuple(node for node in decision.get("allocated", []) if node not in chosen and node not in excluded)
+        decision = jobdir.read_decision(self.paths)
+        if decision is None:
+            return ()
+        excluded = {item.host for item in decision.excluded}
+        return tuple(node for node in decision.allocated if node not in chosen and node not in excluded)
 
     def _write_gate_status(self, step) -> None:
         status = slurm.wait_step(step, STEP_POLL_S)
         try:
-            Path(self.gate_dir, GATE_STEP_STATUS).write_text(f"{status}\n")
+            self.paths.gate_step_status.write_text(f"{status}\n")   # read by `gate decide --wait`
         except OSError:  # decide then waits for its deadline instead: slower, not wrong
             pass
 
@@ -192,17 +192,17 @@ class JobRun:
             when = datetime.fromisoformat(submitted).timestamp()  # scontrol prints local time
         except ValueError:
             return
-        self.journal.add("submitted", submitted_t=when)
+        self.journal.add(Kind.SUBMITTED, submitted_t=when)
 
     def _journal_verdicts(self) -> None:
-        from trainctl.job.retry import _read_json
-
-        decision = _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
-        chosen = set(decision.get("chosen", []))
-        excluded = {item.get("host"): item.get("reasons", []) for item in decision.get("excluded", [])}
-        for node in decision.get("allocated", []):
+        decision = jobdir.read_decision(self.paths)
+        if decision is None:
+            return
+        chosen = set(decision.chosen)
+        excluded = {item.host: [str(reason) for reason in item.reasons] for item in decision.excluded}
+        for node in decision.allocated:
             verdict = "chosen" if node in chosen else "excluded" if node in excluded else "healthy, not needed"
-            self.journal.add("node_verdict", node=node, verdict=verdict, reasons=excluded.get(node, []))
+            self.journal.add(Kind.NODE_VERDICT, node=node, verdict=verdict, reasons=excluded.get(node, []))
 
     # ------------------------------------------------------------ the release
 
@@ -224,7 +224,7 @@ class JobRun:
                 self.env.pop(name, None)
             self.env.update(exported)
             say(f"trainctl: released the nodes the job does not use; it now holds {self.env.get('SLURM_JOB_NODELIST')}")
-            self.journal.add("released", holds=self.env.get("SLURM_JOB_NODELIST", ""))
+            self.journal.add(Kind.RELEASED, holds=self.env.get("SLURM_JOB_NODELIST", ""))
         count = self.env.get("SLURM_JOB_NUM_NODES", "")
         return sv.Resized(int(count) if count.isdigit() else len(self.facts.allocated))
 
@@ -238,15 +238,14 @@ class JobRun:
         if self.plan.rank_output and not action.restart:
             say(f"trainctl: each rank's output: {self.gate_dir}/rank-<node>-<rank>.out "
                 f"(trainctl job show {self.job_id})")
-        checkpoint = os.path.join(self.gate_dir, CHECKPOINT_FILE)
-        env = dict(self.env, **{CHECKPOINT_ENV: checkpoint})
+        env = dict(self.env, **{CHECKPOINT_ENV: str(self.paths.checkpoint_marker)})
         watching = self.policy.watch.enabled
         self.training_nodes = tuple(expand_hostlist(action.job_nodes))
         if watching:
             env[WATCH_DIR_ENV] = prepare_watch_dir(self.gate_dir)
-        started = self.journal.add("training_start", nodes=action.job_nodes, master_addr=action.master_addr,
+        started = self.journal.add(Kind.TRAINING_START, nodes=action.job_nodes, master_addr=action.master_addr,
                                    **({"restart": action.restart} if action.restart else {}))["t"]
-        seen = CheckpointWatch(checkpoint, started)
+        seen = jobdir.Checkpoints(self.paths, (self.plan.checkpoints,), self.env["SLURM_SUBMIT_DIR"], started)
         step = slurm.start_step(sv.training_argv(self.plan, action, self.gate_dir), env)
         agents = slurm.start_step(sv.agent_argv(self.plan, action, self.gate_dir), self.env) if watching else None
         watch = Watch(self, action, started) if watching else None
@@ -256,8 +255,8 @@ class JobRun:
                 status = step.wait(timeout=watch.wait_s() if watch else STEP_POLL_S)
                 break
             except subprocess.TimeoutExpired:
-                seen.poll(self.journal)
                 detection = watch.poll() if watch else None
+                seen.poll(self.journal, watch.readings.values() if watch else ())
         if detection is None and status != 0 and watch is not None:
             detection = watch.lost(status)   # Slurm ended the step on a node it lost: the watch saw it go
             if detection is not None:
@@ -269,10 +268,10 @@ class JobRun:
             slurm.cancel_steps(self.job_id, sv.AGENT_STEP, self.env)
             slurm.stop_step(agents, self.job_id, sv.OWN_STEPS, self.env, self.policy.watch.end_grace_s,
                             cancel_others=False)
-        seen.poll(self.journal)
+        seen.poll(self.journal, watch.readings.values() if watch else ())
         cause = (f"ended by the watch ({detection.kind})" if detection else
                  "completed" if status == 0 else f"exit status {status}")
-        self.journal.add("step_end", status=status, cause=cause, training_start_t=started, last_checkpoint_t=seen.last)
+        self.journal.add(Kind.STEP_END, status=status, cause=cause, training_start_t=started, last_checkpoint_t=seen.last)
         if detection is not None:
             return sv.WatchStopped(detection.kind, detection.suspects, status)
         return sv.StepEnded(status)
@@ -280,17 +279,17 @@ class JobRun:
     def _journal_detection(self, detection) -> None:
         """Kept until the gate after it has judged (`_journal_confirmation`)."""
         self.detection = detection
-        self.journal.add("detection", kind=detection.kind, suspects=list(detection.suspects),
+        self.journal.add(Kind.DETECTION, kind=detection.kind, suspects=list(detection.suspects),
                          evidence=detection.evidence, details=detection.details)
         say(f"trainctl: watch: {detection.kind}: {detection.evidence}", err=True)
 
-    def _stop_training(self, detection, step: subprocess.Popen, seen: "CheckpointWatch") -> int:
+    def _stop_training(self, detection, step: subprocess.Popen, seen: jobdir.Checkpoints) -> int:
         """Evidence first (stacks of a hung job, a checkpoint of a live one), then end the step."""
         watch = self.policy.watch
         if detection.kind == "hung":
             answering = tuple(node for node in self.training_nodes if node not in detection.suspects)
             stacks = request_stacks(self.gate_dir, answering, watch.dump_wait_s)
-            self.journal.add("stacks", files=stacks)
+            self.journal.add(Kind.STACKS, files=stacks)
         else:
             asked = sv.checkpoint_signal(self.plan.signal)
             before = seen.last
@@ -300,7 +299,7 @@ class JobRun:
                 while seen.last == before and time.monotonic() < deadline and step.poll() is None:
                     time.sleep(0.2)
                     seen.poll(self.journal)
-            self.journal.add("checkpoint_request", signal=asked, saved=seen.last != before)
+            self.journal.add(Kind.CHECKPOINT_REQUEST, signal=asked, saved=seen.last != before)
         return slurm.stop_step(step, self.job_id, sv.OWN_STEPS, self.env, watch.end_grace_s)
 
     def _start_sentinel(self):
@@ -321,11 +320,11 @@ class JobRun:
                                                   (self.plan.nodes, self.plan.spare), action.condemned)
         except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed
             say(f"trainctl: warning: could not decide on a retry: {exc}", err=True)
-            self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")
+            self.journal.add(Kind.RETRY, retry=False, reason=f"could not decide: {exc}")
             return sv.RetryHandled()
         say("trainctl: " + retrying.summary_line(rec))
-        self.journal.add("retry", retry=rec["retry"], reason=rec["reason"], successor=rec["successor"],
-                         bad_nodes=sorted(rec["bad_nodes"]), exclude=rec["exclude"])
+        self.journal.add(Kind.RETRY, retry=rec.retry, reason=rec.reason, successor=rec.successor,
+                         bad_nodes=sorted(rec.bad_nodes), exclude=list(rec.exclude))
         return sv.RetryHandled()
 
 
@@ -342,6 +341,7 @@ class Watch:
         self.state = watch.start(started, job.accepted_step_s)
         self.poll_s = job.policy.watch.poll_s
         self.cost_s = 0.0                       # the last poll's
+        self.readings: dict = {}                # the node files it last read
 
     def wait_s(self) -> float:
         """Until the next poll: the site's poll_s, longer where a poll costs more than WATCH_SHARE of it."""
@@ -358,12 +358,13 @@ class Watch:
         from trainctl.job import watch
 
         stepped = self.state.progress_steps >= 0
-        seen = watch.observe(self.limits, self.state, time.time(), read_node_files(self.job.gate_dir, self.nodes))
+        self.readings = read_node_files(self.job.gate_dir, self.nodes)
+        seen = watch.observe(self.limits, self.state, time.time(), self.readings)
         self.state = seen.state
         if not stepped and self.state.progress_steps >= 0:   # training again: the restart's cost ends here
-            self.job.journal.add("first_step", steps=self.state.progress_steps)
+            self.job.journal.add(Kind.FIRST_STEP, steps=self.state.progress_steps)
         for node in seen.silent_while_progressing:
-            self.job.journal.add("agent_silent", node=node, note="training goes on: not a detection")
+            self.job.journal.add(Kind.AGENT_SILENT, node=node, note="training goes on: not a detection")
         return seen.detection
 
     def lost(self, status: int):
@@ -377,27 +378,6 @@ class Watch:
             return None
         return watch.Detection("hung", silent, f"the training step ended with status {status} after the agent of "
                                                f"{', '.join(silent)} fell silent", {"silent": list(silent)})
-
-
-class CheckpointWatch:
-    """The program's checkpoints, as it reports them: it writes the file named by
-    TRAINCTL_CHECKPOINT_FILE after each one (what it writes is its business: a step number, say)."""
-
-    def __init__(self, path: str, since: float):
-        self.path = path
-        self.since = since
-        self.last: float | None = None
-
-    def poll(self, journal: Journal) -> None:
-        try:
-            written = os.stat(self.path).st_mtime
-        except OSError:
-            return
-        if written > self.since and (self.last is None or written > self.last):
-            self.last = written
-            with open(self.path, errors="replace") as handle:
-                note = handle.read(200).strip()
-            journal.add("checkpoint", checkpoint_t=written, note=" ".join(note.split()))
 
 
 def run_job(plan: JobPlan, script_path: str, env: dict[str, str]) -> int:

@@ -17,6 +17,7 @@ import signal as signals
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple, Union
 
+from trainctl.job.jobdir import SENTINEL_LOG
 from trainctl.launcher.plan import RANK_OUTPUT, JobPlan
 from trainctl.slurm import fold_hostlist
 from trainctl.validate import SLURM_SIGNAL
@@ -228,7 +229,7 @@ def sentinel_argv(plan: JobPlan, gate_dir: str) -> list[str]:
     runs through the batch host, whose loss is what the sentinel reports)."""
     return ["srun", "--overlap", f"--job-name={SENTINEL_STEP}", "--nodes=1", "--ntasks=1", "--relative=1",
             "--input=none", "--open-mode=append", f"--output={gate_dir}/sentinel.out",
-            plan.trainctl, "gate", "sentinel", "--dir", gate_dir, "--log", f"{gate_dir}/sentinel.log"]
+            plan.trainctl, "gate", "sentinel", "--dir", gate_dir, "--log", f"{gate_dir}/{SENTINEL_LOG}"]
 
 
 def training_argv(plan: JobPlan, action: RunTraining, gate_dir: str) -> list[str]:
