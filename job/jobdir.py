@@ -270,11 +270,16 @@ def _finite_float(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def loads(text: str | bytes) -> Any:
-    """JSON as the job's files hold it: NaN, Infinity and overflowing numbers read as null;
-    ValueError for anything that is not JSON (nesting too deep included)."""
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(text: str | bytes, *, strict: bool = False) -> Any:
+    """JSON as the job's files hold it: NaN, Infinity and overflowing numbers read as null (with
+    `strict`, as not JSON); ValueError for anything that is not JSON (nesting too deep included)."""
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_refuse_constant if strict else _reject_constant,
+                          parse_float=_finite_float)
     except RecursionError:
         raise ValueError("nested too deeply") from None
 
@@ -638,7 +643,7 @@ def parse_node_file(text: str | bytes) -> NodeReading | None:
     """A node agent's file; None when it is not one (torn, foreign, another format, values no
     agent writes: non-finite or huge numbers, wrong types, deep nesting)."""
     try:
-        data = loads(text)
+        data = loads(text, strict=True)
         if not isinstance(data, dict) or data.get("format") != NODE_FILE_FORMAT or not isinstance(data.get("node"), str):
             return None
         ranks = tuple(sorted(_rank(rank, r) for rank, r in _object(data.get("ranks")).items()))
@@ -678,7 +683,9 @@ def _count(value: Any) -> int:
 def _rank(rank: str, r: Any) -> RankProgress:
     r = _object(r)
     checkpoint = r.get("checkpoint_step")
-    return RankProgress(int(_count(int(rank))), _count(r.get("steps")), _time(r.get("step_seconds"), required=True),
+    if "steps" not in r:
+        raise ValueError("no steps")
+    return RankProgress(int(_count(int(rank))), _count(r["steps"]), _time(r.get("step_seconds"), required=True),
                         _time(r.get("last_step_t")), _count(r.get("pid")), _time(r.get("compute_seconds")),
                         None if checkpoint is None else _count(checkpoint), _time(r.get("checkpoint_t")))
 
@@ -755,6 +762,8 @@ def file_saves(patterns: Iterable[str], base: str | os.PathLike) -> list[Save]:
 
 def marker_save(paths: JobPaths) -> Save | None:
     """The program's CHECKPOINT_MARKER: its mtime, and the start of what it wrote as the note."""
+    if not inside(paths.checkpoint_marker, paths.root):
+        return None
     try:
         found = os.stat(paths.checkpoint_marker)
     except OSError:

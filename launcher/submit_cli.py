@@ -42,6 +42,10 @@ class _CommandRecordingArgs(click.Command):
 @click.option("--signal", "signal_spec", metavar="[R:]SIG[@SECONDS]", default=None,
               help="Slurm sends SIG to the program's ranks SECONDS before the time limit, e.g. USR1@120, so it "
                    "can checkpoint (default: the site's launch.signal; '' for none).")
+@click.option("--checkpoints", metavar="PATH|GLOB", default=None,
+              help="The program's own checkpoint files, relative to the submit directory, e.g. 'checkpoints/*.pt': "
+                   "each one written during training counts as a checkpoint for goodput and lost work "
+                   "(default: the site's launch.checkpoints; '' for none).")
 @click.option("--chdir", help="Submit from this directory (default: the current one): the job runs there, "
               "SCRIPT is relative to it, the gate report and slurm-<id>.out land there.")
 @click.option("--dry-run", is_flag=True, help="Print the script and the sbatch command; submit nothing.")
@@ -56,8 +60,8 @@ class _CommandRecordingArgs(click.Command):
 @click.pass_context
 def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spare: int,
            min_nodes: int | None, gpus_per_node: int | None, time_limit: str | None, job_name: str | None,
-           nccl_debug: str | None, retries: int | None, signal_spec: str | None, chdir: str | None,
-           dry_run: bool, remote: str | None,
+           nccl_debug: str | None, retries: int | None, signal_spec: str | None, checkpoints: str | None,
+           chdir: str | None, dry_run: bool, remote: str | None,
            identity: str | None, known_hosts: str | None, as_json: bool, program: tuple[str, ...]) -> None:
     """Render an sbatch script for SITE's hardware and submit it (here, or over SSH).
 
@@ -90,7 +94,8 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     site_ref = str(loaded.path.resolve()) if _is_path(site) and target is None else site
     request = SubmitRequest(site_ref=site_ref, program=program, nodes=nodes, partition=partition, spare=spare,
                             min_nodes=min_nodes, gpus_per_node=gpus_per_node, time_limit=time_limit,
-                            job_name=job_name, nccl_debug=nccl_debug, retries=retries, signal=signal_spec)
+                            job_name=job_name, nccl_debug=nccl_debug, retries=retries, signal=signal_spec,
+                            checkpoints=checkpoints)
 
     def plan_for(resolved: str):
         """The plan with SCRIPT as the pre-submit check found it: the job execs that very file."""
