@@ -283,10 +283,14 @@ def _read_fabric(path: Path) -> FabricReport | None:
 
 
 def _read_json(path: Path) -> dict | None:
+    """A node's or rank 0's report: a regular file of at most JSON_MAX_BYTES (never a FIFO's wait)."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
+        data = jobdir.read_bytes(path, jobdir.JSON_MAX_BYTES + 1)
+        if data is None:
+            return None
+        if len(data) > jobdir.JSON_MAX_BYTES:
+            raise ValueError(f"larger than {jobdir.JSON_MAX_BYTES} bytes")
+        return json.loads(data)
+    except (OSError, ValueError, RecursionError) as exc:
         print(f"trainctl: warning: {path}: unreadable ({exc}); treated as missing", file=sys.stderr)
         return None

@@ -4,9 +4,11 @@
 Goodput is ETTR (effective training time ratio) as large-scale training reports use it:
 productive training time over the wall time since the first submit. Productive time is counted
 without help from the program: the time since the training step started, less the work lost
-after the last checkpoint seen when a step fails. A checkpoint is seen when the program writes
-the file named by TRAINCTL_CHECKPOINT_FILE (`checkpoint_api`); a program that never writes it
-loses all of a failed step's time. The rest of the wall time is split into queue (waiting for
+after the last checkpoint seen when a step fails. A checkpoint is seen (`trainctl.job.jobdir.
+checkpoint_seen`, one rule for every source) when the program writes one of its own checkpoint
+files (submit --checkpoints, the site's launch.checkpoints), writes the file named by
+TRAINCTL_CHECKPOINT_FILE, or calls progress.checkpoint(); a program with none of these loses all
+of a failed step's time. The rest of the wall time is split into queue (waiting for
 an allocation), gate (job start to training start: the health gate and the release), restart
 (a failed step's end to its job's end: evidence, probe, successor) and lost work.
 
@@ -241,7 +243,7 @@ def goodput_lines(result: Goodput) -> list[str]:
     lines.append("  lost: " + ", ".join(f"{kind.replace('_', ' ')} {hms(result.lost_s.get(kind, 0.0))}"
                                        for kind in LOST_KINDS))
     lines.append("  productive: training step time, less the work after the last checkpoint seen "
-                 f"when a step failed (the program writes ${CHECKPOINT_ENV} after each checkpoint)")
+                 f"when a step failed (submit --checkpoints, ${CHECKPOINT_ENV} or progress.checkpoint())")
     return lines
 
 

@@ -29,6 +29,7 @@ import itertools
 import json
 import math
 import os
+import re
 import stat
 import sys
 import time
@@ -89,8 +90,21 @@ def gate_log(node: str) -> str:
     return f"node-{node}.log"
 
 
-def rank_log(node: str, rank: int) -> str:
+def rank_log(node: str, rank: int | str) -> str:
     return f"rank-{node}-{rank}.out"
+
+
+RANK_LOG_RE = re.compile(r"rank-(?P<node>.+)-(?P<rank>\d+)\.out")   # rank_log's names, read back
+# srun --output patterns (%N: the node's name, srun(1) filename pattern)
+GATE_LOG_PATTERN = gate_log("%N")
+AGENT_LOG_PATTERN = f"{WATCH}/agent-%N.log"
+SENTINEL_OUT = "sentinel.out"
+RESIZE_SCRIPT_MAX_BYTES = 1 << 20
+
+
+def resize_script(job_id: str) -> str:
+    """What `scontrol update NodeList=` writes in the current directory (scontrol(1), NodeList)."""
+    return f"slurm_job_{job_id}_resize.sh"
 
 
 @dataclass(frozen=True)
@@ -162,12 +176,16 @@ LAYOUT = (
     Entry(f"{SNAPSHOTS}/<node>/, {SNAPSHOTS}/<node>.after-fabric/", "the gate step",
           "each node's snapshot ([Snapshot layout](reference/snapshot.md))"),
     Entry(f"{FABRIC}, {COMPUTE}/<node>.json", "the gate step", "the fabric test's report, each node's compute figures"),
-    Entry(f"{GATE_STEP_STATUS}, {BATCH_HOST_BEAT}, {SENTINEL_LOG}", "the supervisor, the job script, the sentinel",
-          "the gate step's exit, the batch host's heartbeat, the sentinel's log"),
+    Entry(f"{GATE_STEP_STATUS}, {BATCH_HOST_BEAT}, {SENTINEL_LOG}, {SENTINEL_OUT}",
+          "the supervisor, the job script, the sentinel",
+          "the gate step's exit, the batch host's heartbeat, the sentinel's log and output"),
+    Entry(resize_script("<jobid>"), "`scontrol update`", "after the release: the job's new node list, "
+          "read as words by the supervisor (never run)"),
     Entry(JOURNAL, "the supervisor", "every event of the job, one JSON object a line (`trainctl job show` "
           "reads its timeline and goodput from it)"),
-    Entry(f"{WATCH}/<node>.json", "each node's agent", "its ranks' progress (steps, step and compute time, "
-          "checkpoints reported with `trainctl.progress`) and its checks that newly fail"),
+    Entry(f"{WATCH}/<node>.json, {WATCH}/agent-<node>.log", "each node's agent", "its ranks' progress (steps, "
+          "step and compute time, checkpoints reported with `trainctl.progress`) and its checks that newly "
+          "fail; its output"),
     Entry(f"{WATCH}/{DUMP_REQUEST}, {WATCH}/{dump_done_file('<node>')}, {WATCH}/{stacks_file('<node>')}",
           "the supervisor, each node's agent", "after a hang: the request for every rank's stack, "
           "and each node's answer"),
@@ -747,16 +765,16 @@ def file_saves(patterns: Iterable[str], base: str | os.PathLike) -> list[Save]:
     saves = []
     for pattern in patterns:
         full = os.path.join(base, pattern)
-        newest = None
+        newest: tuple[float, str] | None = None
         for name in itertools.islice(glob.iglob(full) if glob.has_magic(full) else [full], MAX_GLOB_MATCHES):
             try:
                 found = os.stat(name)
             except OSError:
                 continue
-            if stat.S_ISREG(found.st_mode) and (newest is None or found.st_mtime > newest):
-                newest = found.st_mtime
+            if stat.S_ISREG(found.st_mode) and (newest is None or found.st_mtime > newest[0]):
+                newest = (found.st_mtime, name)
         if newest is not None:
-            saves.append(Save(newest, pattern))
+            saves.append(Save(newest[0], pattern, os.path.relpath(newest[1], base)))
     return saves
 
 
@@ -796,5 +814,6 @@ class Checkpoints:
         seen = checkpoint_seen(self.last, self.since, saves)
         if seen is not None:
             self.last = seen.t
-            journal.add(Kind.CHECKPOINT, checkpoint_t=seen.t, source=seen.source, note=seen.note)
+            journal.add(Kind.CHECKPOINT, checkpoint_t=seen.t, note=seen.note,
+                        **({"source": seen.source} if seen.source != CHECKPOINT_MARKER else {}))
         return seen

@@ -30,7 +30,6 @@ from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_one
 from trainctl.text import printable
 
 TAIL_BYTES = 64 * 1024          # enough for the last lines of any sane log
-RANK_FILE_RE = re.compile(r"rank-(?P<node>.+)-(?P<rank>\d+)\.out")
 JOB_ID_RE = re.compile(r"\d+(_\d+)?")
 MAX_ATTEMPTS = 100              # a chain of --retries jobs is followed this far at most
 # slurmstepd's own notices in a task's output (`*** STEP 12.1 ON node1 CANCELLED AT ... ***`): Slurm's
@@ -249,7 +248,7 @@ def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int
     decision = jobdir.decision_from_json(read_json(files, posixpath.join(gate_dir, jobdir.DECISION)))
     ranks = []
     for name, mtime in entries:
-        match = RANK_FILE_RE.fullmatch(name)
+        match = jobdir.RANK_LOG_RE.fullmatch(name)
         if match:
             text = files.read(posixpath.join(gate_dir, name), TAIL_BYTES, tail=True) or ""
             ranks.append(RankLog(int(match["rank"]), match["node"], last_lines(text, line_count), mtime,
