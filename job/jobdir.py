@@ -27,7 +27,6 @@ from __future__ import annotations
 import glob
 import itertools
 import json
-import math
 import os
 import re
 import stat
@@ -283,21 +282,16 @@ def _reject_constant(name: str) -> None:
     return None    # NaN, Infinity and -Infinity read as null
 
 
-def _finite_float(text: str) -> float | None:
-    value = float(text)
-    return value if math.isfinite(value) else None
-
-
 def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
 def loads(text: str | bytes, *, strict: bool = False) -> Any:
-    """JSON as the job's files hold it: NaN, Infinity and overflowing numbers read as null (with
-    `strict`, as not JSON); ValueError for anything that is not JSON (nesting too deep included)."""
+    """JSON as the job's files hold it: NaN and Infinity read as null (with `strict`, as not JSON);
+    ValueError for anything that is not JSON (nesting too deep included)."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant if strict else _reject_constant,
-                          parse_float=_finite_float)
+        # a number too large for a float (1e400) reads as inf: `number` and `clean` refuse it
+        return json.loads(text, parse_constant=_refuse_constant if strict else _reject_constant)
     except RecursionError:
         raise ValueError("nested too deeply") from None
 
@@ -545,9 +539,11 @@ def parse_event(line: str | bytes) -> dict | None:
 
 
 def parse_journal(text: str | bytes) -> list[dict]:
-    """The events of a journal's text, in order; a torn or foreign line is skipped."""
+    """The events of a journal's text, in order; a torn or foreign line is skipped, and so is one
+    longer than JOURNAL_LINE_MAX_BYTES (no event of trainctl's is)."""
     lines = text.splitlines() if isinstance(text, str) else text.split(b"\n")
-    return [event for event in map(parse_event, lines) if event is not None]
+    return [event for event in map(parse_event, (line for line in lines if len(line) <= JOURNAL_LINE_MAX_BYTES))
+            if event is not None]
 
 
 def iter_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Iterator[dict]:
@@ -698,14 +694,25 @@ def _count(value: Any) -> int:
     return value
 
 
+_COUNT, _NUMBER = (int,), (int, float)
+
+
 def _rank(rank: str, r: Any) -> RankProgress:
-    r = _object(r)
-    checkpoint = r.get("checkpoint_step")
-    if "steps" not in r:
-        raise ValueError("no steps")
-    return RankProgress(int(_count(int(rank))), _count(r["steps"]), _time(r.get("step_seconds"), required=True),
-                        _time(r.get("last_step_t")), _count(r.get("pid")), _time(r.get("compute_seconds")),
-                        None if checkpoint is None else _count(checkpoint), _time(r.get("checkpoint_t")))
+    """One rank's entry; the checks inline (this runs once per rank per poll, ten thousands of them)."""
+    if type(r) is not dict:
+        raise ValueError("not an object")
+    get = r.get
+    checkpoint = get("checkpoint_step")
+    progress = RankProgress(int(rank), r["steps"], r["step_seconds"], get("last_step_t") or 0.0, get("pid") or 0,
+                            get("compute_seconds") or 0.0, checkpoint, get("checkpoint_t") or 0.0)
+    for value, kinds in zip(progress, (_COUNT, _COUNT, _NUMBER, _NUMBER, _COUNT, _NUMBER)):
+        if type(value) not in kinds or not 0 <= value <= NUMBER_LIMIT:
+            raise ValueError(f"not a count or time: {value!r}")
+    if checkpoint is not None and (type(checkpoint) is not int or not 0 <= checkpoint <= NUMBER_LIMIT):
+        raise ValueError(f"not a step: {checkpoint!r}")
+    if type(progress.checkpoint_t) not in _NUMBER or not 0 <= progress.checkpoint_t <= NUMBER_LIMIT:
+        raise ValueError("not a time")
+    return progress
 
 
 def _problems(items: Any) -> tuple[tuple[str, str], ...]:
@@ -725,7 +732,8 @@ def read_node_files(paths: JobPaths, nodes: Iterable[str]) -> dict[str, NodeRead
 
 
 def read_node_file(paths: JobPaths, node: str) -> NodeReading | None:
-    data = _quietly(read_bytes, paths.node_file(node), NODE_FILE_MAX_BYTES + 1, root=paths.watch)
+    watch = str(paths.watch)
+    data = _quietly(read_bytes, os.path.join(watch, node_file_name(node)), NODE_FILE_MAX_BYTES + 1, root=watch)
     if data is None or len(data) > NODE_FILE_MAX_BYTES:
         return None
     reading = parse_node_file(data)
