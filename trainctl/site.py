@@ -179,7 +179,7 @@ class WatchConfig:
     hang_steps: float = doc("the hang timeout in steps of the job's own baseline step time, when longer "
                             "than hang_floor_s", 20.0)
     agent_silence_s: float = doc("a node agent whose file is older than this is silent (its node hung, "
-                                 "when the job stalls too)", 60.0)
+                                 "when the job stalls too); more than agent_write_s + poll_s", 60.0)
     checkpoint_wait_s: float = doc("after a slowdown or a sick node, how long the ranks get to checkpoint "
                                    "(launch.signal) before the step ends", 120.0)
     dump_wait_s: float = doc("after a hang, how long the agents get to record every rank's stack "
