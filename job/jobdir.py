@@ -587,15 +587,19 @@ class Journal:
         entry = {"t": round(now, 3), "at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
                  "event": str(event), **fields}
         try:
+            line = json.dumps(entry, default=str, allow_nan=False)
+        except ValueError:   # a NaN in a value: written as null, so the journal stays JSON
+            line = json.dumps(clean(entry), default=str, allow_nan=False)
+        try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                os.write(fd, (json.dumps(entry, default=str) + "\n").encode())
+                os.write(fd, (line + "\n").encode())
             finally:
                 os.close(fd)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             if not self.failed:
-                print(f"trainctl: warning: cannot write the journal {self.path}: "
-                      f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr, flush=True)
+                print(f"trainctl: warning: cannot write the journal {self.path}: {exc.strerror or exc}",
+                      file=sys.stderr, flush=True)
             self.failed = True
         return entry
 

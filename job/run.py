@@ -120,7 +120,7 @@ class JobRun:
             status = result.returncode if result.returncode is not None else 4
             self.journal.add(Kind.GATE_END, status=status, why=result.describe_failure())
             say(f"trainctl: not starting the job: gate decide exited with status {status} "
-                f"(report: {self.gate_dir}/report.txt)", err=True)
+                f"(report: {self.paths.report})", err=True)
             return sv.GateRefused(status)
         decided = sv.parse_decision(result.stdout)
         if decided is None:
@@ -132,7 +132,7 @@ class JobRun:
         job_nodes, master_addr = decided
         chosen = tuple(expand_hostlist(job_nodes))
         self.journal.add(Kind.GATE_END, status=0, chosen=list(chosen), master_addr=master_addr)
-        say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
+        say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.paths.report})")
         return sv.GateDecided(job_nodes, chosen, master_addr, self._healthy_unused(chosen))
 
     def _journal_confirmation(self, checked: tuple[str, ...]) -> None:
@@ -217,7 +217,7 @@ class JobRun:
                 err=True)
         elif resize is None:
             say(f"trainctl: warning: released the unused nodes, but scontrol wrote no "
-                f"{self.gate_dir}/slurm_job_{self.job_id}_resize.sh: {output}", err=True)
+                f"{self.paths.root / jobdir.resize_script(self.job_id)}: {output}", err=True)
         else:
             exported, unset = sv.parse_resize_script(resize)
             for name in unset:
@@ -236,7 +236,7 @@ class JobRun:
         if action.start_sentinel:
             self.sentinel = self._start_sentinel()
         if self.plan.rank_output and not action.restart:
-            say(f"trainctl: each rank's output: {self.gate_dir}/rank-<node>-<rank>.out "
+            say(f"trainctl: each rank's output: {self.paths.root / jobdir.rank_log('<node>', '<rank>')} "
                 f"(trainctl job show {self.job_id})")
         env = dict(self.env, **{CHECKPOINT_ENV: str(self.paths.checkpoint_marker)})
         watching = self.policy.watch.enabled

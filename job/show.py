@@ -191,7 +191,7 @@ def format_job(view: JobView, line_count: int, now: float) -> str:
     lines += gate_summary(view.decision)
     lines += timeline_and_goodput(view, now)
     if not view.ranks:
-        lines.append("ranks: no rank-<node>-<rank>.out files (the job step did not start, or the site "
+        lines.append(f"ranks: no {jobdir.rank_log('<node>', '<rank>')} files (the job step did not start, or the site "
                      "sets launch.rank_output = false: see slurm-<id>.out)")
     else:
         groups = fold_tails(list(view.ranks))

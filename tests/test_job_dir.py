@@ -58,3 +58,10 @@ def test_the_retry_and_attempt_records_read_back_as_written(tmp_path):
     assert jobdir.read_attempt(following) == AttemptRecord("8", 2, 2, "7", ("node3",))
     paths.retry.write_text('{"job_id": "7", "attempt": "1"}')
     assert jobdir.read_retry(paths) is None
+
+
+def test_the_journal_is_written_as_strict_json_whatever_a_value_holds(tmp_path):
+    journal = jobdir.Journal(tmp_path / "journal.jsonl", clock=lambda: 5.0)
+    journal.add(Kind.DETECTION, kind="slow", suspects=[], evidence="x", details={"step_s": float("nan")})
+    line = (tmp_path / "journal.jsonl").read_text()
+    assert "NaN" not in line and json.loads(line)["details"] == {"step_s": None}
