@@ -5,7 +5,7 @@ Run: .venv/bin/python -P bench/watch_scale.py [--nodes 4,64,512,4096] [--ranks 8
 
 Each N has its own watch directory (a temporary folder on this machine's disk) holding one
 real node file per node, written by the agent's own code: `Agent._write` (the node file of
-trainctl.job.agent.node_file, json.dumps, write_atomically) on an agent whose ranks were folded
+trainctl.job.jobdir.node_file_json, json.dumps, write_atomically) on an agent whose ranks were folded
 (agent.fold) from real progress datagrams (trainctl.progress RECORD, decoded). Between two polls
 every node's file is rewritten with each rank 2 steps further on (about 0.5 s a step, a little
 jitter per rank), as agents do every `agent_write_s`; that rewrite is timed per file (the
@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import interleaved  # noqa: E402
 from trainctl.job import agent, watch  # noqa: E402
 from trainctl.job.driver import WATCH_SHARE  # noqa: E402
+from trainctl.job.jobdir import JobPaths  # noqa: E402
 from trainctl.job.watch_io import prepare_watch_dir, read_node_files  # noqa: E402
 from trainctl.progress import RECORD, VERSION, decode  # noqa: E402
 from trainctl.site import WatchConfig  # noqa: E402
@@ -78,7 +79,8 @@ class NodeAgent:
 
     def __init__(self, folder: str, node: str, started_t: float, checks: agent.ChecksState):
         self.node = node
-        self.node_path = Path(folder) / f"{node}.json"
+        self.paths = JobPaths(Path(folder).parent)
+        self.node_path = self.paths.node_file(node)
         self.started_t = started_t
         self.ranks: dict[int, agent.RankProgress] = {}
         self.checks = checks

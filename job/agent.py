@@ -3,14 +3,8 @@
 It reads the ranks' progress reports (`trainctl.progress`) from the node's socket
 (`trainctl.agent_socket`), re-runs the site's `watch.checks` every `watch.check_interval_s`
 through the node health path (health/node.py: collect -> load -> evaluate), and rewrites
-GATE_DIR/watch/NODE.json every `watch.agent_write_s` for the supervisor:
-
-    {"format": 1, "node": "node2", "t": <written>, "started_t": <agent start>,
-     "ranks": {"0": {"pid": 123, "steps": 57, "step_seconds": 14.3, "compute_seconds": 3.1,
-                     "last_step_t": 1764236000.5, "checkpoint_step": 50}},
-     "checks": {"t": <last run's end or null>, "runs": 3,
-                "failed": [{"check": "gpu.xid", "reason": "..."}],
-                "unknown": [{"check": "gpu.ecc", "reason": "..."}]}}
+GATE_DIR/watch/NODE.json every `watch.agent_write_s` for the supervisor (its schema, shared
+with the supervisor's reader: `trainctl.job.jobdir.node_file_json`).
 
 The first check run is the baseline: `failed` holds the checks that FAIL now and did not at the
 baseline (counter checks: their growth since the baseline's reading). `unknown` holds what the
@@ -49,7 +43,8 @@ from typing import Any
 
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.status import CheckResult, Status
-from trainctl.job.watch import DUMP_REQUEST, NODE_FILE_FORMAT, dump_done_file, stacks_file, watch_dir
+from trainctl.job import jobdir
+from trainctl.job.jobdir import DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept
@@ -66,17 +61,6 @@ BASELINE_WINDOW = "since the agent's first check run"
 
 # ---------------------------------------------------------------- the ranks' progress (pure)
 
-@dataclass(frozen=True)
-class RankProgress:
-    """One rank's running totals, as the node file shows them."""
-    pid: int
-    steps: int = 0
-    step_seconds: float = 0.0          # the summed durations of its steps
-    compute_seconds: float = 0.0       # time inside progress.compute()
-    last_step_t: float | None = None   # wall time the last step ended
-    checkpoint_step: int | None = None
-
-
 def fold(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[int, RankProgress]:
     """`ranks` with one decoded report (`trainctl.progress.decode`) added. Steps come as a total;
     durations come per report and are summed. A report from another pid for a rank is a new
@@ -84,14 +68,16 @@ def fold(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[i
     rank = int(record["rank"])
     before = ranks.get(rank)
     if before is None or before.pid != record["pid"]:
-        before = RankProgress(pid=int(record["pid"]))
+        before = RankProgress(rank, pid=int(record["pid"]))
     checkpoint = int(record["checkpoint_step"])
+    saved = checkpoint >= 0 and checkpoint != before.checkpoint_step   # a new progress.checkpoint()
     after = RankProgress(
-        pid=before.pid, steps=int(record["steps"]),
+        rank, pid=before.pid, steps=int(record["steps"]),
         step_seconds=before.step_seconds + float(record["window_seconds"]),
         compute_seconds=before.compute_seconds + float(record["compute_seconds"]),
         last_step_t=float(record["time"]) if record["steps"] else before.last_step_t,
-        checkpoint_step=checkpoint if checkpoint >= 0 else before.checkpoint_step)
+        checkpoint_step=checkpoint if checkpoint >= 0 else before.checkpoint_step,
+        checkpoint_t=float(record["time"]) if saved else before.checkpoint_t)
     return {**ranks, rank: after}
 
 
@@ -146,18 +132,12 @@ def run_failed(state: ChecksState, checks: Iterable[str], why: str, t: float) ->
 
 # ---------------------------------------------------------------- the node file (pure)
 
-def node_file(node: str, t: float, started_t: float, ranks: Mapping[int, RankProgress],
-              checks: ChecksState) -> dict[str, Any]:
-    return {
-        "format": NODE_FILE_FORMAT, "node": node, "t": t, "started_t": started_t,
-        "ranks": {str(rank): {"pid": p.pid, "steps": p.steps, "step_seconds": p.step_seconds,
-                              "compute_seconds": p.compute_seconds, "last_step_t": p.last_step_t,
-                              "checkpoint_step": p.checkpoint_step}
-                  for rank, p in sorted(ranks.items())},
-        "checks": {"t": checks.t, "runs": checks.runs,
-                   "failed": [{"check": p.check, "reason": p.reason} for p in checks.failed],
-                   "unknown": [{"check": p.check, "reason": p.reason} for p in checks.unknown]},
-    }
+def node_reading(node: str, t: float, started_t: float, ranks: Mapping[int, RankProgress],
+                 checks: ChecksState) -> NodeReading:
+    """What the node file says (`trainctl.job.jobdir.node_file_json` writes it)."""
+    return NodeReading(node, t, tuple(ranks[rank] for rank in sorted(ranks)),
+                       tuple((p.check, p.reason) for p in checks.failed),
+                       tuple((p.check, p.reason) for p in checks.unknown), started_t, checks.t, checks.runs)
 
 
 def stacks_text(node: str, dumps: Iterable[tuple[int, int, str]]) -> str:
@@ -309,8 +289,9 @@ class Agent:
 
         self.node, self.watch = node, config.watch
         self.gate_dir = Path(gate_dir)
-        self.folder = watch_dir(gate_dir)
-        self.node_path = self.folder / f"{node}.json"
+        self.paths = JobPaths(self.gate_dir)
+        self.folder = self.paths.watch
+        self.node_path = self.paths.node_file(node)
         self.socket_path = agent_socket_path(job_id, node, environ)
         checks = self.watch.checks
         policy = node_policy(config, part, None)
@@ -345,9 +326,14 @@ class Agent:
 
         path = self.socket_path
         if os.path.lexists(path):
-            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            found = os.lstat(path)
+            if not stat.S_ISSOCK(found.st_mode):
                 raise UsageError(f"cannot bind the progress socket {path}: something that is not a socket is there")
-            os.unlink(path)   # left by an agent that was killed
+            try:
+                os.unlink(path)   # left by an agent that was killed
+            except OSError as exc:   # another user's, in a sticky /tmp: not ours to remove
+                raise UsageError(f"cannot bind the progress socket {path}: a socket of uid {found.st_uid} is "
+                                 f"there and cannot be removed: {exc.strerror or exc}") from None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(path)
@@ -432,14 +418,11 @@ class Agent:
             self._say(f"stack dump not written: {exc}")
 
     def _write(self) -> None:
-        import json
-
         from trainctl.errors import UsageError
-        from trainctl.files import write_atomically
 
-        document = node_file(self.node, time.time(), self.started_t, self.ranks, self.checks)
+        reading = node_reading(self.node, time.time(), self.started_t, self.ranks, self.checks)
         try:
-            write_atomically(self.node_path, json.dumps(document) + "\n")
+            jobdir.write_node_file(self.paths, reading)
         except UsageError as exc:   # the gate directory's filesystem hiccups: the next write tries again
             if str(exc) != self.last_write_error:
                 self._say(f"node file not written: {exc}")
@@ -452,11 +435,11 @@ class Agent:
 
 
 def _read_token(path: Path) -> str:
-    try:
-        with open(path, errors="replace") as handle:
-            return handle.read(TOKEN_CHARS).strip()
+    try:   # a regular file only: a FIFO put there would block the agent
+        data = jobdir.read_bytes(path, TOKEN_CHARS, root=path.parent.parent)
     except OSError:
         return ""
+    return "" if data is None else data.decode(errors="replace").strip()
 
 
 def run_agent(gate_dir: str, site_ref: str, partition_name: str | None, environ: Mapping[str, str]) -> int:

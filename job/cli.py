@@ -34,8 +34,9 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
     The timeline is every event of every attempt's journal (trainctl-gate-JOBID/journal.jsonl),
     from the first submit. Goodput is productive training time over the wall time since the
     first submit; productive time is the training step's time, less the work after the last
-    checkpoint seen when a step failed (the program writes $TRAINCTL_CHECKPOINT_FILE after each
-    checkpoint; one that never does loses a failed step's whole time). The lost time is split
+    checkpoint seen when a step failed (a file named by submit --checkpoints or the site's
+    launch.checkpoints written, $TRAINCTL_CHECKPOINT_FILE written, or progress.checkpoint()
+    called; without any, a failed step's whole time is lost). The lost time is split
     into queue, gate, restart and lost work. With the watch, each detection's cost (to training
     again) and the work it threw away, and the goodput without the watch where the journal
     allows an estimate (a slowdown that left a node out or was not localised).
@@ -65,7 +66,8 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
         if remote:
             files.close()
     now = time.time()
-    text = json.dumps(to_json(view, line_count, now), indent=1) + "\n" if as_json else format_job(view, line_count, now)
+    text = (json.dumps(to_json(view, line_count, now), indent=1, allow_nan=False) + "\n" if as_json
+            else format_job(view, line_count, now))
     click.echo(text, nl=False)
 
 

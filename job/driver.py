@@ -14,17 +14,18 @@ import sys
 import threading
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Callable
 
 from trainctl.agent_socket import WATCH_DIR_ENV
 from trainctl.errors import Stopped, TrainctlError, UsageError
 from trainctl.job import machine, slurm_actions
-from trainctl.job.gate_cli import GATE_STEP_STATUS, ignore_checkpoint_signals
+from trainctl.job import jobdir
+from trainctl.job.decision import Decision
+from trainctl.job.gate_cli import ignore_checkpoint_signals
 from trainctl.job.gate_drain import drain_condemned
-from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal, drop_journal
+from trainctl.job.jobdir import CHECKPOINT_ENV, JobPaths, Journal, Kind, drop_journal
 from trainctl.job.policy import load_gate_policy
-from trainctl.job.retry import (ENV_ATTEMPT, ENV_EXCLUDE, _read_json, gate_bad_nodes, retry_around_bad_nodes,
+from trainctl.job.retry import (ENV_ATTEMPT, ENV_EXCLUDE, gate_bad_nodes, retry_around_bad_nodes,
                                 summary_line)
 from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
 from trainctl.launcher.plan import JobPlan
@@ -57,9 +58,10 @@ class JobDriver:
     def __init__(self, plan: JobPlan, script_path: str, env: dict[str, str]):
         self.plan, self.script_path, self.base_env = plan, script_path, env
         self.job_id = env["SLURM_JOB_ID"]
-        self.gate_dir = str(Path(env["SLURM_SUBMIT_DIR"]) / f"trainctl-gate-{self.job_id}")
+        self.paths = JobPaths.of(env["SLURM_SUBMIT_DIR"], self.job_id)
+        self.gate_dir = str(self.paths.root)
         os.makedirs(self.gate_dir, exist_ok=True)
-        self.journal = Journal(os.path.join(self.gate_dir, JOURNAL_FILE))
+        self.journal = Journal(self.paths.journal)
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
         watch = self.policy.watch
@@ -75,7 +77,8 @@ class JobDriver:
         self.step: subprocess.Popen | None = None
         self.agents: subprocess.Popen | None = None
         self.step_started = 0.0
-        self.checkpoints: CheckpointWatch | None = None
+        self.checkpoints: jobdir.Checkpoints | None = None
+        self.readings: dict = {}                # the node files the last poll read
         self.poll_cost_s = 0.0
 
     @property
@@ -201,8 +204,8 @@ class JobDriver:
         say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
         return machine.GateDecided(job_nodes, chosen, master_addr, healthy_unused(decision, chosen), gate_named)
 
-    def _read_decision(self) -> dict:
-        return _read_json(os.path.join(self.gate_dir, "decision.json")) or {}
+    def _read_decision(self) -> Decision | None:
+        return jobdir.read_decision(self.paths)
 
     def _drain(self, effect: machine.Drain) -> None:
         """Drain the nodes the detection named itself, where the site's `[gate] drain_on` asks
@@ -216,7 +219,7 @@ class JobDriver:
         status = slurm_actions.wait_step(step, STEP_POLL_S)
         try:
             # read by `gate decide --wait`: the gate step is over
-            Path(self.gate_dir, GATE_STEP_STATUS).write_text(f"{status}\n")
+            self.paths.gate_step_status.write_text(f"{status}\n")
         except OSError:  # decide then waits for its deadline instead: slower, not wrong
             pass
 
@@ -232,10 +235,12 @@ class JobDriver:
             return
         self.journal.add("submitted", submitted_t=when)
 
-    def _journal_verdicts(self, decision: dict) -> None:
-        chosen = set(decision.get("chosen", []))
-        excluded = {item.get("host"): item.get("reasons", []) for item in decision.get("excluded", [])}
-        for node in decision.get("allocated", []):
+    def _journal_verdicts(self, decision: Decision | None) -> None:
+        if decision is None:
+            return
+        chosen = set(decision.chosen)
+        excluded = {item.host: [str(reason) for reason in item.reasons] for item in decision.excluded}
+        for node in decision.allocated:
             verdict = "chosen" if node in chosen else "excluded" if node in excluded else "healthy, not needed"
             self.journal.add("node_verdict", node=node, verdict=verdict, reasons=excluded.get(node, []))
 
@@ -272,13 +277,13 @@ class JobDriver:
         if self.plan.rank_output and not effect.restart:
             say(f"trainctl: each rank's output: {self.gate_dir}/rank-<node>-<rank>.out "
                 f"(trainctl job show {self.job_id})")
-        checkpoint = os.path.join(self.gate_dir, CHECKPOINT_FILE)
-        env = dict(self.env, **{CHECKPOINT_ENV: checkpoint})
+        env = dict(self.env, **{CHECKPOINT_ENV: str(self.paths.checkpoint_marker)})
         if self.facts.watch is not None:
             env[WATCH_DIR_ENV] = prepare_watch_dir(self.gate_dir)
         started = self.journal.add("training_start", nodes=effect.job_nodes, master_addr=effect.master_addr,
                                    **({"restart": effect.restart} if effect.restart else {}))["t"]
-        self.step_started, self.checkpoints, self.poll_cost_s = started, CheckpointWatch(checkpoint, started), 0.0
+        self.step_started, self.checkpoints, self.poll_cost_s = started, jobdir.Checkpoints(
+            self.paths, (self.plan.checkpoints,), self.env["SLURM_SUBMIT_DIR"], started), 0.0
         self.step = slurm_actions.start_step(machine.training_argv(self.plan, effect, self.gate_dir), env)
         return machine.TrainingStarted(started)
 
@@ -299,7 +304,7 @@ class JobDriver:
             try:
                 status = self.step.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
-                self.checkpoints.poll(self.journal)
+                self.checkpoints.poll(self.journal, self.readings.values())
                 if effect.poll:
                     return self._poll(machine.Polled)
                 continue
@@ -310,7 +315,7 @@ class JobDriver:
     def _poll(self, event):
         """The agents' files now, as `event(t, readings)`; the read's cost spaces the next poll."""
         began = time.monotonic()
-        readings = read_node_files(self.gate_dir, self.state.chosen)
+        readings = self.readings = read_node_files(self.gate_dir, self.state.chosen)
         self.poll_cost_s = time.monotonic() - began
         return event(time.time(), readings)
 
@@ -323,7 +328,7 @@ class JobDriver:
             deadline = time.monotonic() + effect.wait_s
             while self.checkpoints.last == before and time.monotonic() < deadline and self.step.poll() is None:
                 time.sleep(0.2)
-                self.checkpoints.poll(self.journal)
+                self.checkpoints.poll(self.journal, self.readings.values())
         self.journal.add("checkpoint_request", signal=effect.signal, saved=self.checkpoints.last != before)
 
     def _step_over(self, effect: machine.StepOver) -> None:
@@ -333,7 +338,7 @@ class JobDriver:
             slurm_actions.stop_step(self.agents, self.job_id, machine.OWN_STEPS, self.env,
                                     self.policy.watch.end_grace_s, cancel_others=False)
             self.agents = None
-        self.checkpoints.poll(self.journal)
+        self.checkpoints.poll(self.journal, self.readings.values())
         self.journal.add("step_end", status=effect.status, cause=effect.cause, training_start_t=self.step_started,
                          last_checkpoint_t=self.checkpoints.last)
 
@@ -357,36 +362,17 @@ class JobDriver:
             self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")
             return machine.RetryHandled()
         say("trainctl: " + summary_line(rec))
-        self.journal.add("retry", retry=rec["retry"], reason=rec["reason"], successor=rec["successor"],
-                         bad_nodes=sorted(rec["bad_nodes"]), exclude=rec["exclude"])
+        self.journal.add("retry", retry=rec.retry, reason=rec.reason, successor=rec.successor,
+                         bad_nodes=sorted(rec.bad_nodes), exclude=list(rec.exclude))
         return machine.RetryHandled()
 
 
-def healthy_unused(decision: dict, chosen: tuple[str, ...]) -> tuple[str, ...]:
+def healthy_unused(decision: Decision | None, chosen: tuple[str, ...]) -> tuple[str, ...]:
     """Nodes the gate passed but did not choose (decision.json), in Slurm's order: the spares."""
-    excluded = {item.get("host") for item in decision.get("excluded", [])}
-    return tuple(node for node in decision.get("allocated", []) if node not in chosen and node not in excluded)
-
-
-class CheckpointWatch:
-    """The program's checkpoints, as it reports them: it writes the file named by
-    TRAINCTL_CHECKPOINT_FILE after each one (what it writes is its business: a step number, say)."""
-
-    def __init__(self, path: str, since: float):
-        self.path = path
-        self.since = since
-        self.last: float | None = None
-
-    def poll(self, journal: Journal) -> None:
-        try:
-            written = os.stat(self.path).st_mtime
-        except OSError:
-            return
-        if written > self.since and (self.last is None or written > self.last):
-            self.last = written
-            with open(self.path, errors="replace") as handle:
-                note = handle.read(200).strip()
-            journal.add("checkpoint", checkpoint_t=written, note=" ".join(note.split()))
+    if decision is None:
+        return ()
+    excluded = {item.host for item in decision.excluded}
+    return tuple(node for node in decision.allocated if node not in chosen and node not in excluded)
 
 
 def run_job(plan: JobPlan, script_path: str, env: dict[str, str]) -> int:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from trainctl.job import jobdir
 from trainctl.validate import DAY_S, MAX_NODES, Bounds, Number
 
 if TYPE_CHECKING:
@@ -48,8 +49,8 @@ def node(site, partition, gate_dir, no_fabric):
     host = this_node_name()  # the name `gate decide` finds in SLURM_JOB_NODELIST
     gate_policy = load_gate_policy(site, partition)
     policy = node_policy(gate_policy.config, gate_policy.partition, None, in_gate=True)
-    report = check_node(root / "snapshots" / host, policy, collect=True)
-    _write_json(root / "nodes" / f"{host}.json", report.to_json())
+    report = check_node(root / jobdir.SNAPSHOTS / host, policy, collect=True)
+    _write_json(root / jobdir.NODE_REPORTS / f"{host}.json", report.to_json())
     click.echo(f"gate: {host} node checks {report.status.label}", err=True)
     _run_compute(root, host, gate_policy.compute)
     world = int(os.environ.get("SLURM_NTASKS", "1"))
@@ -68,13 +69,13 @@ def node(site, partition, gate_dir, no_fabric):
                    f"{' '.join(str(exc).split())[:300]}", err=True)
         end_process(0)
     if fabric is not None:
-        _write_json(root / "fabric.json", fabric.to_json())
+        _write_json(root / jobdir.FABRIC, fabric.to_json())
         click.echo(f"gate: fabric test {fabric.status}, excluded "
                    f"{[item.host for item in fabric.excluded] or 'none'}", err=True)
     # error counters judged by their growth while the fabric test loaded the links
-    grown = counter_growth(report, root / "snapshots" / f"{host}.after-fabric", policy)
+    grown = counter_growth(report, root / jobdir.SNAPSHOTS / f"{host}.after-fabric", policy)
     if grown is not report:
-        _write_json(root / "nodes" / f"{host}.json", grown.to_json())
+        _write_json(root / jobdir.NODE_REPORTS / f"{host}.json", grown.to_json())
     _write_final_marker(root, host)
     end_process(0)
     return 0
@@ -83,7 +84,7 @@ def node(site, partition, gate_dir, no_fabric):
 def _write_final_marker(root: Path, host: str) -> None:
     """DIR/nodes/HOST.final: this node's report will not change any more (its counters were
     read again after the fabric test), so `gate decide --wait` can judge it."""
-    _write_json(root / "nodes" / f"{host}{FINAL_MARKER}", {"host": host})
+    _write_json(root / jobdir.NODE_REPORTS / f"{host}{FINAL_MARKER}", {"host": host})
 
 
 def _run_compute(root: Path, host: str, policy) -> None:
@@ -184,11 +185,11 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
         limit = deadline_s if deadline_s is not None else policy.deadline_s(len(hosts))
         missing = _wait_for_reports(root, hosts, limit, policy.final_grace_s)
     node_reports = {}
-    for path in sorted((root / "nodes").glob("*.json")):
+    for path in sorted((root / jobdir.NODE_REPORTS).glob("*.json")):
         report = _read_json(path)
         if report is not None:
             node_reports[report.get("host", path.stem)] = report
-    fabric = _read_fabric(root / "fabric.json")
+    fabric = _read_fabric(root / jobdir.FABRIC)
     from trainctl.job.gate_compute import judge_gate_dir
 
     compute_verdicts, compute_reasons = judge_gate_dir(root, policy.compute)
@@ -202,9 +203,9 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
 
     drains = drain_excluded(site, policy.config, decision, node_reports, fabric, os.environ)
     text += "".join(f"{drain.line()}\n" for drain in drains)
-    _write_json(root / "decision.json", decision.to_json() | {"drains": [d.to_json() for d in drains],
+    _write_json(root / jobdir.DECISION, decision.to_json() | {"drains": [d.to_json() for d in drains],
                                                                "compute": [v.to_json() for v in compute_verdicts]})
-    (root / "report.txt").write_text(text)
+    (root / jobdir.REPORT).write_text(text)
     if not decision.ok:
         raise GateFailed(decision.failure_line())  # the one line; the detail is in report.txt
     click.echo(text, err=True, nl=False)
@@ -213,7 +214,7 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     return 0
 
 
-GATE_STEP_STATUS = "gate-step.status"  # written by the supervisor when the gate's srun returns
+GATE_STEP_STATUS = jobdir.GATE_STEP_STATUS  # written by the supervisor when the gate's srun returns
 FINAL_MARKER = ".final"                # DIR/nodes/HOST.final: that node's report is final
 WAIT_POLL_S = 0.2
 
@@ -237,16 +238,16 @@ def _wait_for_reports(root: Path, hosts: list[str], limit_s: float, final_grace_
     while True:
         now = time.monotonic()
         waited = now - start
-        reported = {p.stem for p in (root / "nodes").glob("*.json")}
-        if len(hosts) == 1 and (root / "nodes" / f"{hosts[0]}{FINAL_MARKER}").exists():
+        reported = {p.stem for p in (root / jobdir.NODE_REPORTS).glob("*.json")}
+        if len(hosts) == 1 and (root / jobdir.NODE_REPORTS / f"{hosts[0]}{FINAL_MARKER}").exists():
             why = "no health report"  # after its compute test too, which it runs after its checks
             break
-        if fabric_seen is None and (root / "fabric.json").exists():
+        if fabric_seen is None and (root / jobdir.FABRIC).exists():
             fabric_seen = now
-            fabric = _read_json(root / "fabric.json") or {}
+            fabric = _read_json(root / jobdir.FABRIC) or {}
             lost = {host for host, node in fabric.get("nodes", {}).items() if node.get("lost")}
         if fabric_seen is not None:
-            final = {p.name[:-len(FINAL_MARKER)] for p in (root / "nodes").glob(f"*{FINAL_MARKER}")}
+            final = {p.name[:-len(FINAL_MARKER)] for p in (root / jobdir.NODE_REPORTS).glob(f"*{FINAL_MARKER}")}
             if reported - lost <= final or now - fabric_seen >= final_grace_s:
                 why = "no health report"
                 break
@@ -282,10 +283,14 @@ def _read_fabric(path: Path) -> FabricReport | None:
 
 
 def _read_json(path: Path) -> dict | None:
+    """A node's or rank 0's report: a regular file of at most JSON_MAX_BYTES (never a FIFO's wait)."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
+        data = jobdir.read_bytes(path, jobdir.JSON_MAX_BYTES + 1)
+        if data is None:
+            return None
+        if len(data) > jobdir.JSON_MAX_BYTES:
+            raise ValueError(f"larger than {jobdir.JSON_MAX_BYTES} bytes")
+        return json.loads(data)
+    except (OSError, ValueError, RecursionError) as exc:
         print(f"trainctl: warning: {path}: unreadable ({exc}); treated as missing", file=sys.stderr)
         return None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.files import write_atomically
+from trainctl.job import jobdir
 from trainctl.health.compute.judge import GpuVerdict, deadline_for, figures_from_report, judge, node_reasons
 from trainctl.site import GateConfig
 
@@ -53,7 +54,7 @@ def compute_deadline_s(policy: ComputePolicy, nodes: int) -> float:
 
 
 def compute_dir(gate_dir: Path) -> Path:
-    return gate_dir / "compute"
+    return gate_dir / jobdir.COMPUTE
 
 
 def _wait_until(markers: list[Path], until: float) -> float:

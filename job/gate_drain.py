@@ -25,7 +25,7 @@ from typing import Mapping
 
 from trainctl.errors import PrivilegeError, TrainctlError
 from trainctl.health.fabric.report import FabricReport
-from trainctl.job.gate import Decision
+from trainctl.job.decision import Decision
 
 NO_RIGHTS = "not drained: no operator rights"
 

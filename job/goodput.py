@@ -4,9 +4,11 @@
 Goodput is ETTR (effective training time ratio) as large-scale training reports use it:
 productive training time over the wall time since the first submit. Productive time is counted
 without help from the program: the time since the training step started, less the work lost
-after the last checkpoint seen when a step fails. A checkpoint is seen when the program writes
-the file named by TRAINCTL_CHECKPOINT_FILE (`checkpoint_api`); a program that never writes it
-loses all of a failed step's time. The rest of the wall time is split into queue (waiting for
+after the last checkpoint seen when a step fails. A checkpoint is seen (`trainctl.job.jobdir.
+checkpoint_seen`, one rule for every source) when the program writes one of its own checkpoint
+files (submit --checkpoints, the site's launch.checkpoints), writes the file named by
+TRAINCTL_CHECKPOINT_FILE, or calls progress.checkpoint(); a program with none of these loses all
+of a failed step's time. The rest of the wall time is split into queue (waiting for
 an allocation), gate (job start to training start: the health gate and the release), restart
 (a failed step's end to its job's end: evidence, probe, successor) and lost work.
 
@@ -33,7 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainctl.job.journal import CHECKPOINT_ENV, hms
+from trainctl.job.jobdir import CHECKPOINT_ENV, Kind, job_ended
+from trainctl.job.journal import hms
 
 LOST_KINDS = ("queue", "gate", "restart", "lost_work")
 
@@ -71,21 +74,21 @@ def goodput(attempts: list[list[dict]], now: float) -> Goodput | None:
     for number, events in enumerate(attempts):
         for event in events:
             kind, t = event["event"], event["t"]
-            if kind == "submitted" and isinstance(event.get("submitted_t"), (int, float)):
+            if kind == Kind.SUBMITTED and isinstance(event.get("submitted_t"), (int, float)):
                 marks.append((event["submitted_t"], "queue"))
-            elif kind == "job_start":
+            elif kind == Kind.JOB_START:
                 marks.append((t, "gate"))
-            elif kind == "training_start":
+            elif kind == Kind.TRAINING_START:
                 marks.append((t, "training"))
-            elif kind == "step_end" and event.get("status", 0) == 0:
+            elif kind == Kind.STEP_END and event.get("status", 0) == 0:
                 marks.append((t, "end"))
-            elif kind == "step_end":
+            elif kind == Kind.STEP_END:
                 marks.append((t, "restart"))
                 lost_work += _lost_work(event)
-            elif kind == "job_end":
+            elif kind == Kind.JOB_END:
                 marks.append((t, "queue" if number + 1 < len(attempts) else "end"))
-        if events and events[-1]["event"] != "job_end" and number + 1 == len(attempts):
-            running = True
+        if events and not job_ended(events) and number + 1 == len(attempts):
+            running = True   # from the events, not the last line: a job's end is journaled once
     if not marks:
         return None
     marks.sort(key=lambda mark: mark[0])
@@ -146,9 +149,9 @@ def _round(seconds: float | None) -> float | None:
 def watch_account(attempts: list[list[dict]], result: Goodput, now: float) -> WatchAccount | None:
     """What each detection of the chain cost, and the goodput without the watch; None without a detection."""
     events = sorted((event for journal in attempts for event in journal), key=lambda event: event["t"])
-    steps_reported = any(event["event"] == "first_step" for event in events)
+    steps_reported = any(event["event"] == Kind.FIRST_STEP for event in events)
     detections = tuple(_detection_cost(events, index, steps_reported, now)
-                       for index, event in enumerate(events) if event["event"] == "detection")
+                       for index, event in enumerate(events) if event["event"] == Kind.DETECTION)
     if not detections:
         return None
     changes = [detection.wall_change_s for detection in detections]
@@ -159,9 +162,9 @@ def watch_account(attempts: list[list[dict]], result: Goodput, now: float) -> Wa
 def _detection_cost(events: list[dict], index: int, steps_reported: bool, now: float) -> DetectionCost:
     detection = events[index]
     kind, detected = detection.get("kind", "?"), detection["t"]
-    ended = _next(events, index, "step_end")
-    judged = _next(events, index, "confirmation", stop="detection")
-    restart = _next(events, index, "training_start")
+    ended = _next(events, index, Kind.STEP_END)
+    judged = _next(events, index, Kind.CONFIRMATION, stop=Kind.DETECTION)
+    restart = _next(events, index, Kind.TRAINING_START)
     lost_work = redone = 0.0
     if ended is not None:
         lost_work = _lost_work(events[ended])
@@ -174,7 +177,7 @@ def _detection_cost(events: list[dict], index: int, steps_reported: bool, now: f
         outcome = f"{', '.join(named)} left out" if named else events[judged].get("note", "nobody named")
     again = None
     if restart is not None and steps_reported:
-        first = _next(events, restart, "first_step", stop="step_end")
+        first = _next(events, restart, Kind.FIRST_STEP, stop=Kind.STEP_END)
         again = None if first is None else events[first]["t"]
     elif restart is not None:
         again = events[restart]["t"]
@@ -197,7 +200,7 @@ def _detection_cost(events: list[dict], index: int, steps_reported: bool, now: f
     return DetectionCost(kind, outcome, cost, lost_work, change, basis)
 
 
-def _next(events: list[dict], after: int, name: str, stop: str = "") -> int | None:
+def _next(events: list[dict], after: int, name: Kind, stop: Kind | None = None) -> int | None:
     """The index of the first `name` event after `after`, unless a `stop` event comes first."""
     for index in range(after + 1, len(events)):
         if events[index]["event"] == name:
@@ -221,14 +224,14 @@ def _productive_since(events: list[dict], start: int, now: float) -> float:
     to its end (now while it runs), less the work a failed one lost."""
     total = 0.0
     for index in range(start, len(events)):
-        if events[index]["event"] != "training_start":
+        if events[index]["event"] != Kind.TRAINING_START:
             continue
-        ended = next((later for later in events[index + 1:] if later["event"] in ("step_end", "job_end")), None)
+        ended = next((later for later in events[index + 1:] if later["event"] in (Kind.STEP_END, Kind.JOB_END)), None)
         if ended is None:
             total += max(0.0, now - events[index]["t"])
             continue
         spent = max(0.0, ended["t"] - events[index]["t"])
-        failed = ended["event"] == "step_end" and ended.get("status", 0) != 0
+        failed = ended["event"] == Kind.STEP_END and ended.get("status", 0) != 0
         total += spent - (min(spent, _lost_work(ended)) if failed else 0.0)
     return total
 
@@ -242,7 +245,7 @@ def goodput_lines(result: Goodput) -> list[str]:
     lines.append("  lost: " + ", ".join(f"{kind.replace('_', ' ')} {hms(result.lost_s.get(kind, 0.0))}"
                                        for kind in LOST_KINDS))
     lines.append("  productive: training step time, less the work after the last checkpoint seen "
-                 f"when a step failed (the program writes ${CHECKPOINT_ENV} after each checkpoint)")
+                 f"when a step failed (submit --checkpoints, ${CHECKPOINT_ENV} or progress.checkpoint())")
     return lines
 
 

@@ -21,6 +21,7 @@ import signal as signals
 from dataclasses import dataclass, replace
 from typing import Literal, Mapping, NamedTuple, Union
 
+from trainctl.job.jobdir import AGENT_LOG_PATTERN, GATE_LOG_PATTERN, SENTINEL_LOG, SENTINEL_OUT
 from trainctl.job.watch import (Detection, NodeReading, WatchLimits, WatchState, confirm, observe, silent_nodes,
                                 start as start_watch)
 from trainctl.launcher.plan import RANK_OUTPUT, JobPlan
@@ -445,7 +446,7 @@ def gate_step_argv(plan: JobPlan, gate_dir: str, task_count: int, nodes: tuple[s
     job's SLURM_NTASKS, which srun would otherwise read."""
     only = [f"--nodelist={fold_hostlist(list(nodes))}", f"--nodes={len(nodes)}"] if nodes else []
     return ["srun", "--overlap", f"--job-name={GATE_STEP}", *only, f"--ntasks={len(nodes) or task_count}",
-            "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--input=none", f"--output={gate_dir}/node-%N.log",
+            "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--input=none", f"--output={gate_dir}/{GATE_LOG_PATTERN}",
             plan.trainctl, "gate", "node", "--site", plan.site_ref, "--partition", plan.partition,
             "--dir", gate_dir]
 
@@ -464,7 +465,7 @@ def agent_argv(plan: JobPlan, action: StartAgents, gate_dir: str) -> list[str]:
     (--overlap: beside the training step, on its CPUs)."""
     return ["srun", "--overlap", f"--job-name={AGENT_STEP}", f"--nodelist={action.job_nodes}",
             f"--nodes={action.node_count}", f"--ntasks={action.node_count}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=0", "--input=none", f"--output={gate_dir}/watch/agent-%N.log",
+            "--kill-on-bad-exit=0", "--input=none", f"--output={gate_dir}/{AGENT_LOG_PATTERN}",
             plan.trainctl, "job", "agent", "--dir", gate_dir, "--site", plan.site_ref,
             "--partition", plan.partition]
 
@@ -473,8 +474,8 @@ def sentinel_argv(plan: JobPlan, gate_dir: str) -> list[str]:
     """On the job's second node, for the job's life; it writes its own log (srun's output forwarding
     runs through the batch host, whose loss is what the sentinel reports)."""
     return ["srun", "--overlap", f"--job-name={SENTINEL_STEP}", "--nodes=1", "--ntasks=1", "--relative=1",
-            "--input=none", "--open-mode=append", f"--output={gate_dir}/sentinel.out",
-            plan.trainctl, "gate", "sentinel", "--dir", gate_dir, "--log", f"{gate_dir}/sentinel.log"]
+            "--input=none", "--open-mode=append", f"--output={gate_dir}/{SENTINEL_OUT}",
+            plan.trainctl, "gate", "sentinel", "--dir", gate_dir, "--log", f"{gate_dir}/{SENTINEL_LOG}"]
 
 
 def training_argv(plan: JobPlan, action: RunTraining, gate_dir: str) -> list[str]:

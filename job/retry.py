@@ -20,19 +20,17 @@ and is never retried.
 
 from __future__ import annotations
 
-import json
 import os
-import posixpath
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 from trainctl.errors import TrainctlError, UsageError
-from trainctl.files import write_atomically
+from trainctl.job import jobdir
+from trainctl.job.decision import Decision
+from trainctl.job.jobdir import AttemptRecord, JobPaths, RetryRecord
 from trainctl.slurm import expand_hostlist, fold_hostlist, node_states
 
-ATTEMPT_FILE = "attempt.json"       # in a successor's gate dir: its attempt number and predecessor
-RETRY_FILE = "retry.json"           # in a failed attempt's gate dir: what was decided and done
-PROBE_PREFIX = "alive-"             # the probe step's per-node output files in the gate dir
 # Slurm states (sinfo %T, suffix removed; scontrol State= flags) that mean the node is gone.
 LOST_STATES = ("down", "fail", "failing", "not_responding", "unknown", "future", "power_down")
 # sbatch reads these SLURM_ variables as input (sbatch(1) INPUT ENVIRONMENT VARIABLES); every
@@ -163,33 +161,30 @@ def attempt_from_environment(environ: dict[str, str], job_id: str, retries: int)
     return Attempt(job_id, int(raw), retries, excluded, environ.get(ENV_PREVIOUS) or None)
 
 
-def gate_bad_nodes(decision: dict | None) -> dict[str, str]:
+def gate_bad_nodes(decision: Decision | None) -> dict[str, str]:
     """{node: reasons} of the nodes `gate decide` excluded (its decision.json)."""
-    if not decision:
+    if decision is None:
         return {}
-    return {item["host"]: "; ".join(item.get("reasons", [])) or "excluded by the gate"
-            for item in decision.get("excluded", []) if item.get("host")}
+    return {item.host: "; ".join(map(str, item.reasons)) or "excluded by the gate" for item in decision.excluded}
 
 
 def record(attempt: Attempt, evidence: Evidence, decision: RetryDecision, successor: str | None,
-           error: str | None) -> dict:
-    return {"job_id": attempt.job_id, "attempt": attempt.number, "retries": attempt.retries,
-            "previous_job": attempt.previous_job, "excluded_before": list(attempt.excluded),
-            "phase": evidence.phase, "status": evidence.status, "retry": decision.retry,
-            "reason": decision.reason, "bad_nodes": decision.bad_nodes, "exclude": list(decision.exclude),
-            "successor": successor, "error": error}
+           error: str | None) -> RetryRecord:
+    return RetryRecord(attempt.job_id, attempt.number, attempt.retries, evidence.phase, evidence.status,
+                       decision.retry, decision.reason, dict(decision.bad_nodes), tuple(decision.exclude),
+                       successor, error, attempt.previous_job, tuple(attempt.excluded))
 
 
-def summary_line(rec: dict) -> str:
+def summary_line(rec: RetryRecord) -> str:
     """One line for the job output and the gate report."""
-    head = f"attempt {rec['attempt']} of {rec['retries'] + 1} (job {rec['job_id']})"
-    bad = "; ".join(f"{node}: {why}" for node, why in rec["bad_nodes"].items())
-    if rec.get("successor"):
-        return (f"{head}: {rec['reason']} ({bad}); submitted job {rec['successor']} "
-                f"excluding {fold_hostlist(rec['exclude'])}")
-    if rec.get("error"):
-        return f"{head}: {rec['reason']} ({bad}); the successor could not be submitted: {rec['error']}"
-    return f"{head}: {rec['reason']}" + (f" ({bad})" if bad else "")
+    head = f"attempt {rec.attempt} of {rec.retries + 1} (job {rec.job_id})"
+    bad = "; ".join(f"{node}: {why}" for node, why in rec.bad_nodes.items())
+    if rec.successor:
+        return (f"{head}: {rec.reason} ({bad}); submitted job {rec.successor} "
+                f"excluding {fold_hostlist(list(rec.exclude))}")
+    if rec.error:
+        return f"{head}: {rec.reason} ({bad}); the successor could not be submitted: {rec.error}"
+    return f"{head}: {rec.reason}" + (f" ({bad})" if bad else "")
 
 
 # ---------------------------------------------------------------- collect and act (I/O)
@@ -201,7 +196,7 @@ def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, e
     from trainctl.job.slurm_actions import job_record, probe_nodes
 
     job_id = env["SLURM_JOB_ID"]
-    decision = _read_json(posixpath.join(gate_dir, "decision.json"))
+    decision = jobdir.read_decision(JobPaths(Path(gate_dir)))
     if phase == "gate":
         return Evidence("gate", status, tuple(nodes), gate_bad_nodes(decision))
     job = job_record(job_id, env)
@@ -215,13 +210,13 @@ def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, e
     # the batch host is probed too, even when the gate left it out of the step: a probe that
     # does not start there (this very script's node) says nothing about the others
     probed = reachable + ([batch_host] if reachable and batch_host and batch_host not in reachable else [])
-    answered = probe_nodes(probed, gate_dir, PROBE_PREFIX, env) if probed else ()
+    answered = probe_nodes(probed, gate_dir, jobdir.PROBE_PREFIX, env) if probed else ()
     return Evidence("step", status, tuple(nodes), {}, in_job, states, answered, batch_host)
 
 
 def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[str], retries: int,
                            script_path: str, sbatch_options: tuple[str, ...], env: dict[str, str],
-                           node_count: tuple[int, int], condemned: tuple[str, ...] = ()) -> dict:
+                           node_count: tuple[int, int], condemned: tuple[str, ...] = ()) -> RetryRecord:
     """Collect, decide and (when decided) submit the successor; record it all in retry.json, in the
     successor's attempt.json and in report.txt. Returns the record (`summary_line` says it)."""
     from trainctl.job.slurm_actions import submit_successor   # as in collect_evidence
@@ -241,29 +236,17 @@ def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[s
         except (OSError, TrainctlError) as exc:
             error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     rec = record(attempt, evidence, decision, successor, error)
-    write_json(os.path.join(gate_dir, RETRY_FILE), rec)
+    paths = JobPaths(Path(os.path.abspath(gate_dir)))
+    jobdir.write_json(paths.retry, rec.to_json())
     if successor:
-        next_dir = os.path.join(os.path.dirname(os.path.abspath(gate_dir)), f"trainctl-gate-{successor}")
-        os.makedirs(next_dir, exist_ok=True)
-        write_json(os.path.join(next_dir, ATTEMPT_FILE), {
-            "job_id": successor, "attempt": decision.next_attempt, "retries": retries,
-            "previous_job": job_id, "excluded": list(decision.exclude)})
+        following = paths.sibling(successor)
+        os.makedirs(following.root, exist_ok=True)
+        jobdir.write_json(following.attempt, AttemptRecord(successor, decision.next_attempt, retries, job_id,
+                                                           tuple(decision.exclude)).to_json())
     try:
-        with open(os.path.join(gate_dir, "report.txt"), "a") as report:
+        with open(paths.report, "a") as report:
             report.write(f"\nretry: {summary_line(rec)}\n")
     except OSError:
         pass
     return rec
-
-
-def write_json(path: str, data: dict) -> None:
-    write_atomically(path, json.dumps(data, indent=1) + "\n")
-
-
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
 

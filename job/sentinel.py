@@ -10,12 +10,14 @@ Slurm refuses (a controller busy with the node's failure). Without it, a --no-ki
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BATCH_HOST_BEAT = "batch-host.beat"    # a counter the job script rewrites every 2 s
+from trainctl.job.jobdir import BATCH_HOST_BEAT   # a counter the job script rewrites every 2 s
+
 SENTINEL_POLL_S = 1.0
 CANCEL_ATTEMPTS = 10
 CANCEL_RETRY_S = 5.0
@@ -41,8 +43,8 @@ def watch_batch_host(gate_dir: Path, silence_s: float, log_file: Path | None) ->
     from trainctl.errors import UsageError
     from trainctl.job.gate_cli import ignore_checkpoint_signals
 
-    if log_file:
-        write_output_to(log_file)
+    if log_file and not write_output_to(log_file):
+        say(f"trainctl: sentinel: cannot write its log {log_file}: watching without it")
     beat_file = gate_dir / BATCH_HOST_BEAT
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
@@ -61,18 +63,22 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def write_output_to(path: Path) -> None:
+def write_output_to(path: Path) -> bool:
     """Point this process's stdout and stderr at `path` (appended), at the file descriptor level:
-    srun writes a task's --output file itself, on the batch host, whose loss is what this reports."""
-    from trainctl.errors import UsageError
-
+    srun writes a task's --output file itself, on the batch host, whose loss is what this reports.
+    False where it cannot be written (or is not a regular file): the sentinel watches on, with
+    its output where srun put it, since its log is not worth the job's safety net."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as exc:
-        raise UsageError(f"cannot write the sentinel's log {path}: {exc.strerror}") from None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+    except OSError:
+        return False
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return False
     for target in (1, 2):
         os.dup2(fd, target)
     os.close(fd)
+    return True
 
 
 def cancel_job(job_id: str, why: str) -> int:
@@ -93,7 +99,10 @@ def cancel_job(job_id: str, why: str) -> int:
 
 
 def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()  # open() revalidates an NFS client's cached attributes
+    from trainctl.job.jobdir import read_bytes
+
+    try:   # open() revalidates an NFS client's cached attributes; a FIFO there is never waited on
+        data = read_bytes(path, 64)
     except OSError:
         return None
+    return None if data is None else data.decode(errors="replace")

@@ -12,7 +12,6 @@ Collect (`collect_job`, through a `Files` that reads here or over SSH: SFTP and 
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 import shlex
@@ -21,14 +20,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trainctl.errors import ExternalCommandError, UsageError
+from trainctl.job import jobdir
+from trainctl.job.decision import Decision
 from trainctl.job.goodput import Goodput, WatchAccount, goodput, goodput_lines, watch_account, watch_lines
-from trainctl.job.journal import JOURNAL_FILE, parse_journal, timeline_lines
+from trainctl.job.journal import timeline_lines
+from trainctl.job.retry import summary_line
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
+from trainctl.text import printable
 
 TAIL_BYTES = 64 * 1024          # enough for the last lines of any sane log
-JSON_MAX_BYTES = 4 * 1024 * 1024
-RANK_FILE_RE = re.compile(r"rank-(?P<node>.+)-(?P<rank>\d+)\.out")
 JOB_ID_RE = re.compile(r"\d+(_\d+)?")
 MAX_ATTEMPTS = 100              # a chain of --retries jobs is followed this far at most
 # slurmstepd's own notices in a task's output (`*** STEP 12.1 ON node1 CANCELLED AT ... ***`): Slurm's
@@ -41,7 +42,8 @@ class Files(Protocol):
 
     def scontrol_job(self, job_id: str) -> str | None: ...
     def listdir(self, path: str) -> list[tuple[str, float]] | None: ...   # (name, mtime); None: no dir
-    def read(self, path: str, max_bytes: int, *, tail: bool = False) -> str | None: ...
+    # at most max_bytes (None: all) of a regular file that stays inside its own directory; None: none such
+    def read(self, path: str, max_bytes: int | None, *, tail: bool = False) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,10 @@ class JobView:
     job_id: str
     gate_dir: str
     slurm: dict[str, str]          # `scontrol show job` fields; empty once Slurm forgot the job
-    decision: dict | None
+    decision: Decision | None      # None: none, or not one
     ranks: tuple[RankLog, ...]
     flight_dumps: tuple[str, ...]  # file names of the flight recorder's per-rank dumps
-    chain: tuple[dict, ...] = ()   # submit --retries: each attempt's job id and retry.json, first to last
+    chain: tuple[dict, ...] = ()   # submit --retries: each attempt's job id and RetryRecord, first to last
     journals: tuple[tuple[str, tuple[dict, ...]], ...] = ()   # (job id, its journal's events), first to last
 
 
@@ -112,17 +114,16 @@ def fold_tails(logs: list[RankLog]) -> list[TailGroup]:
     return sorted(groups, key=lambda g: (len(g.ranks), g.newest, g.ranks))
 
 
-def gate_summary(decision: dict | None) -> list[str]:
+def gate_summary(decision: Decision | None) -> list[str]:
     if decision is None:
-        return ["gate: no decision.json: the gate did not get to decide (or this is not a trainctl job)"]
-    chosen, allocated = decision.get("chosen", []), decision.get("allocated", [])
-    verdict = "ok" if decision.get("ok") else "FAILED"
-    healthy = len(decision.get("healthy", []))
-    lines = [f"gate: {verdict}: {healthy} of {len(allocated)} allocated nodes healthy, "
-             f"need {decision.get('minimum')}; ran on {fold_hostlist(chosen) if chosen else 'nothing'}"]
-    lines += [f"  excluded {item['host']}: {'; '.join(item['reasons'])}"
-              for item in decision.get("excluded", [])]
-    lines += [f"  warning: {warning}" for warning in decision.get("warnings", [])]
+        return [f"gate: no {jobdir.DECISION} that reads as one: the gate did not get to decide "
+                "(or this is not a trainctl job)"]
+    chosen = list(decision.chosen)
+    verdict = "ok" if decision.ok else "FAILED"
+    lines = [f"gate: {verdict}: {len(decision.healthy)} of {len(decision.allocated)} allocated nodes healthy, "
+             f"need {decision.minimum}; ran on {fold_hostlist(chosen) if chosen else 'nothing'}"]
+    lines += [f"  excluded {item.host}: {'; '.join(map(str, item.reasons))}" for item in decision.excluded]
+    lines += [f"  warning: {warning}" for warning in decision.warnings]
     return lines
 
 
@@ -142,8 +143,6 @@ def attempt_lines(slurm: dict[str, str]) -> list[str]:
 
 def chain_lines(chain: tuple[dict, ...], job_id: str) -> list[str]:
     """Each attempt of a job submitted with --retries: what it ended with and which job followed."""
-    from trainctl.job.retry import summary_line
-
     if len(chain) < 2 and not any(link.get("retry") for link in chain):
         return []
     jobs = f"{len(chain)} job{'s' if len(chain) > 1 else ''}"
@@ -160,7 +159,7 @@ def chain_lines(chain: tuple[dict, ...], job_id: str) -> list[str]:
 
 def chain_start(journals: tuple[tuple[str, tuple[dict, ...]], ...]) -> float | None:
     """The first submit of the chain (else its first event): where its wall time starts."""
-    times = [event.get("submitted_t") if event["event"] == "submitted" else event["t"]
+    times = [event.get("submitted_t") if event["event"] == jobdir.Kind.SUBMITTED else event["t"]
              for _, events in journals for event in events]
     times = [t for t in times if isinstance(t, (int, float))]
     return min(times) if times else None
@@ -176,7 +175,7 @@ def chain_goodput(view: JobView, now: float) -> tuple[Goodput | None, WatchAccou
 def timeline_and_goodput(view: JobView, now: float) -> list[str]:
     start = chain_start(view.journals)
     if start is None:
-        return ["timeline: no journal.jsonl (a job script from an older trainctl, or the job has not started)"]
+        return [f"timeline: no {jobdir.JOURNAL} (a job script from an older trainctl, or the job has not started)"]
     result, account = chain_goodput(view, now)
     lines = ["timeline (from the first submit):"]
     lines += timeline_lines([(job, list(events)) for job, events in view.journals], start)
@@ -192,7 +191,7 @@ def format_job(view: JobView, line_count: int, now: float) -> str:
     lines += gate_summary(view.decision)
     lines += timeline_and_goodput(view, now)
     if not view.ranks:
-        lines.append("ranks: no rank-<node>-<rank>.out files (the job step did not start, or the site "
+        lines.append(f"ranks: no {jobdir.rank_log('<node>', '<rank>')} files (the job step did not start, or the site "
                      "sets launch.rank_output = false: see slurm-<id>.out)")
     else:
         groups = fold_tails(list(view.ranks))
@@ -211,17 +210,20 @@ def format_job(view: JobView, line_count: int, now: float) -> str:
         lines.append(f"NCCL flight recorder dumps: {', '.join(view.flight_dumps)} "
                      f"(read with PyTorch's "
                      f"`torchfrtrace {view.gate_dir} --prefix {FLIGHT_RECORDER_PREFIX}`)")
-    return "\n".join(lines) + "\n"
+    # what the program, Slurm and the nodes wrote (job names, notes, logs) never moves the terminal
+    return "".join(printable(line) + "\n" for line in lines)
 
 
 def to_json(view: JobView, line_count: int, now: float) -> dict:
     result, account = chain_goodput(view, now)
-    return {"job_id": view.job_id, "gate_dir": view.gate_dir, "slurm": view.slurm, "decision": view.decision,
+    return {"job_id": view.job_id, "gate_dir": view.gate_dir, "slurm": view.slurm,
+            "decision": view.decision.to_json() if view.decision else None,
             "timeline": [{"job_id": job, "events": list(events)} for job, events in view.journals],
             "goodput": result.to_json() if result else None,
             "watch": account.to_json() if account else None,
             "lines": line_count, "flight_recorder_dumps": list(view.flight_dumps),
-            "attempts": [{"job_id": link["job_id"], "retry": link.get("retry")} for link in view.chain],
+            "attempts": [{"job_id": link["job_id"], "retry": link["retry"].to_json() if link.get("retry") else None}
+                         for link in view.chain],
             "groups": [{"ranks": list(g.ranks), "nodes": list(g.nodes), "tail": list(g.tail),
                         "newest": g.newest} for g in fold_tails(list(view.ranks))]}
 
@@ -239,57 +241,74 @@ def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int
         if not slurm.get("WorkDir"):
             raise UsageError(f"Slurm has no record of job {job_id} any more: "
                              "give its gate directory with --dir")
-        gate_dir = posixpath.join(slurm["WorkDir"], f"trainctl-gate-{job_id}")
+        gate_dir = posixpath.join(slurm["WorkDir"], jobdir.dir_name(job_id))
     entries = files.listdir(gate_dir)
     if entries is None:
         raise UsageError(f"{gate_dir}: no such directory (not a trainctl job, or another --dir)")
-    decision_text = files.read(posixpath.join(gate_dir, "decision.json"), JSON_MAX_BYTES)
-    try:
-        decision = json.loads(decision_text) if decision_text else None
-    except ValueError:
-        decision = None
+    decision = jobdir.decision_from_json(read_json(files, posixpath.join(gate_dir, jobdir.DECISION)))
     ranks = []
     for name, mtime in entries:
-        match = RANK_FILE_RE.fullmatch(name)
+        match = jobdir.RANK_LOG_RE.fullmatch(name)
         if match:
             text = files.read(posixpath.join(gate_dir, name), TAIL_BYTES, tail=True) or ""
             ranks.append(RankLog(int(match["rank"]), match["node"], last_lines(text, line_count), mtime,
                                  slurm_notes(text)))
     dumps = tuple(sorted(name for name, _ in entries if name.startswith(FLIGHT_RECORDER_PREFIX)))
     chain = collect_chain(files, gate_dir, job_id)
-    parent = posixpath.dirname(gate_dir.rstrip("/"))
-    journals = tuple((link["job_id"], tuple(parse_journal(files.read(
-        posixpath.join(parent, f"trainctl-gate-{link['job_id']}", JOURNAL_FILE), JSON_MAX_BYTES) or "")))
+    journals = tuple((link["job_id"], tuple(jobdir.parse_journal(
+        files.read(posixpath.join(attempt_dir(gate_dir, job_id, link["job_id"]), jobdir.JOURNAL), None) or "")))
         for link in chain)
     return JobView(job_id, gate_dir, slurm, decision, tuple(sorted(ranks, key=lambda r: r.rank)), dumps,
                    chain, journals)
 
 
+def attempt_dir(gate_dir: str, job_id: str, attempt_job: str) -> str:
+    """Where an attempt's files are: the directory given for this job itself (--dir), its
+    siblings in the same submit directory for the others."""
+    if attempt_job == job_id:
+        return gate_dir
+    return posixpath.join(posixpath.dirname(gate_dir.rstrip("/")), jobdir.dir_name(attempt_job))
+
+
+def read_json(files: Files, path: str) -> dict | None:
+    text = files.read(path, jobdir.JSON_MAX_BYTES + 1)
+    if not text or len(text) > jobdir.JSON_MAX_BYTES:
+        return None
+    try:
+        data = jobdir.loads(text)
+    except ValueError:
+        return None
+    return jobdir.clean(data) if isinstance(data, dict) else None
+
+
 def collect_chain(files: Files, gate_dir: str, job_id: str) -> tuple[dict, ...]:
     """Follow attempt.json back (the predecessor) and retry.json forward (the successor) through
     the sibling gate directories: every attempt of one --retries job runs in the same submit dir."""
-    from trainctl.job.retry import ATTEMPT_FILE, RETRY_FILE
 
-    parent = posixpath.dirname(gate_dir.rstrip("/"))
-
-    def read(job: str, name: str) -> dict | None:
-        text = files.read(posixpath.join(parent, f"trainctl-gate-{job}", name), JSON_MAX_BYTES)
+    def retry(job: str) -> jobdir.RetryRecord | None:
         try:
-            data = json.loads(text) if text else None
+            return jobdir.RetryRecord.from_json(read_json(files, posixpath.join(attempt_dir(gate_dir, job_id, job),
+                                                                                 jobdir.RETRY)))
         except ValueError:
             return None
-        return data if isinstance(data, dict) else None
+
+    def previous(job: str) -> str | None:
+        try:
+            return jobdir.AttemptRecord.from_json(read_json(files, posixpath.join(
+                attempt_dir(gate_dir, job_id, job), jobdir.ATTEMPT))).previous_job
+        except ValueError:
+            return None
 
     jobs = [job_id]
-    while len(jobs) < MAX_ATTEMPTS and (earlier := (read(jobs[0], ATTEMPT_FILE) or {}).get("previous_job")):
-        if not JOB_ID_RE.fullmatch(str(earlier)) or str(earlier) in jobs:
+    while len(jobs) < MAX_ATTEMPTS and (earlier := previous(jobs[0])):
+        if not JOB_ID_RE.fullmatch(earlier) or earlier in jobs:
             break
-        jobs.insert(0, str(earlier))
-    while len(jobs) < MAX_ATTEMPTS and (later := (read(jobs[-1], RETRY_FILE) or {}).get("successor")):
-        if not JOB_ID_RE.fullmatch(str(later)) or str(later) in jobs:
+        jobs.insert(0, earlier)
+    while len(jobs) < MAX_ATTEMPTS and (later := getattr(retry(jobs[-1]), "successor", None)):
+        if not JOB_ID_RE.fullmatch(later) or later in jobs:
             break
-        jobs.append(str(later))
-    return tuple({"job_id": job, "retry": read(job, RETRY_FILE)} for job in jobs)
+        jobs.append(later)
+    return tuple({"job_id": job, "retry": retry(job)} for job in jobs)
 
 
 class LocalFiles:
@@ -302,6 +321,8 @@ class LocalFiles:
         result = run(["scontrol", "show", "job", "-o", job_id], timeout=SCONTROL_TIMEOUT_S, env=self.env)
         if result.missing:
             return None  # no Slurm client here: --dir tells where the files are
+        if result.timed_out:   # Slurm did not say: not the same as "no record"
+            raise ExternalCommandError(f"scontrol show job {job_id}: {result.describe_failure()}")
         return result.stdout if result.ok else None
 
     def listdir(self, path: str) -> list[tuple[str, float]] | None:
@@ -309,21 +330,26 @@ class LocalFiles:
 
         try:
             with os.scandir(path) as entries:
-                return [(e.name, e.stat().st_mtime) for e in entries if e.is_file()]
+                return [(e.name, e.stat().st_mtime) for e in entries
+                        if e.is_file() and (not e.is_symlink() or jobdir.inside(e.path, path))]
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:  # another user's job directory
             raise ExternalCommandError(f"cannot list {path}: {exc.strerror or exc}") from exc
 
-    def read(self, path: str, max_bytes: int, *, tail: bool = False) -> str | None:
+    def read(self, path: str, max_bytes: int | None, *, tail: bool = False) -> str | None:
+        import os
+
+        root = os.path.dirname(path)
         try:
-            with open(path, "rb") as handle:
-                if tail:
-                    handle.seek(0, 2)
-                    handle.seek(max(0, handle.tell() - max_bytes))
-                return handle.read(max_bytes).decode(errors="replace")
-        except FileNotFoundError:
-            return None
+            if max_bytes is None:
+                fd = jobdir.open_regular(path, root)
+                if fd is None:
+                    return None
+                with os.fdopen(fd, "rb") as handle:
+                    return handle.read().decode(errors="replace")
+            data = jobdir.read_bytes(path, max_bytes, root=root, tail=tail)
+            return None if data is None else data.decode(errors="replace")
         except OSError as exc:
             raise ExternalCommandError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
@@ -353,15 +379,18 @@ class RemoteFiles:
         except (OSError, paramiko.SSHException) as exc:
             raise ExternalCommandError(f"SFTP: cannot list {path}: {exc}") from exc
 
-    def read(self, path: str, max_bytes: int, *, tail: bool = False) -> str | None:
+    def read(self, path: str, max_bytes: int | None, *, tail: bool = False) -> str | None:
         import paramiko
 
-        try:
-            with self.sftp.open(path, "rb") as handle:
-                if tail:
+        try:   # a regular file whose real path stays in its directory (SFTP's realpath), never a FIFO
+            real, root = self.sftp.normalize(path), self.sftp.normalize(posixpath.dirname(path))
+            if not real.startswith(root.rstrip("/") + "/") or not stat.S_ISREG(self.sftp.stat(real).st_mode or 0):
+                return None
+            with self.sftp.open(real, "rb") as handle:
+                if tail and max_bytes is not None:
                     size = handle.stat().st_size or 0
                     handle.seek(max(0, size - max_bytes))
-                return handle.read(max_bytes).decode(errors="replace")
+                return (handle.read() if max_bytes is None else handle.read(max_bytes)).decode(errors="replace")
         except FileNotFoundError:
             return None
         except (OSError, paramiko.SSHException) as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainctl.errors import ExternalCommandError, ParseError
+from trainctl.job import jobdir
 from trainctl.job.machine import OWN_STEPS, PROBE_STEP
 from trainctl.launcher.submit import parse_parsable
 from trainctl.proc import ProcResult, run, run_checked
@@ -122,9 +123,10 @@ def shrink_job(job_id: str, keep: str, gate_dir: str, env: dict[str, str]) -> tu
         if result.ok or TRY_AGAIN not in result.stderr or time.monotonic() + RESIZE_RETRY_S >= retry_until:
             break
         time.sleep(RESIZE_RETRY_S)
-    script = Path(gate_dir) / f"slurm_job_{job_id}_resize.sh"
-    try:
-        return result, script.read_text() if result.ok else None
+    script = Path(gate_dir) / jobdir.resize_script(job_id)
+    try:   # a regular file only: a FIFO put there must not hold the supervisor
+        text = jobdir.read_bytes(script, jobdir.RESIZE_SCRIPT_MAX_BYTES) if result.ok else None
+        return result, None if text is None else text.decode(errors="replace")
     except OSError:
         return result, None
 

@@ -30,30 +30,11 @@ agent has been silent for the hang floor is detected (hung), and slowdowns are n
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Literal, Mapping, NamedTuple
+from typing import Literal, Mapping
 
-# The files the node agents (trainctl.job.agent) and the supervisor (trainctl.job.watch_io) share,
-# in the gate directory's watch/ folder: <node>.json, the stacks request and its answers.
-NODE_FILE_FORMAT = 1
-WATCH_SUBDIR = "watch"
-DUMP_REQUEST = "dump-request"              # holds a token; each agent answers with dump-done-<node>
-
-
-def watch_dir(gate_dir: str | Path) -> Path:
-    return Path(gate_dir) / WATCH_SUBDIR
-
-
-def stacks_file(node: str) -> str:
-    return f"stacks-{node}.txt"
-
-
-def dump_done_file(node: str) -> str:
-    return f"dump-done-{node}"
-
+from trainctl.job.jobdir import NodeReading, RankProgress
 
 MIN_BASELINE_SAMPLES = 5
 MIN_RECENT_SAMPLES = 3
@@ -76,43 +57,6 @@ class WatchLimits:
 
     def hang_timeout_s(self, baseline_step_s: float | None) -> float:
         return max(self.hang_floor_s, self.hang_steps * baseline_step_s if baseline_step_s else 0.0)
-
-
-class RankProgress(NamedTuple):      # a tuple: one per rank per poll, built by the ten thousand
-    rank: int
-    steps: int
-    step_seconds: float                 # summed durations of those steps, as the rank measured them
-    last_step_t: float                  # wall time the last step ended (0: none yet)
-    pid: int = 0
-    compute_seconds: float = 0.0        # summed time inside progress.compute()
-
-
-@dataclass(frozen=True)
-class NodeReading:
-    """One node agent's file: what its ranks reported and which of its checks newly fail."""
-
-    node: str
-    written_t: float
-    ranks: tuple[RankProgress, ...] = ()
-    failed_checks: tuple[tuple[str, str], ...] = ()     # (check, reason)
-
-
-def parse_node_file(text: str) -> NodeReading | None:
-    """A node agent's JSON file; None when it is not one (torn, foreign, another format)."""
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.get("format") != NODE_FILE_FORMAT:
-            return None
-        ranks = tuple(sorted((RankProgress(int(rank), int(r["steps"]), float(r["step_seconds"]),
-                                           float(r.get("last_step_t") or 0.0), int(r.get("pid") or 0),
-                                           float(r.get("compute_seconds") or 0.0))
-                              for rank, r in dict(data.get("ranks") or {}).items()), key=lambda r: r.rank))
-        checks = dict(data.get("checks") or {})
-        failed = tuple((str(item["check"]), str(item.get("reason", "")))
-                       for item in list(checks.get("failed") or []))
-        return NodeReading(str(data["node"]), float(data["t"]), ranks, failed)
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from trainctl.errors import UsageError
 from trainctl.site import PartitionConfig, SiteConfig, partition
-from trainctl.validate import MAX_NODES, InvalidValue, check_slurm_signal
+from trainctl.validate import MAX_NODES, InvalidValue, check_slurm_signal, check_text
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 # Set by the job script from site keys and options, by rank-exec for each rank, or by Slurm:
@@ -55,6 +55,7 @@ class SubmitRequest:
     retries: int | None = None           # None: the site's launch.retries
     signal: str | None = None            # None: the site's launch.signal; "": none
     sbatch: tuple[str, ...] = ()         # submit --sbatch: more sbatch options for this job, e.g. --qos=high
+    checkpoints: str | None = None       # None: the site's launch.checkpoints; "": none
 
 
 class SbatchOption(NamedTuple):  # NamedTuple, not dataclass: a third of the import time
@@ -96,6 +97,7 @@ class JobPlan:
     release_unused: bool                 # after the gate, shrink the allocation to the chosen nodes
     retries: int                         # successors the job may submit around bad nodes (0: none)
     signal: str                          # sbatch --signal value ("" : none)
+    checkpoints: str                     # the program's checkpoint files, a path or glob ("": none)
     job_name: str
     sbatch_options: tuple[SbatchOption, ...]
     environment: tuple[EnvSetting, ...]  # exported by the batch script, in this order
@@ -115,7 +117,7 @@ class JobPlan:
                 "program": list(self.program),
                 "rank_output": f"${{gate_dir}}/{RANK_OUTPUT}" if self.rank_output else None,
                 "release_unused": self.release_unused, "retries": self.retries,
-                "signal": self.signal or None,
+                "signal": self.signal or None, "checkpoints": self.checkpoints or None,
                 "environment": {setting.name: setting.shown for setting in self.environment}}
 
     def to_document(self) -> dict:
@@ -130,18 +132,39 @@ class JobPlan:
         """The plan `to_document` wrote; UsageError naming what is wrong with any other."""
         if not isinstance(document, dict) or document.get("format") != PLAN_FORMAT:
             raise UsageError(f"not a trainctl job plan of format {PLAN_FORMAT}")
-        try:
-            fields = {name: document[name] for name in JOB_PLAN_FIELDS}
-            fields["sbatch_options"] = tuple(SbatchOption(*option) for option in document["sbatch_options"])
-            fields["environment"] = tuple(EnvSetting(*setting) for setting in document["environment"])
-            fields["program"], fields["command"] = tuple(fields["program"]), tuple(fields["command"])
-        except (KeyError, TypeError) as exc:
-            raise UsageError(f"job plan: missing or malformed field {exc}") from None
+        missing = [name for name in JOB_PLAN_FIELDS if name not in document]
+        if missing:
+            raise UsageError(f"job plan: missing field {missing[0]!r}")
+        for name in JOB_PLAN_FIELDS:
+            if not _plan_value_fits(JobPlan.__dataclass_fields__[name].type, document[name]):
+                raise UsageError(f"job plan: {name}: expected {JobPlan.__dataclass_fields__[name].type}, "
+                                 f"got {type(document[name]).__name__}")
+        fields = {name: document[name] for name in JOB_PLAN_FIELDS}
+        fields["sbatch_options"] = tuple(SbatchOption(*option) for option in document["sbatch_options"])
+        fields["environment"] = tuple(EnvSetting(*setting) for setting in document["environment"])
+        fields["program"], fields["command"] = tuple(fields["program"]), tuple(fields["command"])
         return cls(**fields)
 
 
 PLAN_FORMAT = 1
 JOB_PLAN_FIELDS = tuple(JobPlan.__dataclass_fields__)
+# the plan's JSON for each field's type (the annotations are strings: `from __future__ import annotations`)
+_PLAIN = {"str": (str,), "bool": (bool,), "int": (int,), "tuple[str, ...]": None}
+_ROWS = {"tuple[SbatchOption, ...]": ((str,), (str, type(None))),
+         "tuple[EnvSetting, ...]": ((str,), (str,), (str,), (bool,))}
+
+
+def _plan_value_fits(hint: str, value: object) -> bool:
+    """Whether `value` is what `to_document` writes for a field of type `hint` (exact types: a
+    bool is not an int)."""
+    if hint == "tuple[str, ...]":
+        return isinstance(value, (list, tuple)) and all(type(item) is str for item in value)
+    if hint in _PLAIN:
+        return type(value) in _PLAIN[hint] and (hint != "int" or 0 <= value <= 1 << 31)   # type: ignore[operator]
+    row = _ROWS[hint]
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(item, (list, tuple)) and len(item) == len(row) and all(type(part) in kinds for part, kinds in zip(item, row))
+        for item in value)
 
 
 def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, node_python: str,
@@ -173,6 +196,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
         raise UsageError(f"--retries must be 0 or more, got {retries}")
     # The site's launch.signal was checked when the site loaded, and is blamed on that key there.
     signal = site.launch.signal if request.signal is None else check_signal(request.signal)
+    checkpoints = site.launch.checkpoints if request.checkpoints is None else check_checkpoints(request.checkpoints)
 
     script = request.program[0]
     python = site.launch.python or node_python
@@ -182,7 +206,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
         nodes=request.nodes, spare=request.spare,
         min_nodes=request.nodes if request.min_nodes is None else request.min_nodes,
         gpus_per_node=gpus, tasks_per_node=max(gpus, 1), bind=gpus > 0, rank_output=site.launch.rank_output,
-        release_unused=site.launch.release_unused, retries=retries, signal=signal,
+        release_unused=site.launch.release_unused, retries=retries, signal=signal, checkpoints=checkpoints,
         job_name=job_name,
         sbatch_options=sbatch_options(site, partition_name, request.nodes + request.spare, gpus,
                                       max(gpus, 1), job_name, time_limit)
@@ -210,6 +234,20 @@ def _check_counts(request: SubmitRequest, part: PartitionConfig, partition_name:
     if gpus is not None and not 0 <= gpus <= part.gpus_per_node:
         raise UsageError(f"--gpus-per-node must be between 0 and {part.gpus_per_node} "
                          f"(partition {partition_name}), got {gpus}")
+
+
+def check_checkpoints(value: str) -> str:
+    """--checkpoints: a path or glob (relative to the submit directory) that a command line can carry."""
+    try:
+        text = check_text(value)
+    except InvalidValue as exc:
+        raise UsageError(f"--checkpoints: {exc}") from None
+    if len(text) > CHECKPOINTS_MAX_CHARS:
+        raise UsageError(f"--checkpoints: longer than {CHECKPOINTS_MAX_CHARS} characters")
+    return text
+
+
+CHECKPOINTS_MAX_CHARS = 4096   # PATH_MAX
 
 
 def check_signal(value: str) -> str:

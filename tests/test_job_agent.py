@@ -20,7 +20,8 @@ from support.replay import LIBRARY, swap_replay, write_replay
 from trainctl.health.status import CheckResult, Status
 from trainctl.job.agent import (NO_PIPE, NO_READER, ChecksState, Problem, RankProgress, ask_flight_recorder,
                                 await_flight_recorder_dumps, dump_stacks, flight_recorder_text, fold, judge_run,
-                                node_file, run_failed, stacks_text)
+                                node_reading, run_failed, stacks_text)
+from trainctl.job.jobdir import node_file_json, parse_node_file
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
@@ -41,7 +42,7 @@ def test_steps_are_the_reported_total_and_durations_are_summed():
     ranks = fold({}, report(steps=3, window_steps=3, window_seconds=1.5, compute=0.3, t=10.0))
     ranks = fold(ranks, report(steps=5, window_steps=2, window_seconds=1.0, compute=0.2, t=11.0))
     ranks = fold(ranks, report(rank=1, pid=200, steps=4, window_seconds=2.0, compute=0.0, t=11.5))
-    assert ranks[0] == RankProgress(pid=100, steps=5, step_seconds=2.5, compute_seconds=pytest.approx(0.5),
+    assert ranks[0] == RankProgress(0, pid=100, steps=5, step_seconds=2.5, compute_seconds=pytest.approx(0.5),
                                     last_step_t=11.0, checkpoint_step=None)
     assert ranks[1].steps == 4 and ranks[1].pid == 200
 
@@ -51,16 +52,17 @@ def test_a_checkpoint_report_keeps_the_step_and_a_later_report_without_one_keeps
     ranks = fold(ranks, report(steps=50, window_steps=0, window_seconds=0.0, compute=0.0, t=20.0, checkpoint=50))
     ranks = fold(ranks, report(steps=51, t=21.0))
     assert (ranks[0].checkpoint_step, ranks[0].steps, ranks[0].last_step_t) == (50, 51, 21.0)
+    assert ranks[0].checkpoint_t == 20.0     # when the agent heard of the save: the supervisor's checkpoint seen
 
 
 def test_a_new_pid_for_a_rank_is_a_restarted_process_whose_counts_start_again():
     ranks = fold({}, report(pid=100, steps=80, window_seconds=40.0, checkpoint=80))
     ranks = fold(ranks, report(pid=300, steps=2, window_seconds=1.0))
-    assert ranks[0] == RankProgress(pid=300, steps=2, step_seconds=1.0, compute_seconds=0.1, last_step_t=1000.0)
+    assert ranks[0] == RankProgress(0, pid=300, steps=2, step_seconds=1.0, compute_seconds=0.1, last_step_t=1000.0)
 
 
 def test_a_rank_with_no_step_yet_has_no_last_step_time():
-    assert fold({}, report(steps=0, window_steps=0))[0].last_step_t is None
+    assert fold({}, report(steps=0, window_steps=0))[0].last_step_t == 0.0
 
 
 # ---------------------------------------------------------------- judging check runs
@@ -124,19 +126,22 @@ def test_a_run_that_broke_makes_its_checks_unknown_and_keeps_what_failed_before(
 
 # ---------------------------------------------------------------- the node file and the stacks file
 
-def test_the_node_file_is_the_designs_document():
-    ranks = {1: RankProgress(pid=7, steps=3, step_seconds=1.5, compute_seconds=0.2, last_step_t=5.0,
-                             checkpoint_step=2), 0: RankProgress(pid=6)}
+def test_the_node_file_is_the_designs_document_and_the_supervisor_reads_back_what_the_agent_wrote():
+    ranks = {1: RankProgress(1, pid=7, steps=3, step_seconds=1.5, compute_seconds=0.2, last_step_t=5.0,
+                             checkpoint_step=2, checkpoint_t=4.5), 0: RankProgress(0, pid=6)}
     checks = ChecksState(runs=2, t=9.0, failed=(Problem("gpu.xid", "Xid 79"),), unknown=(Problem("gpu.ecc", "?"),))
-    assert node_file("node2", 10.0, 1.0, ranks, checks) == {
+    reading = node_reading("node2", 10.0, 1.0, ranks, checks)
+    assert node_file_json(reading) == {
         "format": 1, "node": "node2", "t": 10.0, "started_t": 1.0,
         "ranks": {"0": {"pid": 6, "steps": 0, "step_seconds": 0.0, "compute_seconds": 0.0, "last_step_t": None,
-                        "checkpoint_step": None},
+                        "checkpoint_step": None, "checkpoint_t": None},
                   "1": {"pid": 7, "steps": 3, "step_seconds": 1.5, "compute_seconds": 0.2, "last_step_t": 5.0,
-                        "checkpoint_step": 2}},
+                        "checkpoint_step": 2, "checkpoint_t": 4.5}},
         "checks": {"t": 9.0, "runs": 2, "failed": [{"check": "gpu.xid", "reason": "Xid 79"}],
                    "unknown": [{"check": "gpu.ecc", "reason": "?"}]}}
-    assert json.loads(json.dumps(node_file("n", 1.0, 1.0, {}, ChecksState())))["checks"]["t"] is None
+    assert parse_node_file(json.dumps(node_file_json(reading))) == reading   # one schema, both ends
+    empty = node_file_json(node_reading("n", 1.0, 1.0, {}, ChecksState()))
+    assert json.loads(json.dumps(empty))["checks"]["t"] is None
 
 
 def test_the_stacks_file_names_each_rank_and_says_when_there_is_none():

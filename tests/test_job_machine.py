@@ -9,7 +9,7 @@ import pytest
 
 from trainctl.job import machine
 from trainctl.job.goodput import goodput
-from trainctl.job.journal import Journal, parse_journal
+from trainctl.job.jobdir import Journal, parse_journal
 from trainctl.job.watch import Detection, NodeReading, RankProgress, WatchLimits
 from trainctl.launcher.plan import JobPlan, SubmitRequest, plan_job
 from trainctl.site import load_site

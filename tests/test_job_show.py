@@ -145,9 +145,13 @@ def test_job_show_points_at_the_rank_that_hung_here_and_over_ssh(devcluster, tmp
     assert data["decision"]["chosen"] == ["node1", "node2", "node3", "node4"]
 
 
-def test_a_file_that_cannot_be_read_is_one_error_line_not_a_crash(tmp_path):
-    with pytest.raises(ExternalCommandError, match=f"cannot read {tmp_path}: Is a directory"):
-        LocalFiles().read(str(tmp_path), 100)
+def test_a_directory_in_a_files_place_reads_as_no_file_and_an_unreadable_file_is_one_error_line(tmp_path):
+    (tmp_path / "decision.json").mkdir()
+    assert LocalFiles().read(str(tmp_path / "decision.json"), 100) is None
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert LocalFiles().read(str(tmp_path / "loop"), 100) is None
+    with pytest.raises(ExternalCommandError, match="cannot list"):
+        LocalFiles().listdir(str(tmp_path / "loop"))
 
 
 def test_job_show_follows_the_attempts_of_a_retried_job(tmp_path):
@@ -161,7 +165,8 @@ def test_job_show_follows_the_attempts_of_a_retried_job(tmp_path):
              "phase": "step", "status": 1, "retry": True, "reason": "a node was lost during training",
              "bad_nodes": {"node3": "Slurm state down*"}, "exclude": ["node3"], "successor": "8", "error": None}
     (first / "retry.json").write_text(json.dumps(retry))
-    (second / "attempt.json").write_text(json.dumps({"job_id": "8", "attempt": 2, "previous_job": "7"}))
+    (second / "attempt.json").write_text(json.dumps({"job_id": "8", "attempt": 2, "retries": 1, "previous_job": "7",
+                                                     "excluded": ["node3"]}))
     for gate_dir, job_id in ((first, "7"), (second, "8")):
         chain = collect_chain(LocalFiles(), str(gate_dir), job_id)
         assert [link["job_id"] for link in chain] == ["7", "8"]
@@ -180,8 +185,10 @@ def test_job_show_prints_the_chains_timeline_and_goodput_from_the_journals(tmp_p
     first.mkdir()
     second.mkdir()
     (first / "retry.json").write_text(json.dumps({"job_id": "7", "attempt": 1, "retries": 1, "reason": "lost",
-                                                  "bad_nodes": {}, "exclude": [], "successor": "8", "retry": True}))
-    (second / "attempt.json").write_text(json.dumps({"job_id": "8", "attempt": 2, "previous_job": "7"}))
+                                                  "phase": "step", "status": 1, "bad_nodes": {}, "exclude": [],
+                                                  "successor": "8", "retry": True}))
+    (second / "attempt.json").write_text(json.dumps({"job_id": "8", "attempt": 2, "retries": 1, "previous_job": "7",
+                                                     "excluded": ["node3"]}))
 
     def journal(directory, events):
         (directory / "journal.jsonl").write_text("".join(json.dumps({"t": t, "event": e, **f}) + "\n"

@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from trainctl.errors import UsageError
+from trainctl.job.decision import Decision
 from trainctl.launcher.plan import JobPlan, SubmitRequest, check_signal, plan_job
 from trainctl.launcher.render import render_script
 from trainctl.job.retry import (Attempt, Evidence, attempt_from_environment, decide_retry, gate_bad_nodes,
@@ -66,9 +67,12 @@ def test_success_is_never_retried():
 
 
 def test_too_few_healthy_nodes_in_the_gate_retries_without_the_excluded_ones():
-    decision_json = {"ok": False, "excluded": [{"host": "node2", "reasons": ["nvlink.links: NVLink 3 inactive"]},
-                                              {"host": "node4", "reasons": ["lost during the gate"]}]}
-    evidence = Evidence("gate", 2, ("node1", "node2", "node3", "node4"), gate_bad_nodes(decision_json))
+    decision_json = {"ok": False, "allocated": ["node1", "node2", "node3", "node4"], "healthy": ["node1", "node3"],
+                     "chosen": [], "wanted": 3, "minimum": 3, "warnings": [], "unknown": [],
+                     "excluded": [{"host": "node2", "reasons": ["nvlink.links: NVLink 3 inactive"]},
+                                  {"host": "node4", "reasons": ["lost during the gate"]}]}
+    evidence = Evidence("gate", 2, ("node1", "node2", "node3", "node4"),
+                        gate_bad_nodes(Decision.from_json(decision_json)))
     decision = decide_retry(FIRST, evidence)
     assert decision.retry and decision.exclude == ("node2", "node4")
     assert decision.bad_nodes["node2"] == "nvlink.links: NVLink 3 inactive"

@@ -20,7 +20,7 @@ import pytest
 from support.replay import write_replay
 from support.slurm_jobs import job_output, submit, wait_for_job
 from trainctl.devcluster import faults
-from trainctl.job.journal import parse_journal
+from trainctl.job.jobdir import parse_journal
 from trainctl.slurm import expand_hostlist
 
 pytestmark = pytest.mark.cluster

@@ -41,7 +41,7 @@ from support.slurm_jobs import submit, wait_for_job
 from trainctl.devcluster import faults
 from support.replay import swap_replay, write_replay
 from trainctl.job.goodput import goodput
-from trainctl.job.journal import parse_journal
+from trainctl.job.jobdir import parse_journal
 from trainctl.slurm import expand_hostlist
 
 pytestmark = pytest.mark.cluster

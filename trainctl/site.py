@@ -166,6 +166,11 @@ class LaunchConfig:
     signal: str = doc(
         "default for submit --signal, [R:]SIG[@SECONDS]: Slurm sends SIG to the job's steps SECONDS before "
         "its time limit (#SBATCH --signal), so the program can checkpoint; empty: none", "")
+    checkpoints: str = doc(
+        "default for submit --checkpoints: the program's own checkpoint files, a path or glob relative to the "
+        "submit directory (e.g. 'snapshot.pt', 'checkpoints/*.ckpt'); a regular file written after the "
+        "training step started is a checkpoint seen, for goodput and lost work (`trainctl job show`); "
+        "empty: only $TRAINCTL_CHECKPOINT_FILE and progress.checkpoint() count", "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,7 +199,7 @@ class WatchConfig:
     hang_steps: float = doc("the hang timeout in steps of the job's own baseline step time, when longer "
                             "than hang_floor_s", 20.0)
     agent_silence_s: float = doc("a node agent whose file is older than this is silent (its node hung, "
-                                 "when the job stalls too)", 60.0)
+                                 "when the job stalls too); more than agent_write_s + poll_s", 60.0)
     checkpoint_wait_s: float = doc("after a slowdown or a sick node, how long the ranks get to checkpoint "
                                    "(launch.signal) before the step ends", 120.0)
     dump_wait_s: float = doc("after a hang, how long the agents get to record every rank's stack "
@@ -354,10 +359,24 @@ def load_site(name_or_file: str, dirs: list[Path] | None = None) -> LoadedSite:
         check_slurm_signal(config.launch.signal)
     except InvalidValue as exc:
         raise ConfigError(f"{path}: launch.signal = {config.launch.signal!r}: {exc}") from None
+    contradiction = contradicting_keys(config)
+    if contradiction:
+        raise ConfigError(f"{path}: {contradiction}")
     if config.default_partition not in config.partitions:
         raise ConfigError(f"{path}: default_partition = {config.default_partition!r} is not among "
                           f"[partitions.*]: {', '.join(sorted(config.partitions))}")
     return LoadedSite(config=config, path=path, explicit_keys=frozenset(explicit))
+
+
+def contradicting_keys(config: SiteConfig) -> str | None:
+    """Keys whose values, each in range, cannot hold together; why, or None."""
+    watch = config.watch
+    if watch.agent_silence_s <= watch.agent_write_s + watch.poll_s:
+        # a healthy agent's file is up to agent_write_s old, and read up to poll_s later
+        return (f"watch.agent_silence_s = {watch.agent_silence_s:g} must be more than watch.agent_write_s "
+                f"({watch.agent_write_s:g}) + watch.poll_s ({watch.poll_s:g}): a healthy node's agent would "
+                "read as silent")
+    return None
 
 
 def partition(site: SiteConfig, name: str | None) -> tuple[str, PartitionConfig]:

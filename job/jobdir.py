@@ -1,0 +1,851 @@
+"""The job directory, `trainctl-gate-<jobid>/` in the submit directory: every name in it, and a
+typed reader and writer for each file the job's own parts hand to each other.
+
+Who writes what is `LAYOUT` (the docs' table of the directory is generated from it). The files
+read back here come from programs, nodes and users that trainctl does not trust, so every
+reader here:
+
+- opens only regular files, and never blocks: a FIFO, a device or a directory in a file's place
+  reads as missing (the file is looked at with stat first, opened with O_NONBLOCK, and checked
+  again with fstat);
+- follows no symlink that leads out of the job directory (a rank log linked to /etc/shadow, read
+  by root running `job show` on a user's directory);
+- reads a bounded number of bytes, except the journal, which is streamed whole (a job of
+  thousands of nodes writes megabytes of it; its end says whether the job ended);
+- turns bad content into None ("unknown") or a skipped line, never an exception: NaN, Infinity,
+  numbers no clock or counter reaches, wrong types and deep nesting included.
+
+The journal (`read_journal`) is public: it is how anything outside the supervisor (`job show`,
+a fleet's history) reads a job's events. Each event is a dict with a finite `t` (Unix time), an
+`event` (a `Kind` for the kinds trainctl writes; another string for a kind this version does not
+know) and that kind's fields, each of the type `EVENT_FIELDS` gives; a field of another type
+is dropped, and every number is finite and within +-1e15.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import os
+import re
+import stat
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from trainctl.job.decision import Decision
+from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
+
+# ---------------------------------------------------------------- names
+
+DIR_PREFIX = "trainctl-gate-"            # + the job id, in the submit directory
+DECISION = "decision.json"
+REPORT = "report.txt"
+JOURNAL = "journal.jsonl"
+RETRY = "retry.json"
+ATTEMPT = "attempt.json"
+CHECKPOINT_MARKER = "checkpoint.seen"   # written by the program, named by CHECKPOINT_ENV
+CHECKPOINT_ENV = "TRAINCTL_CHECKPOINT_FILE"
+WATCH = "watch"
+ROUNDS = "rounds"
+NODE_REPORTS = "nodes"                  # the gate's per-node reports
+SNAPSHOTS = "snapshots"
+COMPUTE = "compute"
+FABRIC = "fabric.json"
+GATE_STEP_STATUS = "gate-step.status"
+BATCH_HOST_BEAT = "batch-host.beat"
+SENTINEL_LOG = "sentinel.log"
+DUMP_REQUEST = "dump-request"           # in watch/: holds a token; each agent answers with dump-done-<node>
+PROBE_PREFIX = "alive-"                 # the retry's probe step: alive-<node>.out
+# what a gate round writes; moved to rounds/<n>/ before the gate runs again
+GATE_ROUND_FILES = (NODE_REPORTS, SNAPSHOTS, COMPUTE, FABRIC, DECISION, REPORT, GATE_STEP_STATUS)
+
+
+def dir_name(job_id: str) -> str:
+    return f"{DIR_PREFIX}{job_id}"
+
+
+def node_file_name(node: str) -> str:
+    return f"{node}.json"
+
+
+def stacks_file(node: str) -> str:
+    return f"stacks-{node}.txt"
+
+
+def dump_done_file(node: str) -> str:
+    return f"dump-done-{node}"
+
+
+def gate_log(node: str) -> str:
+    return f"node-{node}.log"
+
+
+def rank_log(node: str, rank: int | str) -> str:
+    return f"rank-{node}-{rank}.out"
+
+
+RANK_LOG_RE = re.compile(r"rank-(?P<node>.+)-(?P<rank>\d+)\.out")   # rank_log's names, read back
+# srun --output patterns (%N: the node's name, srun(1) filename pattern)
+GATE_LOG_PATTERN = gate_log("%N")
+AGENT_LOG_PATTERN = f"{WATCH}/agent-%N.log"
+SENTINEL_OUT = "sentinel.out"
+RESIZE_SCRIPT_MAX_BYTES = 1 << 20
+
+
+def resize_script(job_id: str) -> str:
+    """What `scontrol update NodeList=` writes in the current directory (scontrol(1), NodeList)."""
+    return f"slurm_job_{job_id}_resize.sh"
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Where each file of one job's directory is."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, submit_dir: str | os.PathLike, job_id: str) -> JobPaths:
+        return cls(Path(submit_dir) / dir_name(job_id))
+
+    def sibling(self, job_id: str) -> JobPaths:
+        """Another job's directory in the same submit directory (the attempts of one --retries job)."""
+        return JobPaths(self.root.parent / dir_name(job_id))
+
+    @property
+    def decision(self) -> Path:
+        return self.root / DECISION
+
+    @property
+    def report(self) -> Path:
+        return self.root / REPORT
+
+    @property
+    def journal(self) -> Path:
+        return self.root / JOURNAL
+
+    @property
+    def retry(self) -> Path:
+        return self.root / RETRY
+
+    @property
+    def attempt(self) -> Path:
+        return self.root / ATTEMPT
+
+    @property
+    def checkpoint_marker(self) -> Path:
+        return self.root / CHECKPOINT_MARKER
+
+    @property
+    def gate_step_status(self) -> Path:
+        return self.root / GATE_STEP_STATUS
+
+    @property
+    def watch(self) -> Path:
+        return self.root / WATCH
+
+    def node_file(self, node: str) -> Path:
+        return self.watch / node_file_name(node)
+
+    def round(self, number: int) -> Path:
+        return self.root / ROUNDS / str(number)
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    written_by: str
+    what: str
+
+
+LAYOUT = (
+    Entry(f"{REPORT}, {DECISION}", "`gate decide`", "the decision: healthy and excluded nodes with reasons, "
+          "fabric and compute figures, drains, the chosen nodes"),
+    Entry(gate_log("<node>"), "the gate step", "each node's gate output"),
+    Entry(f"{NODE_REPORTS}/<node>.json, {NODE_REPORTS}/<node>.final", "the gate step",
+          "each node's checks; final once its counters were judged after the fabric test"),
+    Entry(f"{SNAPSHOTS}/<node>/, {SNAPSHOTS}/<node>.after-fabric/", "the gate step",
+          "each node's snapshot ([Snapshot layout](reference/snapshot.md))"),
+    Entry(f"{FABRIC}, {COMPUTE}/<node>.json", "the gate step", "the fabric test's report, each node's compute figures"),
+    Entry(f"{GATE_STEP_STATUS}, {BATCH_HOST_BEAT}, {SENTINEL_LOG}, {SENTINEL_OUT}",
+          "the supervisor, the job script, the sentinel",
+          "the gate step's exit, the batch host's heartbeat, the sentinel's log and output"),
+    Entry(resize_script("<jobid>"), "`scontrol update`", "after the release: the job's new node list, "
+          "read as words by the supervisor (never run)"),
+    Entry(JOURNAL, "the supervisor", "every event of the job, one JSON object a line (`trainctl job show` "
+          "reads its timeline and goodput from it)"),
+    Entry(f"{WATCH}/<node>.json, {WATCH}/agent-<node>.log", "each node's agent", "its ranks' progress (steps, "
+          "step and compute time, checkpoints reported with `trainctl.progress`) and its checks that newly "
+          "fail; its output"),
+    Entry(f"{WATCH}/{DUMP_REQUEST}, {WATCH}/{dump_done_file('<node>')}, {WATCH}/{stacks_file('<node>')}",
+          "the supervisor, each node's agent", "after a hang: the request for every rank's stack, "
+          "and each node's answer"),
+    Entry(f"{ROUNDS}/<n>/", "the supervisor", "an earlier gate round's files and the watch's evidence from "
+          "the training after it, moved aside before the gate runs again"),
+    Entry(CHECKPOINT_MARKER, "the program", f"written after each checkpoint, at ${CHECKPOINT_ENV}: "
+          "its mtime is the save's time, its first line a note"),
+    Entry(f"{rank_log('<node>', '<rank>')}, {FLIGHT_RECORDER_PREFIX}<rank>", "the training step",  # type: ignore[arg-type]
+          "the training ranks' output and flight-recorder dumps"),
+    Entry(f"{RETRY}, {ATTEMPT}, {PROBE_PREFIX}<node>.out", "the supervisor",
+          "with `--retries` ([Submitting jobs](submit.md#requeue-around-bad-nodes))"),
+)
+
+
+def layout_table() -> str:
+    """The Markdown table of the directory, for the docs."""
+    rows = ["| file | written by | what |", "|---|---|---|"]
+    rows += [f"| {', '.join(f'`{part}`' for part in entry.name.split(', '))} | {entry.written_by} | {entry.what} |"
+             for entry in LAYOUT]
+    return "\n".join(rows) + "\n"
+
+
+# ---------------------------------------------------------------- reading without trust
+
+JSON_MAX_BYTES = 4 << 20                # decision.json of thousands of nodes, retry.json
+NODE_FILE_MAX_BYTES = 1 << 20           # a node file with thousands of ranks is still far below
+JOURNAL_LINE_MAX_BYTES = 1 << 20        # one event; a longer line is skipped, never cut
+NUMBER_LIMIT = 1e15                     # beyond any clock (Unix seconds), step count or duration
+MAX_DEPTH = 16                          # of a value inside an event
+
+
+def inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether `path`, symlinks resolved, lies in `root` (symlinks resolved)."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip("/") + "/")
+
+
+def open_regular(path: str | os.PathLike, root: str | os.PathLike | None = None) -> int | None:
+    """A read-only descriptor of `path` when it is a regular file (inside `root`, when given);
+    None when it is missing or anything else. It never blocks: a FIFO is never opened, and the
+    open is non-blocking for one swapped in meanwhile. Other errors (EACCES) are raised."""
+    try:
+        found = os.lstat(path)
+        if stat.S_ISLNK(found.st_mode):
+            if root is not None and not inside(path, root):
+                return None
+            found = os.stat(path)
+        elif root is not None and os.path.dirname(path) != str(root).rstrip("/") and not inside(path, root):
+            return None    # a folder on the way may be a link (a plain file right in `root` is cheap to tell)
+        if not stat.S_ISREG(found.st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno in (40, 6):    # ELOOP, ENXIO
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_bytes(path: str | os.PathLike, cap: int, *, root: str | os.PathLike | None = None,
+               tail: bool = False) -> bytes | None:
+    """At most `cap` bytes of a regular file (its last ones with `tail`); None: no such file."""
+    fd = open_regular(path, root)
+    if fd is None:
+        return None
+    try:
+        if tail:
+            os.lseek(fd, max(0, os.fstat(fd).st_size - cap), os.SEEK_SET)
+        chunks, left = [], cap
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _quietly(read, *args, **kwargs):
+    """A reader for the job's own parts: an unreadable file is a missing one."""
+    try:
+        return read(*args, **kwargs)
+    except OSError:
+        return None
+
+
+def _reject_constant(name: str) -> None:
+    return None    # NaN, Infinity and -Infinity read as null
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(text: str | bytes, *, strict: bool = False) -> Any:
+    """JSON as the job's files hold it: NaN and Infinity read as null (with `strict`, as not JSON);
+    ValueError for anything that is not JSON (nesting too deep included)."""
+    try:
+        # a number too large for a float (1e400) reads as inf: `number` and `clean` refuse it
+        return json.loads(text, parse_constant=_refuse_constant if strict else _reject_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def number(value: Any) -> float | None:
+    """`value` when it is a number within NUMBER_LIMIT (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if abs(value) <= NUMBER_LIMIT else None
+
+
+def integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and number(value) is not None else None
+
+
+def clean(value: Any, depth: int = 0) -> Any:
+    """`value` with numbers out of range and anything nested past MAX_DEPTH as None."""
+    if isinstance(value, dict):
+        return None if depth >= MAX_DEPTH else {str(k): clean(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return None if depth >= MAX_DEPTH else [clean(v, depth + 1) for v in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return number(value)
+    return value
+
+
+def read_json(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None) -> dict | None:
+    """A JSON object from a file, or None: missing, not a regular file, unreadable, cut at `cap`,
+    not JSON or not an object."""
+    data = _quietly(read_bytes, path, cap + 1, root=root)
+    if data is None or len(data) > cap:
+        return None
+    try:
+        document = loads(data)
+    except ValueError:
+        return None
+    return clean(document) if isinstance(document, dict) else None
+
+
+def write_json(path: str | os.PathLike, data: Mapping) -> None:
+    from trainctl.files import write_atomically
+
+    write_atomically(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
+
+
+# ---------------------------------------------------------------- the decision
+
+def read_decision(paths: JobPaths) -> Decision | None:
+    """`gate decide`'s decision.json; None when there is none, or it is not one."""
+    document = read_json(paths.decision, root=paths.root)
+    return decision_from_json(document)
+
+
+def decision_from_json(document: Any) -> Decision | None:
+    try:
+        return Decision.from_json(document)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+# ---------------------------------------------------------------- retry.json, attempt.json
+
+@dataclass(frozen=True)
+class RetryRecord:
+    """What a failed attempt decided about its successor (retry.json)."""
+
+    job_id: str
+    attempt: int
+    retries: int
+    phase: str                               # "gate" or "step"
+    status: int
+    retry: bool
+    reason: str
+    bad_nodes: Mapping[str, str] = field(default_factory=dict)
+    exclude: tuple[str, ...] = ()
+    successor: str | None = None
+    error: str | None = None
+    previous_job: str | None = None
+    excluded_before: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "attempt": self.attempt, "retries": self.retries,
+                "previous_job": self.previous_job, "excluded_before": list(self.excluded_before),
+                "phase": self.phase, "status": self.status, "retry": self.retry, "reason": self.reason,
+                "bad_nodes": dict(self.bad_nodes), "exclude": list(self.exclude), "successor": self.successor,
+                "error": self.error}
+
+    @classmethod
+    def from_json(cls, data: Any) -> RetryRecord:
+        """ValueError unless `data` is a retry record."""
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        attempt, retries, status = integer(data.get("attempt")), integer(data.get("retries")), integer(data.get("status"))
+        bad = data.get("bad_nodes") or {}
+        if (None in (attempt, retries, status) or not isinstance(data.get("retry"), bool)
+                or not _strings(data.get("job_id"), data.get("reason"), data.get("phase"))
+                or not isinstance(bad, dict) or not _strings(*bad, *bad.values())
+                or not _string_list(data.get("exclude") or []) or not _string_list(data.get("excluded_before") or [])
+                or not all(data.get(key) is None or isinstance(data.get(key), str)
+                           for key in ("successor", "error", "previous_job"))):
+            raise ValueError("not a retry record")
+        return cls(data["job_id"], attempt, retries, data["phase"], status, data["retry"], data["reason"],
+                   dict(bad), tuple(data.get("exclude") or ()), data.get("successor"), data.get("error"),
+                   data.get("previous_job"), tuple(data.get("excluded_before") or ()))
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """A successor's place in the chain (attempt.json, written by its predecessor)."""
+
+    job_id: str
+    attempt: int
+    retries: int
+    previous_job: str
+    excluded: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "attempt": self.attempt, "retries": self.retries,
+                "previous_job": self.previous_job, "excluded": list(self.excluded)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> AttemptRecord:
+        if (not isinstance(data, dict) or not _strings(data.get("job_id"), data.get("previous_job"))
+                or integer(data.get("attempt")) is None or integer(data.get("retries")) is None
+                or not _string_list(data.get("excluded") or [])):
+            raise ValueError("not an attempt record")
+        return cls(data["job_id"], data["attempt"], data["retries"], data["previous_job"],
+                   tuple(data.get("excluded") or ()))
+
+
+def _strings(*values: Any) -> bool:
+    return all(isinstance(value, str) for value in values)
+
+
+def _string_list(value: Any) -> bool:
+    return isinstance(value, list) and _strings(*value)
+
+
+def read_retry(paths: JobPaths) -> RetryRecord | None:
+    try:
+        return RetryRecord.from_json(read_json(paths.retry, root=paths.root))
+    except ValueError:
+        return None
+
+
+def read_attempt(paths: JobPaths) -> AttemptRecord | None:
+    try:
+        return AttemptRecord.from_json(read_json(paths.attempt, root=paths.root))
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- the journal
+
+class Kind(str, Enum):
+    """The journal's event kinds, each with what `job show` says of it."""
+
+    def __new__(cls, value: str, description: str):
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.description = description   # type: ignore[attr-defined]
+        return member
+
+    def __str__(self) -> str:
+        return self.value
+
+    JOB_START = "job_start", "job started"
+    SUBMITTED = "submitted", "submitted to Slurm"
+    GATE_START = "gate_start", "gate started"
+    NODE_VERDICT = "node_verdict", "node verdict"
+    GATE_END = "gate_end", "gate ended"
+    CONFIRMATION = "confirmation", "watch: what the gate after a detection named"
+    DRAIN = "drain", "watch: drained a node it named (the site's gate.drain_on)"
+    RELEASED = "released", "released unused nodes"
+    TRAINING_START = "training_start", "training step started"
+    FIRST_STEP = "first_step", "first step reported"
+    CHECKPOINT = "checkpoint", "checkpoint seen"
+    DETECTION = "detection", "watch: detection"
+    AGENT_SILENT = "agent_silent", "watch: node agent silent"
+    STACKS = "stacks", "watch: every rank's stack recorded"
+    CHECKPOINT_REQUEST = "checkpoint_request", "watch: asked the ranks to checkpoint"
+    STEP_END = "step_end", "training step ended"
+    RETRY = "retry", "retry"
+    JOB_END = "job_end", "job ended"
+
+
+# Each kind's fields and their types: "str", "int", "time" (a number), "strs" (a list of
+# strings), "names" (an object of strings), "object", "any". A field of another type is dropped.
+EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
+    Kind.JOB_START: {"job": "str", "site": "str", "attempt": "any", "nodes": "strs", "batch_host": "str", "slurm": "str"},
+    Kind.SUBMITTED: {"submitted_t": "time"},
+    Kind.GATE_START: {"nodes": "strs", "evidence": "str"},
+    Kind.NODE_VERDICT: {"node": "str", "verdict": "str", "reasons": "strs"},
+    Kind.GATE_END: {"status": "int", "why": "str", "chosen": "strs", "master_addr": "str"},
+    Kind.CONFIRMATION: {"kind": "str", "named": "names", "checked": "strs", "note": "str"},
+    Kind.DRAIN: {"node": "str", "outcome": "str", "reason": "str"},
+    Kind.RELEASED: {"holds": "str"},
+    Kind.TRAINING_START: {"nodes": "str", "master_addr": "str", "restart": "int"},
+    Kind.FIRST_STEP: {"steps": "int"},
+    Kind.CHECKPOINT: {"checkpoint_t": "time", "note": "str", "source": "str"},
+    Kind.DETECTION: {"kind": "str", "suspects": "strs", "evidence": "str", "details": "object"},
+    Kind.AGENT_SILENT: {"node": "str", "note": "str"},
+    Kind.STACKS: {"files": "names"},
+    Kind.CHECKPOINT_REQUEST: {"signal": "any", "saved": "any"},
+    Kind.STEP_END: {"status": "int", "cause": "str", "training_start_t": "time", "last_checkpoint_t": "time"},
+    Kind.RETRY: {"retry": "any", "reason": "str", "successor": "str", "bad_nodes": "strs", "exclude": "strs"},
+    Kind.JOB_END: {"status": "int", "cause": "str"},
+}
+KINDS = {kind.value: kind for kind in Kind}
+
+
+def _typed(tag: str, value: Any) -> bool:
+    if tag == "str":
+        return isinstance(value, str)
+    if tag == "int":
+        return integer(value) is not None
+    if tag == "time":
+        return number(value) is not None
+    if tag == "strs":
+        return _string_list(value)
+    if tag == "names":
+        return isinstance(value, dict) and _strings(*value.values())
+    if tag == "object":
+        return isinstance(value, dict)
+    return True
+
+
+def parse_event(line: str | bytes) -> dict | None:
+    """One journal line as an event, or None: torn, foreign, or without a finite time and a kind."""
+    try:
+        entry = loads(line)
+    except ValueError:
+        return None
+    if not isinstance(entry, dict) or number(entry.get("t")) is None or not isinstance(entry.get("event"), str):
+        return None
+    entry = clean(entry)
+    kind = KINDS.get(entry["event"], entry["event"])
+    types = EVENT_FIELDS.get(kind, {})     # type: ignore[call-overload]
+    event = {"t": float(entry["t"]), "event": kind}
+    event.update((key, value) for key, value in entry.items()
+                 if key not in ("t", "event") and (key not in types or _typed(types[key], value)))
+    return event
+
+
+def parse_journal(text: str | bytes) -> list[dict]:
+    """The events of a journal's text, in order; a torn or foreign line is skipped, and so is one
+    longer than JOURNAL_LINE_MAX_BYTES (no event of trainctl's is)."""
+    lines = text.splitlines() if isinstance(text, str) else text.split(b"\n")
+    return [event for event in map(parse_event, (line for line in lines if len(line) <= JOURNAL_LINE_MAX_BYTES))
+            if event is not None]
+
+
+def iter_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Iterator[dict]:
+    """Stream a journal's events, the whole file, in order (None of it: no journal). A line
+    longer than JOURNAL_LINE_MAX_BYTES is skipped whole. OSError where it cannot be read."""
+    fd = open_regular(path, root)
+    if fd is None:
+        return
+    with os.fdopen(fd, "rb") as handle:
+        while line := handle.readline(JOURNAL_LINE_MAX_BYTES + 1):
+            if len(line) > JOURNAL_LINE_MAX_BYTES and not line.endswith(b"\n"):
+                while (rest := handle.readline(JOURNAL_LINE_MAX_BYTES)) and not rest.endswith(b"\n"):
+                    pass
+                continue
+            event = parse_event(line)
+            if event is not None:
+                yield event
+
+
+def read_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> list[dict]:
+    """Every event of a journal (see the module's docstring for their shape); [] without one."""
+    return list(iter_journal(path, root))
+
+
+def job_ended(events: Iterable[Mapping]) -> bool:
+    """Whether the job's journal holds its end (else it still runs, or died unrecorded)."""
+    return any(event["event"] == Kind.JOB_END for event in events)
+
+
+class Journal:
+    """Appends events; one write per line, so a reader never sees half an event."""
+
+    def __init__(self, path: str | os.PathLike, clock=time.time):
+        self.path = path
+        self.clock = clock
+        self.failed = False
+
+    def add(self, event: Kind, **fields) -> dict:
+        """Append `event`; a journal that cannot be written (a full quota) never ends the job: one warning."""
+        now = self.clock()
+        entry = {"t": round(now, 3), "at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
+                 "event": str(event), **fields}
+        try:
+            line = json.dumps(entry, default=str, allow_nan=False)
+        except ValueError:   # a NaN in a value: written as null, so the journal stays JSON
+            line = json.dumps(clean(entry), default=str, allow_nan=False)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self.failed:
+                print(f"trainctl: warning: cannot write the journal {self.path}: {exc.strerror or exc}",
+                      file=sys.stderr, flush=True)
+            self.failed = True
+        return entry
+
+
+def drop_journal(path: str, directory: str, job_id: str) -> str:
+    """Copy the journal at `path` to `directory`/<job_id>.jsonl (a partial copy is never seen
+    under that name); returns "" or what went wrong, in a few words."""
+    target = os.path.join(os.path.expanduser(directory), f"{job_id}.jsonl")
+    part = os.path.join(os.path.dirname(target), f".{job_id}.part-{os.getpid()}")
+    try:
+        with open(path, "rb") as source:
+            data = source.read()
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(part, target)
+    except OSError as exc:
+        try:
+            os.unlink(part)
+        except OSError:
+            pass
+        return f"{exc.filename or target}: {exc.strerror or exc}"
+    return ""
+
+
+# ---------------------------------------------------------------- node files (watch/<node>.json)
+
+NODE_FILE_FORMAT = 1
+
+
+class RankProgress(NamedTuple):      # a tuple: one per rank per poll, built by the ten thousand
+    """One rank's running totals, as its node's agent folds its reports and the node file holds them."""
+
+    rank: int
+    steps: int = 0
+    step_seconds: float = 0.0           # summed durations of those steps, as the rank measured them
+    last_step_t: float = 0.0            # wall time the last step ended (0: none yet)
+    pid: int = 0
+    compute_seconds: float = 0.0        # summed time inside progress.compute()
+    checkpoint_step: int | None = None  # the step of its last progress.checkpoint()
+    checkpoint_t: float = 0.0           # when the agent got that report (0: none)
+
+
+@dataclass(frozen=True)
+class NodeReading:
+    """One node agent's file: what its ranks reported and which of its checks newly fail."""
+
+    node: str
+    written_t: float
+    ranks: tuple[RankProgress, ...] = ()
+    failed_checks: tuple[tuple[str, str], ...] = ()     # (check, reason)
+    unknown_checks: tuple[tuple[str, str], ...] = ()
+    started_t: float = 0.0
+    checks_t: float | None = None                       # the last check run's end
+    check_runs: int = 0
+
+
+def node_file_json(reading: NodeReading) -> dict[str, Any]:
+    """The node file the agent writes:
+
+        {"format": 1, "node": "node2", "t": <written>, "started_t": <agent start>,
+         "ranks": {"0": {"pid": 123, "steps": 57, "step_seconds": 14.3, "compute_seconds": 3.1,
+                         "last_step_t": 1764236000.5, "checkpoint_step": 50, "checkpoint_t": ...}},
+         "checks": {"t": <last run's end or null>, "runs": 3,
+                    "failed": [{"check": "gpu.xid", "reason": "..."}], "unknown": [...]}}
+    """
+    return {
+        "format": NODE_FILE_FORMAT, "node": reading.node, "t": reading.written_t, "started_t": reading.started_t,
+        "ranks": {str(p.rank): {"pid": p.pid, "steps": p.steps, "step_seconds": p.step_seconds,
+                                "compute_seconds": p.compute_seconds, "last_step_t": p.last_step_t or None,
+                                "checkpoint_step": p.checkpoint_step, "checkpoint_t": p.checkpoint_t or None}
+                  for p in sorted(reading.ranks)},
+        "checks": {"t": reading.checks_t, "runs": reading.check_runs,
+                   "failed": [{"check": check, "reason": reason} for check, reason in reading.failed_checks],
+                   "unknown": [{"check": check, "reason": reason} for check, reason in reading.unknown_checks]},
+    }
+
+
+def parse_node_file(text: str | bytes) -> NodeReading | None:
+    """A node agent's file; None when it is not one (torn, foreign, another format, values no
+    agent writes: non-finite or huge numbers, wrong types, deep nesting)."""
+    try:
+        data = loads(text, strict=True)
+        if not isinstance(data, dict) or data.get("format") != NODE_FILE_FORMAT or not isinstance(data.get("node"), str):
+            return None
+        ranks = tuple(sorted(_rank(rank, r) for rank, r in _object(data.get("ranks")).items()))
+        checks = _object(data.get("checks"))
+        written = _time(data.get("t"), required=True)
+        return NodeReading(data["node"], written, ranks, _problems(checks.get("failed")),
+                           _problems(checks.get("unknown")), _time(data.get("started_t")),
+                           _time(checks.get("t")) or None, int(_count(checks.get("runs"))))
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+        return None
+
+
+def _object(value: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("not an object")
+    return value
+
+
+def _time(value: Any, *, required: bool = False) -> float:
+    if value is None and not required:
+        return 0.0
+    if number(value) is None:
+        raise ValueError(f"not a time: {value!r}")
+    return float(value)
+
+
+def _count(value: Any) -> int:
+    if value is None:
+        return 0
+    if integer(value) is None or value < 0:
+        raise ValueError(f"not a count: {value!r}")
+    return value
+
+
+_COUNT, _NUMBER = (int,), (int, float)
+
+
+def _rank(rank: str, r: Any) -> RankProgress:
+    """One rank's entry; the checks inline (this runs once per rank per poll, ten thousands of them)."""
+    if type(r) is not dict:
+        raise ValueError("not an object")
+    get = r.get
+    checkpoint = get("checkpoint_step")
+    progress = RankProgress(int(rank), r["steps"], r["step_seconds"], get("last_step_t") or 0.0, get("pid") or 0,
+                            get("compute_seconds") or 0.0, checkpoint, get("checkpoint_t") or 0.0)
+    for value, kinds in zip(progress, (_COUNT, _COUNT, _NUMBER, _NUMBER, _COUNT, _NUMBER)):
+        if type(value) not in kinds or not 0 <= value <= NUMBER_LIMIT:
+            raise ValueError(f"not a count or time: {value!r}")
+    if checkpoint is not None and (type(checkpoint) is not int or not 0 <= checkpoint <= NUMBER_LIMIT):
+        raise ValueError(f"not a step: {checkpoint!r}")
+    if type(progress.checkpoint_t) not in _NUMBER or not 0 <= progress.checkpoint_t <= NUMBER_LIMIT:
+        raise ValueError("not a time")
+    return progress
+
+
+def _problems(items: Any) -> tuple[tuple[str, str], ...]:
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise ValueError("not a list")
+    return tuple((str(_object(item)["check"]), str(item.get("reason", ""))) for item in items)
+
+
+def read_node_files(paths: JobPaths, nodes: Iterable[str]) -> dict[str, NodeReading | None]:
+    """Each node's agent file (None: none yet, or not one of that node's); nothing when watch/
+    leads out of the job directory."""
+    if not inside(paths.watch, paths.root):
+        return {node: None for node in nodes}
+    return {node: read_node_file(paths, node) for node in nodes}
+
+
+def read_node_file(paths: JobPaths, node: str) -> NodeReading | None:
+    watch = str(paths.watch)
+    data = _quietly(read_bytes, os.path.join(watch, node_file_name(node)), NODE_FILE_MAX_BYTES + 1, root=watch)
+    if data is None or len(data) > NODE_FILE_MAX_BYTES:
+        return None
+    reading = parse_node_file(data)
+    return reading if reading is not None and reading.node == node else None
+
+
+def write_node_file(paths: JobPaths, reading: NodeReading) -> None:
+    """Whole or not at all (UsageError where it cannot be written)."""
+    from trainctl.files import write_atomically
+
+    write_atomically(paths.node_file(reading.node), json.dumps(node_file_json(reading), allow_nan=False) + "\n")
+
+
+# ---------------------------------------------------------------- checkpoints seen
+
+MARKER_NOTE_BYTES = 200
+MAX_GLOB_MATCHES = 10_000               # a pattern is looked at this far each poll, no further
+
+
+class Save(NamedTuple):
+    t: float            # when it was written
+    source: str         # what said so: the marker, a file the site or submit named, a rank's report
+    note: str = ""
+
+
+def checkpoint_seen(last: float | None, since: float, saves: Iterable[Save]) -> Save | None:
+    """The newest save after `since` (the training step's start) and after `last` (the last one
+    seen), from any source; None when there is none new. The one rule for every source."""
+    newest = max((save for save in saves if save.t > since and (last is None or save.t > last)),
+                 key=lambda save: save.t, default=None)
+    return newest
+
+
+def file_saves(patterns: Iterable[str], base: str | os.PathLike) -> list[Save]:
+    """The mtime of the newest regular file matching each pattern (a path or a glob, relative to
+    `base`), looking at most MAX_GLOB_MATCHES names a pattern; stat never blocks, nothing is opened."""
+    saves = []
+    for pattern in patterns:
+        full = os.path.join(base, pattern)
+        newest: tuple[float, str] | None = None
+        for name in itertools.islice(glob.iglob(full) if glob.has_magic(full) else [full], MAX_GLOB_MATCHES):
+            try:
+                found = os.stat(name)
+            except OSError:
+                continue
+            if stat.S_ISREG(found.st_mode) and (newest is None or found.st_mtime > newest[0]):
+                newest = (found.st_mtime, name)
+        if newest is not None:
+            saves.append(Save(newest[0], pattern, os.path.relpath(newest[1], base)))
+    return saves
+
+
+def marker_save(paths: JobPaths) -> Save | None:
+    """The program's CHECKPOINT_MARKER: its mtime, and the start of what it wrote as the note."""
+    if not inside(paths.checkpoint_marker, paths.root):
+        return None
+    try:
+        found = os.stat(paths.checkpoint_marker)
+    except OSError:
+        return None
+    if not stat.S_ISREG(found.st_mode):
+        return None
+    note = _quietly(read_bytes, paths.checkpoint_marker, MARKER_NOTE_BYTES, root=paths.root) or b""
+    return Save(found.st_mtime, CHECKPOINT_MARKER, " ".join(note.decode(errors="replace").split()))
+
+
+def rank_saves(readings: Iterable[NodeReading | None]) -> list[Save]:
+    """progress.checkpoint() of any rank, as the node agents' files report it."""
+    return [Save(rank.checkpoint_t, "progress.checkpoint()", f"step {rank.checkpoint_step}")
+            for reading in readings if reading for rank in reading.ranks if rank.checkpoint_t > 0]
+
+
+class Checkpoints:
+    """The program's saves during one training step, from every source it has: the marker at
+    $TRAINCTL_CHECKPOINT_FILE, the files the site's `launch.checkpoints` or submit's
+    `--checkpoints` name, and progress.checkpoint() through the node files."""
+
+    def __init__(self, paths: JobPaths, patterns: Iterable[str], base: str | os.PathLike, since: float):
+        self.paths, self.patterns, self.base = paths, tuple(pattern for pattern in patterns if pattern), base
+        self.since = since
+        self.last: float | None = None
+
+    def poll(self, journal: Journal, readings: Iterable[NodeReading | None] = ()) -> Save | None:
+        marker = marker_save(self.paths)
+        saves = [*([marker] if marker else []), *file_saves(self.patterns, self.base), *rank_saves(readings)]
+        seen = checkpoint_seen(self.last, self.since, saves)
+        if seen is not None:
+            self.last = seen.t
+            journal.add(Kind.CHECKPOINT, checkpoint_t=seen.t, note=seen.note,
+                        **({"source": seen.source} if seen.source != CHECKPOINT_MARKER else {}))
+        return seen

@@ -1,0 +1,295 @@
+"""The job's files under hostile input: what a program, a node, Slurm or another user can leave
+in a job directory, read back by `trainctl job show` and by the supervisor. Each becomes one
+line and a documented exit code, or "unknown"; nothing blocks, nothing exits 70, nothing moves
+the terminal, and nothing outside the job directory is read.
+
+Real inputs: FIFOs made with mkfifo, symlinks, a Unix socket of another user in a sticky
+directory, a `scontrol` on PATH that hangs or prints a job name with escape sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from support.cli_runs import run_main
+
+TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
+NO_BLOCK_S = 60          # a read that never returns is caught by this, not timed by it
+
+
+def strict_json(text: str):
+    """JSON as RFC 8259 has it: NaN and Infinity are not JSON."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def journal(directory: Path, *lines: str) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / "journal.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+def event(t, name, **fields) -> str:
+    return json.dumps({"t": t, "event": name, **fields})
+
+
+def show(*args, env=None):
+    """`trainctl job show` in this process, with no Slurm on PATH (only --dir tells where)."""
+    return run_main("job", "show", *args, env={"PATH": "/nonexistent", **(env or {})})
+
+
+def show_process(*args, path="/nonexistent"):
+    """In a process of its own: for what could block forever."""
+    return subprocess.run([TRAINCTL, "job", "show", *args], capture_output=True, text=True, timeout=NO_BLOCK_S,
+                          env={**os.environ, "PATH": path})
+
+
+def finishes(function, *args):
+    """`function(*args)` in a thread: its result, or a failure where it does not return."""
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("value", function(*args)), daemon=True)
+    thread.start()
+    thread.join(NO_BLOCK_S)
+    assert not thread.is_alive(), f"{function.__name__} blocked"
+    return result["value"]
+
+
+HEALTHY = [event(100, "job_start", attempt=1), event(110, "training_start", nodes="node[1-2]")]
+
+
+@pytest.mark.parametrize("bad", [
+    '{"t": NaN, "event": "job_start"}', '{"t": Infinity, "event": "job_end", "status": 0}',
+    '{"t": -Infinity, "event": "step_end", "status": 1}',
+    '{"t": 1' + "0" * 400 + ', "event": "training_start"}',
+    event(120, "step_end", status=10 ** 400, training_start_t=110, last_checkpoint_t=1e300),
+    event(120, "step_end", status=1, training_start_t="110", last_checkpoint_t=[1]),
+    event(120, "detection", kind="hung", suspects=5, evidence=None),
+    event(120, "detection", kind="slow", suspects="node1", details={"step_s": 10 ** 400, "baseline_s": 1}),
+    event(120, "confirmation", kind="hung", named=["node1"]),
+    event(120, "node_verdict", node="node1", verdict="excluded", reasons=7),
+    event(120, "checkpoint_request", signal=float("nan")),
+    '{"t": 120, "event": "stacks", "files": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"t": 120, "event": "drain", "node": ' + "[" * 50 + "1" + "]" * 50 + "}",
+    '{"t": 120, "event": "retry", "retry": true, "reason": "x", "bad_nodes": {"a": 1}, "exclude": "node1"}',
+])
+def test_journal_values_no_trainctl_writes_are_shown_or_skipped_never_a_crash_and_json_stays_json(tmp_path, bad):
+    gate = tmp_path / "trainctl-gate-9"
+    journal(gate, *HEALTHY, bad, event(130, "step_end", status=0, training_start_t=110), event(131, "job_end", status=0))
+    text = show("9", "--dir", gate)
+    assert text.returncode == 0, text.stderr
+    assert "goodput: " in text.stdout and "job ended" in text.stdout
+    data = show("9", "--dir", gate, "--json")
+    assert data.returncode == 0, data.stderr
+    assert strict_json(data.stdout)["goodput"]["running"] is False
+
+
+@pytest.mark.parametrize("name", ["journal.jsonl", "decision.json", "retry.json", "attempt.json", "rank-node1-0.out"])
+def test_a_fifo_in_a_files_place_never_blocks_job_show(tmp_path, name):
+    gate = tmp_path / "trainctl-gate-9"
+    journal(gate, *HEALTHY)
+    (gate / name).unlink(missing_ok=True)
+    os.mkfifo(gate / name)
+    out = show_process("9", "--dir", str(gate))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"job 9: gate directory {gate}")
+
+
+def test_a_fifo_or_garbage_as_a_node_file_never_blocks_or_kills_the_supervisors_poll(tmp_path):
+    from trainctl.job.watch_io import read_node_files
+
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    os.mkfifo(watch / "node1.json")
+    good = {"format": 1, "node": "node5", "t": 5.0, "ranks": {"0": {"steps": 4, "step_seconds": 1.0}}}
+    for node, text in {"node2": '{"format": 1, "node": "node2", "t": 5, "ranks": {"0": {"steps": Infinity, '
+                                '"step_seconds": 1}}}',
+                       "node3": '{"format": 1, "node": "node3", "t": 5, "ranks": ' + "[" * 100_000 + "]" * 100_000
+                                + "}",
+                       "node4": '{"format": 1, "node": "node4", "t": 1' + "0" * 400 + "}",
+                       "node5": json.dumps(good)}.items():
+        (watch / f"{node}.json").write_text(text)
+    (watch / "node6.json").mkdir()
+    readings = finishes(read_node_files, str(tmp_path), ("node1", "node2", "node3", "node4", "node5", "node6"))
+    assert [node for node, reading in readings.items() if reading] == ["node5"]
+    assert readings["node5"].ranks[0].steps == 4
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "link out"])
+def test_a_checkpoint_marker_that_is_no_file_is_no_checkpoint_and_never_blocks_the_supervisor(tmp_path, kind):
+    from trainctl.job.jobdir import Checkpoints, JobPaths, Journal
+
+    paths = JobPaths(tmp_path / "trainctl-gate-9")
+    paths.root.mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.write_text("secret\n")
+    {"fifo": lambda: os.mkfifo(paths.checkpoint_marker), "directory": paths.checkpoint_marker.mkdir,
+     "link out": lambda: paths.checkpoint_marker.symlink_to(outside)}[kind]()
+    journal_file = Journal(paths.journal)
+    seen = finishes(Checkpoints(paths, (), tmp_path, since=0.0).poll, journal_file)
+    assert seen is None and not paths.journal.exists()
+
+
+def test_a_journal_of_any_size_is_read_whole_and_the_jobs_end_comes_from_the_events(tmp_path):
+    """A 4,096-node job's gate rounds write megabytes: the end is still read."""
+    gate = tmp_path / "trainctl-gate-9"
+    verdicts = [event(105, "node_verdict", node=f"gpu{n:05d}", verdict="chosen", reasons=[]) for n in range(60_000)]
+    journal(gate, *HEALTHY, *verdicts, event(130, "step_end", status=0, training_start_t=110),
+            event(131, "job_end", status=0))
+    assert (gate / "journal.jsonl").stat().st_size > 4 << 20
+    data = show("9", "--dir", gate, "--json")
+    assert data.returncode == 0, data.stderr
+    assert strict_json(data.stdout)["goodput"]["running"] is False
+    assert "still running" not in show("9", "--dir", gate).stdout
+
+
+def test_still_running_is_judged_from_the_events_not_the_last_line(tmp_path):
+    gate = tmp_path / "trainctl-gate-9"
+    journal(gate, *HEALTHY, event(130, "step_end", status=0, training_start_t=110), event(131, "job_end", status=0),
+            event(131.5, "agent_silent", node="node2", note="late"), '{"t": 132, "event": "checkpoint", "no')
+    out = show("9", "--dir", gate)
+    assert out.returncode == 0, out.stderr
+    assert "goodput: " in out.stdout and "still running" not in out.stdout
+
+
+def test_job_show_dir_reads_that_directorys_journal_not_a_siblings(tmp_path):
+    mine = tmp_path / "copied-for-a-colleague"
+    journal(mine, *HEALTHY, event(130, "step_end", status=0, training_start_t=110), event(131, "job_end", status=0))
+    journal(tmp_path / "trainctl-gate-9", event(100, "job_start", attempt=7))
+    out = show("9", "--dir", mine)
+    assert out.returncode == 0, out.stderr
+    assert "job started: attempt 1" in out.stdout and "attempt 7" not in out.stdout
+
+
+def test_control_characters_from_the_program_and_from_slurm_never_reach_the_terminal(tmp_path):
+    gate = tmp_path / "trainctl-gate-9"
+    journal(gate, *HEALTHY, event(120, "checkpoint", checkpoint_t=120, note="saved\x1b]0;owned\x07\x1b[2J\r"),
+            event(130, "step_end", status=0, training_start_t=110), event(131, "job_end", status=0))
+    (gate / "rank-node1-0.out").write_text("step 1\x1b[31m red\x9b2J\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\nprintf 'JobId=9 JobName=run\\033]0;owned\\007 JobState=RUNNING "
+                        f"WorkDir={tmp_path}\\n'\n")
+    scontrol.chmod(0o755)
+    out = show_process("9", path=f"{bin_dir}:/usr/bin:/bin")
+    assert out.returncode == 0, out.stderr
+    for char in "\x1b\x07\r\x9b":
+        assert char not in out.stdout, repr(char)
+    assert "job 9 (run\\x1b]0;owned\\x07)" in out.stdout and "saved\\x1b]0;owned" in out.stdout
+
+
+def test_a_rank_log_linked_out_of_the_job_directory_is_not_followed(tmp_path):
+    """Root running `job show` on a user's directory must not print /etc/shadow's last lines."""
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$secrethash:19000:0:99999:7:::\n")
+    gate = tmp_path / "trainctl-gate-9"
+    journal(gate, *HEALTHY)
+    (gate / "rank-node1-0.out").symlink_to(secret)
+    (gate / "rank-node2-1.out").write_text("step 3 done\n")
+    (gate / "decision.json").symlink_to(secret)
+    out = show("9", "--dir", gate)
+    assert out.returncode == 0, out.stderr
+    assert "secrethash" not in out.stdout and "step 3 done" in out.stdout
+    assert "secrethash" not in show("9", "--dir", gate, "--json").stdout
+
+
+def test_a_scontrol_that_hangs_is_a_timeout_exit_4_not_no_record(tmp_path, monkeypatch):
+    import trainctl.job.show
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setattr(trainctl.job.show, "SCONTROL_TIMEOUT_S", 1.0)
+    out = show("9", env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert out.returncode == 4, out.stderr
+    assert out.stderr.count("\n") == 1 and "scontrol show job 9" in out.stderr and "no record" not in out.stderr
+
+
+@pytest.mark.parametrize("field, value", [("nodes", "2"), ("retries", True), ("program", "train.py"),
+                                          ("sbatch_options", [["--nodes", 2]]), ("environment", [["A"]]),
+                                          ("bind", 1), ("spare", -1)])
+def test_job_run_checks_the_plans_field_types(tmp_path, field, value):
+    from trainctl.launcher.plan import SubmitRequest, plan_job
+    from trainctl.site import load_site
+
+    plan = plan_job(load_site("local-demo").config, SubmitRequest("local-demo", ("train.py",), 2),
+                    node_trainctl="trainctl", node_python="python3", command=("trainctl",), version="0")
+    document = json.loads(json.dumps(plan.to_document()))
+    document[field] = value
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(document))
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n")
+    out = run_main("job", "run", "--plan", plan_file, "--script", script, env={"SLURM_JOB_ID": "9"})
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and f"job plan: {field}: expected" in out.stderr
+
+
+def test_settings_that_contradict_each_other_are_refused_at_load(tmp_path):
+    site = tmp_path / "site.toml"
+    site.write_text((Path(__file__).resolve().parents[1] / "site-configs" / "local-demo.toml").read_text()
+                    .replace("agent_silence_s = 10.0", "agent_silence_s = 1.5"))
+    out = run_main("site", "show", site)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "watch.agent_silence_s = 1.5 must be more than watch.agent_write_s" in out.stderr
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's socket needs two users")
+
+
+@pytest.fixture
+def world_readable_dir():
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="trainctl-hostile-"))   # pytest's tmp_path is 0700 up the tree
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+@needs_root
+def test_the_agent_is_one_line_when_another_users_socket_holds_its_path(world_readable_dir):
+    """/tmp is sticky: a socket another user left at the agent's predictable path cannot be
+    removed. The agent says so in one line (exit 2), not exit 70."""
+    from trainctl.errors import UsageError
+    from trainctl.job.agent import Agent
+
+    sticky = world_readable_dir / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    path = sticky / "trainctl-progress-9-node1.sock"
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    squatter.bind(str(path))     # root's: the agent below runs as nobody
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            agent = Agent.__new__(Agent)
+            agent.socket_path = str(path)
+            agent._bind().close()
+            said = "bound"
+        except UsageError as exc:
+            said = f"usage: {exc}"
+        except BaseException as exc:
+            said = f"bug: {type(exc).__name__}: {exc}"
+        os.write(write_end, said.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(pid, 0)
+    squatter.close()
+    assert said.startswith(f"usage: cannot bind the progress socket {path}: a socket of uid 0 is there"), said

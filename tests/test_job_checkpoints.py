@@ -1,0 +1,94 @@
+"""Checkpoints seen without code: the program's own files (submit --checkpoints, the site's
+launch.checkpoints), $TRAINCTL_CHECKPOINT_FILE and progress.checkpoint(), through one rule
+(`checkpoint_seen`), and the goodput that follows for a program that knows nothing of trainctl.
+File times are set with os.utime: no test here waits for a clock."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from trainctl.job import jobdir
+from trainctl.job.goodput import goodput
+from trainctl.job.jobdir import (Checkpoints, JobPaths, Journal, Kind, NodeReading, RankProgress, Save,
+                                 checkpoint_seen, file_saves, rank_saves, read_journal)
+
+
+def test_the_newest_save_after_the_step_start_and_after_the_last_one_seen_wins_whatever_its_source():
+    saves = [Save(90.0, "snapshot.pt"), Save(120.0, "progress.checkpoint()", "step 5"), Save(110.0, "checkpoint.seen")]
+    assert checkpoint_seen(None, 100.0, saves) == Save(120.0, "progress.checkpoint()", "step 5")
+    assert checkpoint_seen(120.0, 100.0, saves) is None                # nothing newer
+    assert checkpoint_seen(None, 130.0, saves) is None                 # all before the step started
+    assert checkpoint_seen(None, 100.0, []) is None
+
+
+def write(path, mtime, text="x"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.utime(path, (mtime, mtime))
+
+
+def test_the_programs_files_count_by_mtime_regular_files_only_and_a_fifo_is_never_opened(tmp_path):
+    write(tmp_path / "ckpt" / "epoch1.pt", 100.0)
+    write(tmp_path / "ckpt" / "epoch2.pt", 200.0)
+    (tmp_path / "ckpt" / "epoch9.pt").mkdir()                          # a directory: no save
+    os.mkfifo(tmp_path / "ckpt" / "epoch8.pt")                         # stat only: never blocks
+    write(tmp_path / "snapshot.pt", 150.0)
+    assert file_saves(["ckpt/*.pt", "snapshot.pt", "missing.pt"], tmp_path) == [
+        Save(200.0, "ckpt/*.pt", "ckpt/epoch2.pt"), Save(150.0, "snapshot.pt", "snapshot.pt")]
+
+
+def test_a_glob_is_looked_at_a_bounded_number_of_names(tmp_path, monkeypatch):
+    for n in range(5):
+        write(tmp_path / f"step{n}.ckpt", 100.0 + n)
+    looked: list[str] = []
+    real_stat = os.stat
+    monkeypatch.setattr(jobdir.os, "stat", lambda name, *args, **kwargs: looked.append(name) or real_stat(name))
+    monkeypatch.setattr(jobdir, "MAX_GLOB_MATCHES", 2)
+    (save,) = file_saves(["*.ckpt"], tmp_path)
+    assert len(looked) == 2 and save.t == max(real_stat(name).st_mtime for name in looked)
+
+
+def test_progress_checkpoint_reaches_the_supervisor_through_the_node_files():
+    readings = [NodeReading("node1", 10.0, (RankProgress(0, steps=50, step_seconds=1.0, checkpoint_step=50,
+                                                         checkpoint_t=9.0), RankProgress(1, steps=50, step_seconds=1.0))),
+                None]
+    assert rank_saves(readings) == [Save(9.0, "progress.checkpoint()", "step 50")]
+
+
+def test_each_new_save_is_journaled_once_with_where_it_was_seen(tmp_path):
+    paths = JobPaths(tmp_path / "trainctl-gate-9")
+    paths.root.mkdir()
+    journal = Journal(paths.journal, clock=lambda: 500.0)
+    seen = Checkpoints(paths, ("snapshot.pt",), tmp_path, since=100.0)
+    write(tmp_path / "snapshot.pt", 90.0)                              # the last run's: not this step's
+    assert seen.poll(journal) is None
+    write(tmp_path / "snapshot.pt", 200.0)
+    assert seen.poll(journal) == Save(200.0, "snapshot.pt", "snapshot.pt") and seen.poll(journal) is None
+    write(paths.checkpoint_marker, 250.0, "step 40\x1b[2J\n")
+    node = NodeReading("node1", 300.0, (RankProgress(0, checkpoint_step=60, checkpoint_t=260.0),))
+    assert seen.poll(journal, [node]).source == "progress.checkpoint()" and seen.last == 260.0
+    events = read_journal(paths.journal)
+    assert [(e["event"], e["checkpoint_t"], e.get("source")) for e in events] == [
+        (Kind.CHECKPOINT, 200.0, "snapshot.pt"), (Kind.CHECKPOINT, 260.0, "progress.checkpoint()")]
+
+
+@pytest.mark.parametrize("saved_at, lost", [(None, 100.0), (150.0, 50.0)])
+def test_an_unmodified_programs_own_snapshot_makes_its_lost_work_right(tmp_path, saved_at, lost):
+    """A program that keeps its own snapshot.pt and knows nothing of trainctl: a failed step loses
+    only the work after its last snapshot (before: all of it)."""
+    paths = JobPaths(tmp_path / "trainctl-gate-9")
+    paths.root.mkdir()
+    times = iter([0.0, 100.0, 200.0, 200.0, 201.0])
+    journal = Journal(paths.journal, clock=lambda: next(times))
+    journal.add(Kind.JOB_START)
+    started = journal.add(Kind.TRAINING_START)["t"]
+    seen = Checkpoints(paths, ("snapshot.pt",), tmp_path, since=started)
+    if saved_at is not None:
+        write(tmp_path / "snapshot.pt", saved_at)
+    seen.poll(journal)
+    journal.add(Kind.STEP_END, status=1, training_start_t=started, last_checkpoint_t=seen.last)
+    journal.add(Kind.JOB_END, status=1)
+    result = goodput([read_journal(paths.journal)], now=1000.0)
+    assert result.lost_s["lost_work"] == lost and result.productive_s == 100.0 - lost
