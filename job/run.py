@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trainctl.job import supervisor as sv
 from trainctl.job import slurm_actions as slurm
+from trainctl.job.checkpoint_request import request_checkpoint
 from trainctl.job.gate_cli import GATE_STEP_STATUS   # read by `gate decide --wait`: the gate step is over
 from trainctl.job.journal import CHECKPOINT_ENV, CHECKPOINT_FILE, JOURNAL_FILE, Journal
 from trainctl.agent_socket import WATCH_DIR_ENV
@@ -292,15 +293,8 @@ class JobRun:
             stacks = request_stacks(self.gate_dir, answering, watch.dump_wait_s)
             self.journal.add("stacks", files=stacks)
         else:
-            asked = sv.checkpoint_signal(self.plan.signal)
-            before = seen.last
-            if asked is not None and step.poll() is None:
-                step.send_signal(asked)   # srun forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES)
-                deadline = time.monotonic() + watch.checkpoint_wait_s
-                while seen.last == before and time.monotonic() < deadline and step.poll() is None:
-                    time.sleep(0.2)
-                    seen.poll(self.journal)
-            self.journal.add("checkpoint_request", signal=asked, saved=seen.last != before)
+            request_checkpoint(self.gate_dir, step, sv.checkpoint_signal(self.plan.signal), seen, self.journal,
+                               watch.checkpoint_wait_s)
         return slurm.stop_step(step, self.job_id, sv.OWN_STEPS, self.env, watch.end_grace_s)
 
     def _start_sentinel(self):
