@@ -33,6 +33,9 @@ class Regression(L.LightningModule):
         self.log("loss", loss)
         return loss
 
+    def on_train_start(self):
+        print(f"rank {self.global_rank}: training from step {self.trainer.global_step}", flush=True)
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 

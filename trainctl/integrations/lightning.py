@@ -43,11 +43,7 @@ class TrainctlCallback(Callback):
         self.saved_step: int | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
-        try:
-            self.last_step = trainer.global_step
-            self.requests.listen()
-        except Exception:
-            pass
+        self.last_step = trainer.global_step   # resumed: the steps before it are not this run's
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._report_save()   # a ModelCheckpoint save at the end of the last batch is written by now

@@ -23,6 +23,9 @@ class SaveRequests:
         self.every_n_steps = max(1, int(every_n_steps))
         self.seen = False
         self.agreed_at: int | None = None
+        # at once, not when training starts: from now on the watch sends this program no signal
+        # (Lightning installs its requeue handler before the first training hook runs)
+        self.listen()
 
     def listen(self) -> None:
         """Poll for a request (and, the first time, tell the supervisor that this rank listens)."""

@@ -24,12 +24,6 @@ class TrainctlCallback(TrainerCallback):
     def __init__(self, every_n_steps: int = EVERY_N_STEPS):
         self.requests = SaveRequests(every_n_steps)
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        try:
-            self.requests.listen()
-        except Exception:
-            pass
-
     def on_step_end(self, args, state, control, **kwargs):
         report_step()
         # `due` neither raises nor skips its all-reduce on one rank only: every rank reaches it alike
