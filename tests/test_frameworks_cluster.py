@@ -105,8 +105,9 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
     output = job_output(lightning_dir, lightning)
     assert record["JobState"] == "COMPLETED", output
     assert record["Restarts"] == "0", record
+    # every request went over trainctl's channel, none as a signal; the first (the sick node's) saved
     asked = [e for e in events if e["event"] == "checkpoint_request"]
-    assert [(e["signal"], e["listening"], e["saved"]) for e in asked] == [(None, True, True)], events
+    assert asked and all(e["signal"] is None and e["listening"] for e in asked) and asked[0]["saved"], events
     assert "Handling auto-requeue signal" not in output and "Requeued SLURM job" not in output
     restart = next(e for e in events if e["event"] == "training_start" and e.get("restart"))
     assert victim not in expand_hostlist(restart["nodes"]), restart

@@ -108,6 +108,13 @@ def test_ranks_agree_every_n_steps_and_save_once_per_request(monkeypatch):
     assert requests.due(15, any_rank) is False and len(reduced) == 3   # one all-reduce a step, however often asked
 
 
+def test_the_docs_quote_the_callbacks_default_interval():
+    from trainctl.integrations.shared import EVERY_N_STEPS
+
+    page = (REPO / "docs" / "your-program.md").read_text()
+    assert f"every {EVERY_N_STEPS} optimizer steps (`TrainctlCallback(every_n_steps={EVERY_N_STEPS})`)" in page
+
+
 def test_a_failing_all_reduce_is_no_save_and_no_error(monkeypatch):
     monkeypatch.setattr(progress, "checkpoint_requested", lambda: True)
 
