@@ -17,6 +17,10 @@ bounded) into watch/stacks-NODE.txt, waits (as long as py-spy may take) for the 
 dumps, GATE_DIR/nccl-trace-rank-RANK, adds what it asked and what was dumped to the stacks file,
 then writes the token into watch/dump-done-NODE.
 
+When watch/checkpoint-request holds a token it has not passed on, it copies it beside its socket
+(`trainctl.progress.request_path`), where the ranks' `progress.checkpoint_requested()` looks
+(`trainctl.job.checkpoint_request`).
+
 The pure part (folding reports, judging a run against the baseline, the node file) is apart
 from the I/O loop (`run_agent`), so it is tested without sockets or probes.
 """
@@ -44,8 +48,9 @@ from typing import Any
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.status import CheckResult, Status
 from trainctl.job import jobdir
-from trainctl.job.jobdir import DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
+from trainctl.job.jobdir import CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
+from trainctl.progress import request_path
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept
 SELECT_S = 0.2                         # longest wait for a report before the loop looks at its clocks
@@ -305,12 +310,16 @@ class Agent:
         self.ranks: dict[int, RankProgress] = {}
         self.checks = ChecksState()
         self.answered = _read_token(self.folder / dump_done_file(node))   # a restarted agent does not dump again
+        self.request_path = request_path(self.socket_path)   # the watch's checkpoint requests, for the ranks
+        self.relayed = _read_token(self.folder / CHECKPOINT_REQUEST)   # one from before this step is no request
         self.dumping: threading.Thread | None = None
         self.last_write_error = ""
 
     def run(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         sock = self._bind()
+        with contextlib.suppress(OSError):
+            os.unlink(self.request_path)   # left by an agent that was killed: no request of this step
         try:
             self._say(f"reading {self.socket_path}, writing {self.node_path}"
                       + (f", checks {','.join(self.watch.checks)} every {self.watch.check_interval_s:g} s"
@@ -318,8 +327,9 @@ class Agent:
             self._loop(sock)
         finally:
             sock.close()
-            with contextlib.suppress(OSError):
-                os.unlink(self.socket_path)
+            for path in (self.socket_path, self.request_path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def _bind(self) -> socket.socket:
         from trainctl.errors import UsageError
@@ -365,6 +375,7 @@ class Agent:
                 self.runner.start()
                 next_check = now + self.watch.check_interval_s
             self._poll_dump_request()
+            self._relay_checkpoint_request()
             if wrote_checks or now >= next_write:
                 self._write()
                 next_write = now + self.watch.agent_write_s
@@ -397,6 +408,22 @@ class Agent:
         self.dumping = threading.Thread(target=self._dump, args=(token, pids), daemon=True,
                                         name="trainctl-watch-dump")
         self.dumping.start()
+
+    def _relay_checkpoint_request(self) -> None:
+        """Copy a new checkpoint request of the watch beside the progress socket, where the ranks
+        look (`trainctl.progress.checkpoint_requested`): node-local, so they never poll the shared
+        filesystem."""
+        from trainctl.errors import UsageError
+        from trainctl.files import write_atomically
+
+        token = _read_token(self.folder / CHECKPOINT_REQUEST)
+        if not token or token == self.relayed:
+            return
+        try:
+            write_atomically(self.request_path, token + "\n")
+        except UsageError as exc:
+            self._say(f"checkpoint request not passed on: {exc}")
+        self.relayed = token
 
     def _dump(self, token: str, pids: dict[int, int]) -> None:
         from trainctl.errors import UsageError

@@ -20,6 +20,7 @@ from trainctl.agent_socket import WATCH_DIR_ENV
 from trainctl.errors import Stopped, TrainctlError, UsageError
 from trainctl.job import machine, slurm_actions
 from trainctl.job import jobdir
+from trainctl.job.checkpoint_request import request_checkpoint
 from trainctl.job.decision import Decision
 from trainctl.job.gate_cli import ignore_checkpoint_signals
 from trainctl.job.gate_drain import drain_condemned
@@ -320,16 +321,9 @@ class JobDriver:
         return event(time.time(), readings)
 
     def _ask_for_checkpoint(self, effect: machine.AskForCheckpoint) -> None:
-        """The one way the supervisor asks the ranks to checkpoint: the signal through srun, which
-        forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES); then wait for a save."""
-        before = self.checkpoints.last
-        if effect.signal is not None and self.step.poll() is None:
-            self.step.send_signal(effect.signal)
-            deadline = time.monotonic() + effect.wait_s
-            while self.checkpoints.last == before and time.monotonic() < deadline and self.step.poll() is None:
-                time.sleep(0.2)
-                self.checkpoints.poll(self.journal, self.readings.values())
-        self.journal.add("checkpoint_request", signal=effect.signal, saved=self.checkpoints.last != before)
+        """The one way the supervisor asks the ranks to checkpoint (`checkpoint_request`: trainctl's
+        own channel to ranks that listen, else the signal through srun); then wait for a save."""
+        request_checkpoint(self.gate_dir, self.step, effect.signal, self.checkpoints, self.journal, effect.wait_s)
 
     def _step_over(self, effect: machine.StepOver) -> None:
         if effect.agents and self.agents is not None:

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
+from trainctl.progress import LISTENING_FILE
 
 # ---------------------------------------------------------------- names
 
@@ -62,6 +63,8 @@ GATE_STEP_STATUS = "gate-step.status"
 BATCH_HOST_BEAT = "batch-host.beat"
 SENTINEL_LOG = "sentinel.log"
 DUMP_REQUEST = "dump-request"           # in watch/: holds a token; each agent answers with dump-done-<node>
+CHECKPOINT_REQUEST = "checkpoint-request"   # in watch/: the watch's last checkpoint request's token
+CHECKPOINT_LISTENING = LISTENING_FILE   # in watch/: made by a rank that takes requests (trainctl.progress)
 PROBE_PREFIX = "alive-"                 # the retry's probe step: alive-<node>.out
 # what a gate round writes; moved to rounds/<n>/ before the gate runs again
 GATE_ROUND_FILES = (NODE_REPORTS, SNAPSHOTS, COMPUTE, FABRIC, DECISION, REPORT, GATE_STEP_STATUS)
@@ -186,6 +189,9 @@ LAYOUT = (
     Entry(f"{WATCH}/{DUMP_REQUEST}, {WATCH}/{dump_done_file('<node>')}, {WATCH}/{stacks_file('<node>')}",
           "the supervisor, each node's agent", "after a hang: the request for every rank's stack, "
           "and each node's answer"),
+    Entry(f"{WATCH}/{CHECKPOINT_REQUEST}, {WATCH}/{CHECKPOINT_LISTENING}", "the supervisor, a rank",
+          "the watch's request for a checkpoint, relayed by each agent to its ranks; the mark of a rank "
+          "that takes such requests (then no signal is sent)"),
     Entry(f"{ROUNDS}/<n>/", "the supervisor", "an earlier gate round's files and the watch's evidence from "
           "the training after it, moved aside before the gate runs again"),
     Entry(CHECKPOINT_MARKER, "the program", f"written after each checkpoint, at ${CHECKPOINT_ENV}: "

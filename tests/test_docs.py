@@ -399,22 +399,20 @@ def _sweep_report(tmp_path: Path) -> str:
 
 
 def _retry_chain(tmp_path: Path) -> str:
-    # attempt files as the job's supervisor writes them when node3 is lost during training and
-    # job 1 submits job 2 (tests/test_retry_cluster.py makes real ones), read as `job show 2` reads them
-    import json
-
+    # attempt files as the job's supervisor writes them (jobdir's writers) when node3 is lost during
+    # training and job 1 submits job 2 (tests/test_retry_cluster.py makes real ones), read as
+    # `job show 2` reads them
+    from trainctl.job import jobdir
     from trainctl.job.show import LocalFiles, chain_lines, collect_chain
 
-    first, second = tmp_path / "trainctl-gate-1", tmp_path / "trainctl-gate-2"
-    first.mkdir()
-    second.mkdir()
-    (first / "retry.json").write_text(json.dumps({
-        "job_id": "1", "attempt": 1, "retries": 1, "previous_job": None, "excluded_before": [], "phase": "step",
-        "status": 1, "retry": True, "reason": "a node was lost during training",
-        "bad_nodes": {"node3": "Slurm removed it from the job (node failure)"}, "exclude": ["node3"],
-        "successor": "2", "error": None}))
-    (second / "attempt.json").write_text(json.dumps({"job_id": "2", "attempt": 2, "previous_job": "1"}))
-    return "\n".join(chain_lines(collect_chain(LocalFiles(), str(second), "2"), "2"))
+    first, second = jobdir.JobPaths.of(tmp_path, "1"), jobdir.JobPaths.of(tmp_path, "2")
+    first.root.mkdir()
+    second.root.mkdir()
+    jobdir.write_json(first.retry, jobdir.RetryRecord(
+        "1", 1, 1, "step", 1, True, "a node was lost during training",
+        {"node3": "Slurm removed it from the job (node failure)"}, ("node3",), "2", None, None, ()).to_json())
+    jobdir.write_json(second.attempt, jobdir.AttemptRecord("2", 2, 1, "1", ("node3",)).to_json())
+    return "\n".join(chain_lines(collect_chain(LocalFiles(), str(second.root), "2"), "2"))
 
 
 # Where each sample comes from: a command or function run here on real or recorded input; or

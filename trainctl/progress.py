@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import struct
 import time
 from collections.abc import Iterator
@@ -134,3 +135,98 @@ def decode(datagram: bytes) -> dict[str, float | int]:
         raise ValueError(f"progress datagram version {version}, expected {VERSION}")
     return {"rank": rank, "pid": pid, "steps": steps, "time": wall, "window_steps": n, "window_seconds": total,
             "window_longest": longest, "compute_seconds": compute_s, "checkpoint_step": checkpoint_step}
+
+
+# ---------------------------------------------------------------- checkpoint requests (watch -> rank)
+# When the watch wants a checkpoint (after a slowdown or a sick node, before it ends the step), the
+# supervisor writes a request into the watch folder, each node agent copies it to a file beside its
+# progress socket (node-local, so ranks never poll the shared filesystem), and a program that asks
+# `checkpoint_requested()` sees it. A program that asks is a listener: it says so once, in the watch
+# folder, and the supervisor then sends it no signal (a signal is what Lightning takes for "requeue
+# the job"). Programs that never ask keep the job's --signal, as before.
+
+REQUEST_SUFFIX = ".checkpoint-request"       # beside the progress socket: the token of the last request
+LISTENING_FILE = "checkpoint-listening"      # in the watch folder: some rank asks for requests
+REQUEST_POLL_S = 0.25                        # a rank looks at the request file at most this often
+REQUEST_MAX_BYTES = 200
+
+
+def request_path(socket_path: str) -> str:
+    """The node-local file holding the last checkpoint request's token, beside the agent's socket."""
+    return socket_path + REQUEST_SUFFIX
+
+
+class _RequestReader:
+    def __init__(self, path: str, watch_dir: str | None):
+        self.path = path
+        self.watch_dir = watch_dir
+        self.next_look = 0.0
+        self.stamp: tuple[int, int] | None = None
+        self.token = ""
+        self.announced = False
+
+    def requested(self) -> bool:
+        if not self.announced:
+            self.announced = True
+            self._announce()
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + REQUEST_POLL_S
+        try:
+            seen = os.stat(self.path)
+        except OSError:
+            return False
+        stamp = (seen.st_ino, seen.st_mtime_ns)
+        if stamp == self.stamp:
+            return False
+        self.stamp = stamp
+        token = _read_small(self.path)
+        if not token or token == self.token:
+            return False
+        self.token = token
+        return True
+
+    def _announce(self) -> None:
+        if not self.watch_dir:
+            return
+        with contextlib.suppress(OSError):   # no listener file: the supervisor signals as before
+            fd = os.open(os.path.join(self.watch_dir, LISTENING_FILE),
+                         os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            os.close(fd)
+
+
+def _read_small(path: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, REQUEST_MAX_BYTES).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def _request_reader_from_env() -> _RequestReader | None:
+    path = os.environ.get(SOCKET_ENV)
+    return _RequestReader(request_path(path), os.environ.get("TRAINCTL_WATCH_DIR")) if path else None
+
+
+_REQUESTS = _request_reader_from_env()
+
+
+def checkpoint_requested() -> bool:
+    """True once for each checkpoint request of trainctl's watch, as this rank sees it (outside a
+    watched job: always False). Cheap enough to call every step: it looks at a node-local file at
+    most every REQUEST_POLL_S. Ranks see a request at different steps: a data-parallel program
+    agrees on one step before saving (trainctl.integrations does it for Lightning and Transformers).
+    Calling it at all tells the supervisor that this program takes requests this way, so the job's
+    --signal is no longer sent to it when the watch asks for a checkpoint."""
+    try:
+        return _REQUESTS is not None and _REQUESTS.requested()
+    except Exception:   # never into the training program
+        return False

@@ -1,0 +1,134 @@
+"""Programs of the common frameworks, written as their docs show (CPU, gloo), run by trainctl on
+the real cluster with the frameworks installed from PyPI (the `test` extra):
+
+- Lightning with `TrainctlCallback`: a node turns sick mid-run (an Xid in its replayed kernel log),
+  the watch asks for a checkpoint, Lightning saves it through its own `Trainer.save_checkpoint`,
+  and the job goes on on the held spare and resumes from that save. The site's launch.signal is
+  USR1@120, the signal Lightning's SLURMEnvironment takes for "save and `scontrol requeue`": the
+  watch must not send it, and the job must not be requeued (Restarts=0, COMPLETED).
+- Then, on two nodes each, a Hugging Face Trainer with `TrainctlCallback` (completes, its steps
+  reported to the watch) and pytorch/examples' torchrun-style DDP tutorial program, unmodified
+  but for CPU (completes on 2 ranks from trainctl's env:// variables, no torchrun).
+
+Assertions are about outcomes (what was journaled, which file was resumed from), never about time.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from support.replay import LIBRARY, swap_replay, write_replay
+from support.sites import site_variant
+from support.slurm_jobs import TRAINCTL, job_output, wait_for_job
+from trainctl.job.jobdir import parse_journal
+from trainctl.slurm import expand_hostlist
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[1]
+PROGRAMS = REPO / "examples" / "frameworks"
+NODES = ("node1", "node2", "node3", "node4")
+CLEAN_DMESG = LIBRARY / "kernel" / "syslog" / "imbue-dmesg-mlx5-pcie-link-degraded-x8.txt"
+XID_DMESG = next((LIBRARY / "kernel" / "xid").glob("gpud-xe9680-h100-dmesg-T-xid119*"))
+HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
+LIGHTNING_STEPS = 240
+STEP_S = 0.25
+
+
+def journal(gate_dir: Path) -> list[dict]:
+    path = gate_dir / "journal.jsonl"
+    return parse_journal(path.read_text()) if path.exists() else []
+
+
+def wait_until(what: str, predicate, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.5)
+
+
+def submitted(devcluster, cwd: Path, *args: str) -> str:
+    """`trainctl submit ARGS` from `cwd`, as a user's shell would: without the PYTHONSAFEPATH that
+    scripts/test sets for the tests' own Pythons (sbatch passes the environment on to the job, and
+    it would keep a script's own folder off sys.path: the DDP tutorial imports its datautils.py)."""
+    env = {name: value for name, value in devcluster.client_env().items() if name != "PYTHONSAFEPATH"}
+    result = subprocess.run([TRAINCTL, "submit", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_torchrun_programs_run(
+        devcluster, tmp_path):
+    site = site_variant(tmp_path, "local-demo", {
+        "watch.hold_spares": 1,
+        # the gate again after the detection takes seconds (as the watch tests run it)
+        "gate.fabric_sizes": ["1M"], "gate.fabric_iters": 3, "gate.fabric_passes": 2,
+    })
+    lightning_dir, others_dir = tmp_path / "lightning", tmp_path / "others"
+    lightning_dir.mkdir()
+    others_dir.mkdir()
+    with ExitStack() as undo:
+        for node in NODES:
+            for made in (write_replay(devcluster.node_bin_dir(node), "dmesg", {"-T": CLEAN_DMESG}),
+                         write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})):
+                undo.callback(made.unlink, missing_ok=True)
+        lightning = submitted(devcluster, lightning_dir, "--site", str(site), "--nodes", "2", "--spare", "1", "--",
+                              str(PROGRAMS / "lightning_ddp.py"), "--nodes", "2", "--steps", str(LIGHTNING_STEPS),
+                              "--step-time", str(STEP_S), "--dir", str(lightning_dir / "ck"))
+        gate_dir = lightning_dir / f"trainctl-gate-{lightning}"
+        wait_until("Lightning's first checkpoint", lambda: any(
+            e["event"] == "checkpoint" for e in journal(gate_dir)), 300)
+        events = journal(gate_dir)
+        batch_host = next(e["batch_host"] for e in events if e["event"] == "job_start")
+        training = next(e for e in events if e["event"] == "training_start")
+        victim = next(n for n in expand_hostlist(training["nodes"]) if n != batch_host)
+        swap_replay(devcluster.node_bin_dir(victim), "dmesg", {"-T": XID_DMESG})
+        wait_until("the gate's judgement", lambda: any(e["event"] == "confirmation" for e in journal(gate_dir)), 240)
+        swap_replay(devcluster.node_bin_dir(victim), "dmesg", {"-T": CLEAN_DMESG})
+        record = wait_for_job(devcluster, lightning, timeout_s=600)
+        # then the HF Trainer, then the torchrun-style program, two nodes each: one after the other,
+        # since Slurm would put both on the same two nodes, and each would slow the other
+        hf = submitted(devcluster, others_dir, "--site", str(site), "--nodes", "2", "--",
+                       str(PROGRAMS / "hf_trainer.py"), "--steps", "30", "--dir", str(others_dir / "hf"))
+        hf_record = wait_for_job(devcluster, hf, timeout_s=300)
+        torchrun = submitted(devcluster, others_dir, "--site", str(site), "--nodes", "2", "--",
+                             str(PROGRAMS / "ddp_tutorial" / "multinode.py"), "20", "5")
+        torchrun_record = wait_for_job(devcluster, torchrun, timeout_s=300)
+
+    events = journal(gate_dir)
+    output = job_output(lightning_dir, lightning)
+    assert record["JobState"] == "COMPLETED", output
+    assert record["Restarts"] == "0", record
+    # every request went over trainctl's channel, none as a signal; the first (the sick node's) saved
+    asked = [e for e in events if e["event"] == "checkpoint_request"]
+    assert asked and all(e["signal"] is None and e["listening"] for e in asked) and asked[0]["saved"], events
+    assert "Handling auto-requeue signal" not in output and "Requeued SLURM job" not in output
+    restart = next(e for e in events if e["event"] == "training_start" and e.get("restart"))
+    assert victim not in expand_hostlist(restart["nodes"]), restart
+    # the save the watch asked for holds the step the restarted program went on from (from that
+    # file, or from ModelCheckpoint's last.ckpt when both saved at that step: the newer wins)
+    import torch
+
+    asked_step = torch.load(lightning_dir / "ck" / "last-trainctl.ckpt", weights_only=False)["global_step"]
+    assert f"rank 0: training from step {asked_step}\n" in output, output
+
+    hf_events = journal(others_dir / f"trainctl-gate-{hf}")
+    assert hf_record["JobState"] == "COMPLETED", job_output(others_dir, hf)
+    assert any(e["event"] == "first_step" for e in hf_events), hf_events   # the watch saw its steps
+    # and the Trainer's last save (its checkpoint file is read once more at the step's end); the
+    # watch, if a busy machine made it ask for one, sends no signal
+    saves = [int(e["note"].split()[1]) for e in hf_events if e["event"] == "checkpoint"]
+    assert saves and saves[-1] >= 30, hf_events
+    assert all(e["signal"] is None and e["listening"] for e in hf_events if e["event"] == "checkpoint_request")
+    assert sorted(p.name for p in (others_dir / "hf").glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-30"]
+
+    torchrun_output = job_output(others_dir, torchrun)
+    assert torchrun_record["JobState"] == "COMPLETED", torchrun_output
+    assert "[GPU1] Epoch 19" in torchrun_output and "Epoch 15 | Training snapshot saved" in torchrun_output
+    assert (others_dir / "snapshot.pt").is_file()

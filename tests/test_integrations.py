@@ -1,0 +1,312 @@
+"""The watch's checkpoint requests and the framework callbacks, on this machine: the rank's side of
+the channel (`trainctl.progress.checkpoint_requested`), the supervisor's (`request_checkpoint`:
+no signal to a program that listens), the node agent passing a request on, the ranks agreeing on a
+step, and a real Lightning and Hugging Face Trainer program (one CPU process each) saving through
+their own save path when asked, with Lightning's own requeue handler for Slurm's signal still in place."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainctl import progress
+from trainctl.agent_socket import WATCH_DIR_ENV
+from trainctl.integrations.shared import SaveRequests
+from trainctl.job.checkpoint_request import request_checkpoint
+from trainctl.job.jobdir import CHECKPOINT_REQUEST as REQUEST_FILE
+from trainctl.job.jobdir import CHECKPOINT_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
+PROGRAMS = REPO / "examples" / "frameworks"
+
+
+# ---------------------------------------------------------------- the rank's side
+
+def reader(tmp_path: Path, watch: Path | None = None) -> progress._RequestReader:
+    return progress._RequestReader(progress.request_path(str(tmp_path / "agent.sock")), str(watch) if watch else None)
+
+
+def test_a_request_is_seen_once_and_a_new_token_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "REQUEST_POLL_S", 0.0)
+    ranks = reader(tmp_path)
+    path = Path(progress.request_path(str(tmp_path / "agent.sock")))
+    assert not ranks.requested()                       # no request yet
+    path.write_text("a1\n")
+    assert ranks.requested() and not ranks.requested()
+    os.utime(path, ns=(1, 1))                          # touched, same token: no new request
+    assert not ranks.requested()
+    path.write_text("b2\n")
+    assert ranks.requested()
+
+
+def test_a_rank_looks_at_the_file_at_most_every_poll_interval(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "REQUEST_POLL_S", 3600.0)
+    ranks = reader(tmp_path)
+    assert not ranks.requested()
+    Path(progress.request_path(str(tmp_path / "agent.sock"))).write_text("a1\n")
+    assert not ranks.requested()                       # looked a moment ago: not again before the interval
+
+
+def test_asking_marks_the_watch_folder_once_as_a_listener(tmp_path):
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    reader(tmp_path, watch).requested()
+    assert (watch / progress.LISTENING_FILE).is_file()
+    reader(tmp_path, tmp_path / "no-such-folder").requested()   # a folder it cannot write: no error
+
+
+@pytest.mark.parametrize("what", ["directory", "fifo", "symlink"])
+def test_a_request_file_that_is_not_a_regular_file_is_no_request_and_never_blocks(tmp_path, monkeypatch, what):
+    monkeypatch.setattr(progress, "REQUEST_POLL_S", 0.0)
+    path = Path(progress.request_path(str(tmp_path / "agent.sock")))
+    if what == "directory":
+        path.mkdir()
+    elif what == "fifo":
+        os.mkfifo(path)
+    else:
+        (tmp_path / "target").write_text("a1\n")
+        path.symlink_to(tmp_path / "target")
+    assert not reader(tmp_path).requested()
+
+
+def test_outside_a_watched_job_nothing_is_requested():
+    code = "import trainctl.progress as p; print(p.checkpoint_requested(), p._REQUESTS)"
+    env = {k: v for k, v in os.environ.items() if k != progress.SOCKET_ENV}
+    out = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "None"]
+
+
+def test_the_progress_module_names_the_watch_folder_variable_of_the_agent_socket_module():
+    code = f"import os, trainctl.progress as p; print(p._REQUESTS.watch_dir)"
+    env = dict(os.environ, **{progress.SOCKET_ENV: "/nonexistent/s.sock", WATCH_DIR_ENV: "/nonexistent/watch"})
+    out = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "/nonexistent/watch"
+
+
+# ---------------------------------------------------------------- the ranks agree on a step
+
+def test_ranks_agree_every_n_steps_and_save_once_per_request(monkeypatch):
+    asked = iter([False, True] + [False] * 100)
+    monkeypatch.setattr(progress, "checkpoint_requested", lambda: next(asked))
+    requests = SaveRequests(every_n_steps=5)
+    reduced = []
+
+    def any_rank(flag):
+        reduced.append(flag)
+        return flag
+
+    decisions = [requests.due(step, any_rank) for step in range(1, 16)]
+    assert [step for step, due in zip(range(1, 16), decisions) if due] == [5]
+    assert reduced == [True, False, False]             # the all-reduce runs at steps 5, 10, 15 only
+    assert requests.due(15, any_rank) is False and len(reduced) == 3   # one all-reduce a step, however often asked
+
+
+def test_the_docs_quote_the_callbacks_default_interval():
+    from trainctl.integrations.shared import EVERY_N_STEPS
+
+    page = (REPO / "docs" / "your-program.md").read_text()
+    assert f"every {EVERY_N_STEPS} optimizer steps (`TrainctlCallback(every_n_steps={EVERY_N_STEPS})`)" in page
+
+
+def test_a_failing_all_reduce_is_no_save_and_no_error(monkeypatch):
+    monkeypatch.setattr(progress, "checkpoint_requested", lambda: True)
+
+    def broken(flag):
+        raise RuntimeError("process group gone")
+
+    assert SaveRequests(every_n_steps=1).due(1, broken) is False
+
+
+# ---------------------------------------------------------------- the supervisor's side
+
+class FakeStep:
+    def __init__(self):
+        self.signals = []
+
+    def poll(self):
+        return None
+
+    def send_signal(self, signum):
+        self.signals.append(signum)
+
+
+class Saves:
+    def __init__(self, save_on_poll: bool):
+        self.last = None
+        self.save_on_poll = save_on_poll
+
+    def poll(self, journal):
+        if self.save_on_poll:
+            self.last = time.time()
+
+
+class Journal:
+    def __init__(self):
+        self.events = []
+
+    def add(self, event, **fields):
+        self.events.append((event, fields))
+
+
+def test_a_program_that_listens_gets_the_request_and_no_signal(tmp_path):
+    (tmp_path / "watch").mkdir()
+    (tmp_path / "watch" / progress.LISTENING_FILE).touch()
+    step, journal = FakeStep(), Journal()
+    request_checkpoint(str(tmp_path), step, signal.SIGUSR1, Saves(save_on_poll=True), journal, wait_s=5)
+    assert step.signals == []
+    assert (tmp_path / "watch" / REQUEST_FILE).read_text().strip()
+    assert journal.events == [("checkpoint_request", {"signal": None, "listening": True, "saved": True})]
+
+
+def test_a_program_that_never_asked_gets_the_jobs_signal_as_before(tmp_path):
+    (tmp_path / "watch").mkdir()
+    step, journal = FakeStep(), Journal()
+    request_checkpoint(str(tmp_path), step, signal.SIGUSR1, Saves(save_on_poll=True), journal, wait_s=5)
+    assert step.signals == [signal.SIGUSR1]
+    assert journal.events == [("checkpoint_request", {"signal": signal.SIGUSR1, "listening": False, "saved": True})]
+
+
+def test_with_no_signal_and_no_listener_nothing_is_waited_for(tmp_path):
+    (tmp_path / "watch").mkdir()
+    step, journal = FakeStep(), Journal()
+    began = time.monotonic()
+    request_checkpoint(str(tmp_path), step, None, Saves(save_on_poll=False), journal, wait_s=3600)
+    assert time.monotonic() - began < 60
+    assert step.signals == [] and journal.events[0][1] == {"signal": None, "listening": False, "saved": False}
+
+
+# ---------------------------------------------------------------- the node agent passes it on
+
+RANK = """
+import sys, time
+import trainctl.progress as progress
+progress.REQUEST_POLL_S = 0.05
+deadline = time.monotonic() + 120
+seen = 0
+while time.monotonic() < deadline and seen < 2:
+    progress.step()
+    if progress.checkpoint_requested():
+        seen += 1
+        print("requested", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_a_request_reaches_a_listening_rank_through_the_node_agent_once_per_request(tmp_path):
+    from trainctl.agent_socket import agent_socket_path
+
+    gate = tmp_path / "gate"
+    (gate / "watch").mkdir(parents=True)
+    (gate / "watch" / REQUEST_FILE).write_text("from-an-earlier-step\n")   # not passed on: no request of this step
+    env = dict(os.environ, SLURM_JOB_ID="4343", SLURMD_NODENAME="node2", TMPDIR=str(tmp_path))
+    socket_path = agent_socket_path("4343", "node2", env)
+    agent = subprocess.Popen([TRAINCTL, "job", "agent", "--dir", str(gate), "--site", "local-demo"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank = None
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(socket_path):
+            assert time.monotonic() < deadline and agent.poll() is None, "the agent did not bind its socket"
+            time.sleep(0.1)
+        rank = subprocess.Popen([sys.executable, "-P", "-c", RANK], stdout=subprocess.PIPE, text=True,
+                                env=dict(env, RANK="0", **{progress.SOCKET_ENV: socket_path,
+                                                           WATCH_DIR_ENV: str(gate / "watch")}))
+        while not (gate / "watch" / progress.LISTENING_FILE).exists():
+            assert time.monotonic() < deadline, "the rank did not say it listens"
+            time.sleep(0.1)
+        for token in ("first", "second"):
+            (gate / "watch" / REQUEST_FILE).write_text(token + "\n")
+            assert rank.stdout.readline() == "requested\n"
+        assert rank.wait(timeout=60) == 0
+    finally:
+        if rank is not None and rank.poll() is None:
+            rank.kill()
+        agent.terminate()
+        agent.communicate(timeout=30)
+    assert not os.path.exists(progress.request_path(socket_path))   # the agent takes its copy away
+
+
+# ---------------------------------------------------------------- real framework programs, one process
+
+def single_process_env(tmp_path: Path, with_request: bool) -> dict[str, str]:
+    """A rank's environment in a watched step, with the agent's request file already there."""
+    socket_path = str(tmp_path / "agent.sock")
+    (tmp_path / "watch").mkdir(exist_ok=True)
+    if with_request:
+        Path(progress.request_path(socket_path)).write_text("token\n")
+    env = dict(os.environ, RANK="0", **{progress.SOCKET_ENV: socket_path, WATCH_DIR_ENV: str(tmp_path / "watch"),
+                                         CHECKPOINT_ENV: str(tmp_path / "checkpoint.seen")})
+    for name in [name for name in env if name.startswith("SLURM_")]:
+        del env[name]
+    return env
+
+
+def test_a_lightning_program_saves_through_lightning_when_the_watch_asks(tmp_path):
+    env = single_process_env(tmp_path, with_request=True)
+    out = subprocess.run([sys.executable, "-P", str(PROGRAMS / "lightning_ddp.py"), "--steps", "25",
+                          "--dir", str(tmp_path / "ck")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    import torch
+
+    asked = torch.load(tmp_path / "ck" / "last-trainctl.ckpt", weights_only=False)
+    assert asked["global_step"] == 10                  # the first step the ranks agree on after the ask
+    assert sorted(path.name for path in (tmp_path / "ck").iterdir()) == [
+        "epoch=0-step=20.ckpt", "last-trainctl.ckpt", "last.ckpt"]
+    assert (tmp_path / "checkpoint.seen").read_text() == "step 20\n"   # then ModelCheckpoint's own save, seen too
+    assert (tmp_path / "watch" / progress.LISTENING_FILE).exists()
+
+
+LIGHTNING_UNDER_SLURM = """
+import signal, sys
+import lightning as L
+sys.path.insert(0, sys.argv[1])
+from lightning_ddp import Regression
+from trainctl.integrations.lightning import TrainctlCallback
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+class Show(L.Callback):
+    def on_train_start(self, trainer, pl_module):
+        handlers = getattr(signal.getsignal(signal.SIGUSR1), "signal_handlers", [])
+        print("seen:", type(trainer._accelerator_connector.cluster_environment).__name__,
+              *[handler.__name__ for handler in handlers], flush=True)
+
+trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, callbacks=[TrainctlCallback(), Show()],
+                    enable_progress_bar=False, logger=False, enable_checkpointing=False,
+                    enable_model_summary=False)
+trainer.fit(Regression(0.0), DataLoader(TensorDataset(torch.randn(64, 32), torch.randn(64, 1)), batch_size=8))
+"""
+
+
+def test_with_the_callback_lightning_still_handles_slurms_signal_itself(tmp_path):
+    """Slurm's time-limit signal keeps working as Lightning users expect: the callback takes over no
+    signal, so under srun Lightning's SLURMEnvironment installs its requeue handler for SIGUSR1."""
+    env = single_process_env(tmp_path, with_request=False)
+    env.update(SLURM_NTASKS="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="77", SLURM_PROCID="0", SLURM_LOCALID="0",
+               SLURM_NODEID="0", SLURM_NODELIST="localhost")
+    out = subprocess.run([sys.executable, "-P", "-c", LIGHTNING_UNDER_SLURM, str(PROGRAMS)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    seen = [line for line in out.stdout.splitlines() if line.startswith("seen:")]
+    assert seen == ["seen: SLURMEnvironment _slurm_sigusr_handler_fn"], out.stdout
+
+
+def test_a_transformers_trainer_saves_when_the_watch_asks(tmp_path):
+    env = single_process_env(tmp_path, with_request=True)
+    out = subprocess.run([sys.executable, "-P", str(PROGRAMS / "hf_trainer.py"), "--steps", "12",
+                          "--dir", str(tmp_path / "out")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    saved = sorted(path.name for path in (tmp_path / "out").glob("checkpoint-*"))
+    assert saved == ["checkpoint-10", "checkpoint-12"], saved   # 10: asked; 12: the Trainer's own, at the end
+    assert json.loads((tmp_path / "out" / "checkpoint-10" / "trainer_state.json").read_text())["global_step"] == 10
+    assert (tmp_path / "checkpoint.seen").read_text() == "step 12\n"
