@@ -3,6 +3,7 @@ cluster (marked `cluster`; skipped without root, slurm-wlm and munge)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -25,8 +26,9 @@ from trainctl.devcluster.cluster import (ClusterSpec, DevCluster, gres_conf_text
                                         mounts_under, parse_link_mtu, parse_sinfo_node_states,
                                         parse_tbf_rate_bits, pid_alive, slurm_conf_text,
                                         spec_for_instance, sshd_config_text, task_prolog_text)
-from trainctl.devcluster.slurm_root import check_root, host_binds, write_client_wrappers
-from trainctl.devcluster.spec import Layout
+from trainctl.devcluster.slurm_root import (DEBIAN_MIRROR, check_root, host_binds, mmdebstrap_argv,
+                                            write_client_wrappers)
+from trainctl.devcluster.spec import SLURM_ROOTS, Layout
 from trainctl.errors import ExternalCommandError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
 
@@ -201,6 +203,19 @@ def test_the_instance_slurm_comes_from_the_environment_and_the_option_wins(monke
         spec_for_instance(2)
 
 
+def test_each_slurm_release_has_its_own_root_and_26_05_is_pinned_in_debian_sid():
+    assert ClusterSpec(slurm="24.11").root_fs != ClusterSpec(slurm="26.05").root_fs
+    assert ClusterSpec(slurm="26.05", slurm_root="/data/root").root_fs == "/data/root"
+    # switching the release of a spec switches its root along
+    assert dataclasses.replace(ClusterSpec(slurm="24.11"), slurm="26.05").root_fs == SLURM_ROOTS["26.05"]
+    sid = mmdebstrap_argv("26.05", "/tmp/target")
+    assert sid[-3:] == ["sid", "/tmp/target", DEBIAN_MIRROR]
+    assert "slurm-wlm=26.05.5-1" in sid[sid.index("--variant=minbase") + 2]
+    assert 'Acquire::Check-Valid-Until "false"' in sid[2]
+    trixie = mmdebstrap_argv("24.11", "/tmp/target")
+    assert trixie[-3] == "trixie" and not any("Valid-Until" in arg for arg in trixie)
+
+
 def test_the_slurm_root_sees_tmp_and_trainctls_python_but_never_replaces_its_own_system():
     binds = host_binds(("/data", "/data/sub", "/usr/local/share"),
                        python_prefix="/work/repo/.venv", python_base="/root/.pyenv/versions/3.11.7")
@@ -347,7 +362,7 @@ def test_cluster_is_up_with_four_idle_nodes_and_live_daemons(devcluster):
 def expected_slurm_version(cluster: DevCluster) -> str:
     """`slurm-wlm X.Y.Z` of the Slurm the cluster was asked for."""
     if cluster.spec.uses_root:
-        release = (Path(cluster.spec.slurm_root) / "etc/trainctl-slurm-root").read_text().split()[1]
+        release = (Path(cluster.spec.root_fs) / "etc/trainctl-slurm-root").read_text().split()[1]
         assert release.startswith(f"{cluster.spec.slurm}."), release
         return f"slurm-wlm {release}"
     return run_checked([devcluster_processes.binary("slurmd"), "-V"], timeout=15).stdout.strip()

@@ -16,7 +16,7 @@ from trainctl.validate import DAY_S, Bounds, Number
 from trainctl.devcluster import slurm_root
 from trainctl.devcluster.cluster import (STATE_FILE, ClusterSpec, ClusterStatus, DevCluster,
                                         spec_for_instance)
-from trainctl.devcluster.spec import DEFAULT_SLURM_ROOT, ROOT_SLURMS, SLURM_ENV, SYSTEM_SLURM
+from trainctl.devcluster.spec import ROOT_SLURMS, SLURM_ENV, SLURM_ROOTS, SYSTEM_SLURM
 from trainctl.errors import ExternalCommandError, UsageError
 from trainctl.proc import run
 
@@ -121,8 +121,9 @@ def dev_cluster() -> None:
                    "(10.77.<K+10r>.N).")
 @click.option("--sshd", is_flag=True, help="Also start sshd on every node (key auth as root).")
 @click.option("--slurm", type=click.Choice([SYSTEM_SLURM, *ROOT_SLURMS]), default=None,
-              help=f"Which Slurm runs the cluster: the system's, or 24.11 from a Debian 13 root "
-                   f"filesystem (built by `build-root`). Default: ${SLURM_ENV}, else system.")
+              help=f"Which Slurm runs the cluster: the system's, 24.11 from a Debian 13 root filesystem "
+                   f"or 26.05 from a Debian sid one (built by `build-root`). Default: ${SLURM_ENV}, "
+                   "else system.")
 @click.option("--bind", "root_binds", multiple=True, metavar="DIR",
               help="With a Slurm root: one more host directory its jobs see at the same path "
                    "(repeatable; /tmp and trainctl's Python and checkout always are).")
@@ -170,11 +171,12 @@ def down(base_dir: str) -> None:
 @dev_cluster.command("build-root")
 @click.option("--slurm", type=click.Choice(ROOT_SLURMS), default=ROOT_SLURMS[0], show_default=True,
               help="The Slurm release the root holds.")
-@click.option("--root", default=DEFAULT_SLURM_ROOT, show_default=True, metavar="DIR",
-              help="Where the root is built and cached.")
+@click.option("--root", default=None, metavar="DIR",
+              help="Where the root is built and cached. Default: "
+                   + ", ".join(f"{path} for {slurm}" for slurm, path in SLURM_ROOTS.items()) + ".")
 @click.option("--mirror", default=slurm_root.DEBIAN_MIRROR, show_default=True, help="Debian archive URL.")
 @click.option("--rebuild", is_flag=True, help="Build it again even when it is there.")
-def build_root(slurm: str, root: str, mirror: str, rebuild: bool) -> None:
+def build_root(slurm: str, root: str | None, mirror: str, rebuild: bool) -> None:
     """Build (once) the Debian root filesystem that `up --slurm SLURM` runs Slurm from (needs root,
     mmdebstrap and Debian's archive)."""
     slurm_root.build_root(slurm, root, mirror=mirror, rebuild=rebuild, progress=_progress)

@@ -129,7 +129,7 @@ class DevCluster:
         say = progress or (lambda _message: None)
         check_prerequisites()
         if self.spec.uses_root:
-            slurm_root.check_root(self.spec.slurm, self.spec.slurm_root)
+            slurm_root.check_root(self.spec.slurm, self.spec.root_fs)
         start = time.monotonic()
         self._lock(lock_wait_s)
         try:
@@ -172,7 +172,7 @@ class DevCluster:
             for node in spec.node_names:
                 slurm_root.mount_node_root(self.layout, node)
             slurm_root.write_client_wrappers(self.layout)
-            say(f"Slurm {spec.slurm} from {spec.slurm_root}, assembled at {self.layout.root_dir}")
+            say(f"Slurm {spec.slurm} from {spec.root_fs}, assembled at {self.layout.root_dir}")
         say(f"network: {spec.nodes} namespaces on {spec.bridge} "
             f"({spec.subnet}.0/24) after {time.monotonic() - start:.2f} s")
         slurm_daemons.create_fake_gpus(spec, self.state)

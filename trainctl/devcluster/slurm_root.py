@@ -1,6 +1,7 @@
-"""A second Slurm for the dev cluster: a Debian 13 ("trixie") root filesystem with slurm-wlm 24.11,
-built once from Debian's archive with mmdebstrap and cached, in which munged, slurmctld, every
-slurmd, the Slurm clients and so every job task run (chroot).
+"""Another Slurm for the dev cluster: a Debian root filesystem with slurm-wlm 24.11 (Debian 13,
+"trixie") or 26.05 (Debian's development suite, "sid"), built once from Debian's archive with
+mmdebstrap and cached, in which munged, slurmctld, every slurmd, the Slurm clients and so every
+job task run (chroot).
 
 The root sees the host's paths that daemons, clients and tasks use at the same paths: /dev, /proc,
 /sys (inside a node: the node's own sysfs), /tmp (configs, logs, spool, test folders), /etc/hosts,
@@ -22,18 +23,23 @@ from pathlib import Path
 from typing import Callable
 
 from trainctl.devcluster.processes import CMD_TIMEOUT_S, binary
-from trainctl.devcluster.spec import DEFAULT_SLURM_ROOT, ROOT_SLURMS, Layout
+from trainctl.devcluster.spec import ROOT_SLURMS, SLURM_ROOTS, Layout
 from trainctl.errors import ExternalCommandError, UsageError
 from trainctl.proc import resolve, run, run_checked
 
-DEBIAN_SUITE = {"24.11": "trixie"}
+DEBIAN_SUITE = {"24.11": "trixie", "26.05": "sid"}
+# The Slurm packages' version where the suite moves: sid replaces a version as soon as a newer one
+# is uploaded, so the tested one is pinned; once sid has moved on, build from a snapshot of the
+# archive (--mirror https://snapshot.debian.org/archive/debian/<date>T000000Z/).
+PINNED_SLURM = {"26.05": "26.05.5-1"}
+SLURM_PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client")
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 MARKER = "etc/trainctl-slurm-root"     # in the root: which Slurm it holds; absent on the host
 BUILD_TIMEOUT_S = 1800.0
 # The Slurm daemons and clients, munge, and what trainctl's probes and the pyenv Python the
 # tasks run need from the root's /usr (the interpreter itself is bound in from the host).
 ROOT_PACKAGES = (
-    "slurm-wlm", "slurmctld", "slurmd", "slurm-client", "munge",
+    *SLURM_PACKAGES, "munge",
     "iproute2", "iputils-ping", "procps",
     "libssl3t64", "libffi8", "libsqlite3-0", "libbz2-1.0", "liblzma5", "libexpat1",
     "libreadline8t64", "libncursesw6", "zlib1g", "libtirpc3t64",
@@ -65,18 +71,27 @@ def check_root(slurm: str, root: str) -> None:
 
 
 def mmdebstrap_argv(slurm: str, target: str, mirror: str = DEBIAN_MIRROR) -> list[str]:
-    return ["mmdebstrap", "--variant=minbase", f"--include={','.join(ROOT_PACKAGES)}",
+    pinned = PINNED_SLURM.get(slurm)
+    packages = [f"{p}={pinned}" if pinned and p in SLURM_PACKAGES else p for p in ROOT_PACKAGES]
+    # A development suite's Release file is valid for a week (Valid-Until), and a snapshot of the
+    # archive is past it by design: apt then refuses the suite unless told not to check that date
+    # (apt.conf(5), Acquire::Check-Valid-Until); the signature is still checked and the Slurm
+    # packages are pinned.
+    expiry = ['--aptopt=Acquire::Check-Valid-Until "false"'] if pinned else []
+    return ["mmdebstrap", "--variant=minbase", *expiry, f"--include={','.join(packages)}",
             DEBIAN_SUITE[slurm], target, mirror]
 
 
-def build_root(slurm: str, root: str = DEFAULT_SLURM_ROOT, *, mirror: str = DEBIAN_MIRROR,
+def build_root(slurm: str, root: str | None = None, *, mirror: str = DEBIAN_MIRROR,
                rebuild: bool = False, progress: Callable[[str], None] = lambda _m: None) -> bool:
-    """Build the root for `slurm` at `root` unless it is there; True when it was built.
+    """Build the root for `slurm` at `root` (default: its cache, SLURM_ROOTS) unless it is there;
+    True when it was built.
 
     Built beside `root` and renamed into place, so an interrupted build leaves no half root.
     """
     if slurm not in ROOT_SLURMS:
         raise UsageError(f"no root filesystem for Slurm {slurm!r}; choose {', '.join(ROOT_SLURMS)}")
+    root = root or SLURM_ROOTS[slurm]
     if os.geteuid() != 0:
         raise UsageError("building the Slurm root needs root (mmdebstrap, chroot)")
     if root_release(root) == slurm and not rebuild:
@@ -147,10 +162,10 @@ def assemble_root(layout: Layout) -> None:
     """<base>/root: the cached root with the host's /dev, /proc, /sys, /etc/hosts and
     `host_binds` bound in (host mount namespace; node namespaces made later inherit it)."""
     spec = layout.spec
-    check_root(spec.slurm, spec.slurm_root)
+    check_root(spec.slurm, spec.root_fs)
     root = layout.root_dir
     root.mkdir(exist_ok=True)
-    _mount("--bind", spec.slurm_root, root)
+    _mount("--bind", spec.root_fs, root)
     _mount("--make-private", root)
     for tree in ("/dev", "/proc", "/sys"):
         _mount("--rbind", tree, f"{root}{tree}")

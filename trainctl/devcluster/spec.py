@@ -21,9 +21,11 @@ INSTANCE_ENV = "TRAINCTL_DEVCLUSTER_INSTANCE"
 SLURM_ENV = "TRAINCTL_DEVCLUSTER_SLURM"
 SYSTEM_SLURM = "system"
 # Slurm releases the dev cluster can run besides the system's, each from a root filesystem of
-# its own (slurm_root.py): Debian 13 ("trixie") ships slurm-wlm 24.11.
-ROOT_SLURMS = ("24.11",)
-DEFAULT_SLURM_ROOT = "/var/cache/trainctl/debian13-slurm-root"
+# its own (slurm_root.py), cached under /var/cache/trainctl: Debian 13 ("trixie") ships slurm-wlm
+# 24.11, Debian's development suite ("sid") 26.05.
+ROOT_SLURMS = ("24.11", "26.05")
+SLURM_ROOTS = {"24.11": "/var/cache/trainctl/debian13-slurm-root",
+               "26.05": "/var/cache/trainctl/debian-sid-slurm-26.05-root"}
 CONTROLLER_OCTET = 254
 ROOT_SIDE_MTU = 9000        # bridge and root-side veths carry the largest node MTU
 MAX_NODE_MTU = ROOT_SIDE_MTU
@@ -99,8 +101,13 @@ class ClusterSpec:
     # (ROOT_SLURMS) at slurm_root; its daemons, clients and job tasks then all run in that root,
     # which sees the host's /tmp, /dev, /proc, /sys, trainctl's Python and root_binds.
     slurm: str = SYSTEM_SLURM
-    slurm_root: str = DEFAULT_SLURM_ROOT
+    slurm_root: str = ""                 # "": the release's own cache (SLURM_ROOTS); see root_fs
     root_binds: tuple[str, ...] = ()
+
+    @property
+    def root_fs(self) -> str:
+        """The built root filesystem this cluster's Slurm runs from."""
+        return self.slurm_root or SLURM_ROOTS.get(self.slurm, "")
 
     @property
     def uses_root(self) -> bool:
@@ -206,7 +213,7 @@ class ClusterSpec:
                              "characters")
 
         check_slurm(self.slurm)
-        for path in (self.slurm_root, *self.root_binds):
+        for path in ((self.root_fs,) if self.uses_root else ()) + self.root_binds:
             if not SAFE_PATH_RE.match(path) or path.rstrip("/") == "":
                 raise UsageError(f"path {path!r} must be absolute, below /, made of letters, digits "
                                  "and . _ - /", hint="it goes into the Slurm root's bind mounts")
