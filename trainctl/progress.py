@@ -15,24 +15,31 @@ a program can keep the calls when it runs without trainctl.
 
 The cost is bounded per call: a step adds to counters in memory, and a datagram leaves at most
 once per `TRAINCTL_PROGRESS_INTERVAL_S` (0.05 s unless the job sets it) carrying the counts since
-the last one. Sending never blocks and never raises: a full or absent reader loses a datagram,
-and the next one carries the running totals. Nothing here imports torch or anything beyond the
-standard library, so importing it costs microseconds.
+the last one. Nothing here raises into the program or blocks it: sending is non-blocking, and a
+full or absent reader loses a datagram, the next one carrying the running totals; the socket is
+made at the first report (again at the next if no descriptor was free), not at import; a value
+that cannot be reported (a RANK or interval out of range, a checkpoint that is not a whole
+number of steps) is dropped with one warning per process at most. Nothing here imports torch
+or anything beyond the standard library, so importing it costs microseconds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import struct
 import time
+import warnings
 from collections.abc import Iterator
 
 SOCKET_ENV = "TRAINCTL_PROGRESS_SOCKET"
 INTERVAL_ENV = "TRAINCTL_PROGRESS_INTERVAL_S"
 RANK_ENV = "RANK"
 DEFAULT_INTERVAL_S = 0.05
+# A longer interval would leave the watch without news for longer than its hang floors allow.
+MAX_INTERVAL_S = 10.0
 
 # One datagram: format version, rank, the sending process's pid (for the node's stack dumps),
 # steps so far, wall time of the last step's end, steps in this report, their summed and longest
@@ -40,6 +47,23 @@ DEFAULT_INTERVAL_S = 0.05
 # (-1: none reported). Little-endian, fixed size.
 RECORD = struct.Struct("<BiiQdIdddq")
 VERSION = 2
+_RANKS = range(-1, 2**31)             # what the rank field holds (-1: RANK not set)
+_CHECKPOINT_STEPS = range(0, 2**63)   # what the checkpoint field holds
+_WINDOW_STEPS_MAX = 2**32 - 1
+
+_warned = False
+
+
+def _warn_once(message: str) -> None:
+    """One warning per process, whatever goes wrong how often: the program's log is not ours.
+    Through `warnings` so that a program can filter it; one that turns warnings into errors
+    still gets no exception from here."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    with contextlib.suppress(Exception):
+        warnings.warn(f"trainctl.progress: {message}", RuntimeWarning, stacklevel=3)
 
 
 class _Reporter:
@@ -47,8 +71,9 @@ class _Reporter:
         self.path = path
         self.rank = rank
         self.interval_s = interval_s
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setblocking(False)
+        # Made at the first report, and made again at the next one if that failed (no free fd):
+        # importing this module never opens anything.
+        self.sock: socket.socket | None = None
         self.steps = 0
         self.last_end = time.monotonic()
         self.next_send = self.last_end
@@ -75,25 +100,53 @@ class _Reporter:
 
     def send(self, now: float) -> None:
         self.next_send = now + self.interval_s
-        last_end_wall = time.time() - (now - self.last_end)   # a checkpoint report comes after its step
-        # getpid per report, not per call: a forked child that reports is itself
-        record = RECORD.pack(VERSION, self.rank, os.getpid(), self.steps, last_end_wall, self.window_steps,
-                             self.window_sum, self.window_max, self.window_compute, self.checkpoint_step)
-        with contextlib.suppress(OSError):  # no reader, or its queue is full: the next report catches up
+        try:
+            if self.sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+                self.sock = sock
+            last_end_wall = time.time() - (now - self.last_end)   # a checkpoint report comes after its step
+            # getpid per report, not per call: a forked child that reports is itself
+            record = RECORD.pack(VERSION, self.rank, os.getpid(), self.steps, last_end_wall,
+                                 min(self.window_steps, _WINDOW_STEPS_MAX), self.window_sum, self.window_max,
+                                 self.window_compute, self.checkpoint_step)
+            # Non-blocking: no reader, or its queue full, loses this report; the next catches up.
             self.sock.sendto(record, self.path)
+        except OSError as exc:
+            if self.sock is None:   # no socket could be made (e.g. EMFILE): say so once, try again later
+                _warn_once(f"cannot make the progress socket ({exc.strerror or exc}): reports wait for one")
+        except (ValueError, OverflowError, struct.error) as exc:
+            _warn_once(f"a report could not be built ({exc}): it is dropped")
         self._reset_window()
+
+
+def _interval_from_env(text: str | None) -> float:
+    if text is None:
+        return DEFAULT_INTERVAL_S
+    try:
+        interval = float(text)
+    except ValueError:
+        interval = math.nan
+    if not 0.0 <= interval <= MAX_INTERVAL_S:   # NaN fails this too
+        _warn_once(f"{INTERVAL_ENV}={text[:40]!r} is not 0-{MAX_INTERVAL_S:g} seconds: "
+                   f"{DEFAULT_INTERVAL_S:g} s is used")
+        return DEFAULT_INTERVAL_S
+    return interval
 
 
 def _reporter_from_env() -> _Reporter | None:
     path = os.environ.get(SOCKET_ENV)
     if not path:
         return None
+    text = os.environ.get(RANK_ENV, "-1")
     try:
-        rank = int(os.environ.get(RANK_ENV, "-1"))
-        interval = float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL_S))
+        rank = int(text)
     except ValueError:
-        return None  # a garbled variable must never stop a training run: report nothing
-    return _Reporter(path, rank, max(interval, 0.0))
+        rank = None
+    if rank not in _RANKS:
+        # a garbled variable must never stop a training run: report nothing, say so once
+        _warn_once(f"{RANK_ENV}={text[:40]!r} is not a rank: no progress is reported")
+        return None
+    return _Reporter(path, rank, _interval_from_env(os.environ.get(INTERVAL_ENV)))
 
 
 _REPORTER = _reporter_from_env()
@@ -106,10 +159,33 @@ def step() -> None:
 
 
 def checkpoint(step_number: int) -> None:
-    """Say that a checkpoint now holds the state after `step_number` steps (reported at once)."""
-    if _REPORTER is not None:
-        _REPORTER.checkpoint_step = step_number
-        _REPORTER.send(time.monotonic())
+    """Say that a checkpoint now holds the state after `step_number` steps (reported at once).
+
+    Any whole number of steps, 0 or more, counts (an int, or a float, numpy or torch scalar that
+    holds one); anything else is dropped with one warning."""
+    if _REPORTER is None:
+        return
+    steps = _whole_steps(step_number)
+    if steps is None:
+        _warn_once(f"checkpoint({str(step_number)[:40]}) is not a step number (a whole number, 0 or more): "
+                   f"it is dropped")
+        return
+    _REPORTER.checkpoint_step = steps
+    _REPORTER.send(time.monotonic())
+
+
+def _whole_steps(value: object) -> int | None:
+    if isinstance(value, (str, bytes)):
+        return None
+    try:
+        steps = value.__index__()        # int, numpy and torch integer scalars
+    except Exception:
+        try:
+            number = float(value)        # 5.0, a numpy or torch float scalar
+            steps = int(number) if number.is_integer() else None
+        except Exception:
+            return None
+    return steps if type(steps) is int and steps in _CHECKPOINT_STEPS else None
 
 
 @contextlib.contextmanager
