@@ -75,6 +75,7 @@ class RankProgress:
     compute_seconds: float = 0.0       # time inside progress.compute()
     last_step_t: float | None = None   # wall time the last step ended
     checkpoint_step: int | None = None
+    activity: int = 0                  # looks that found its main thread somewhere new (steps or not)
 
 
 def fold(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[int, RankProgress]:
@@ -91,7 +92,8 @@ def fold(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[i
         step_seconds=before.step_seconds + float(record["window_seconds"]),
         compute_seconds=before.compute_seconds + float(record["compute_seconds"]),
         last_step_t=float(record["time"]) if record["steps"] else before.last_step_t,
-        checkpoint_step=checkpoint if checkpoint >= 0 else before.checkpoint_step)
+        checkpoint_step=checkpoint if checkpoint >= 0 else before.checkpoint_step,
+        activity=int(record.get("activity", 0)))
     return {**ranks, rank: after}
 
 
@@ -152,7 +154,7 @@ def node_file(node: str, t: float, started_t: float, ranks: Mapping[int, RankPro
         "format": NODE_FILE_FORMAT, "node": node, "t": t, "started_t": started_t,
         "ranks": {str(rank): {"pid": p.pid, "steps": p.steps, "step_seconds": p.step_seconds,
                               "compute_seconds": p.compute_seconds, "last_step_t": p.last_step_t,
-                              "checkpoint_step": p.checkpoint_step}
+                              "checkpoint_step": p.checkpoint_step, "activity": p.activity}
                   for rank, p in sorted(ranks.items())},
         "checks": {"t": checks.t, "runs": checks.runs,
                    "failed": [{"check": p.check, "reason": p.reason} for p in checks.failed],

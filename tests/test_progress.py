@@ -59,7 +59,7 @@ def test_no_reader_loses_the_report_without_raising(tmp_path):
 def test_decode_refuses_what_is_not_a_report_of_this_version():
     with pytest.raises(ValueError, match="bytes"):
         progress.decode(b"\x01" * 10)
-    older = struct.pack(progress.RECORD.format, progress.VERSION - 1, 0, 1, 1, 0.0, 1, 0.0, 0.0, 0.0, -1)
+    older = struct.pack(progress.RECORD.format, progress.VERSION - 1, 0, 1, 1, 0.0, 1, 0.0, 0.0, 0.0, -1, 0)
     with pytest.raises(ValueError, match="version"):
         progress.decode(older)
 
@@ -79,14 +79,20 @@ def _run(code, env, *flags):
 
 
 def _received(reader):
-    """Every report waiting on `reader`, decoded (the child has exited: all it sent is queued)."""
+    """Every report waiting on `reader`, decoded (the child has exited: all it sent is queued),
+    less the rank's activity reports (sent only when it went a second without a report: under
+    load), which repeat the totals of the report before."""
     reader.setblocking(False)
     records = []
     while True:
         try:
-            records.append(progress.decode(reader.recv(256)))
+            record = progress.decode(reader.recv(256))
         except BlockingIOError:
             return records
+        totals = (record["steps"], record["checkpoint_step"])
+        if record["window_steps"] or not records or totals != (records[-1]["steps"],
+                                                               records[-1]["checkpoint_step"]):
+            records.append(record)
 
 
 def _warnings(stderr):
@@ -159,7 +165,7 @@ def test_a_bad_interval_falls_back_to_the_default_so_reports_go_on(tmp_path, int
 # The module's code is read before the descriptors run out, then run as `import` runs it: the
 # import itself then needs no descriptor, as in a program that imported trainctl earlier.
 NO_DESCRIPTORS = """
-import __future__, collections.abc, contextlib, importlib.util, math, os, resource, socket, struct, sys, time, warnings
+import __future__, collections.abc, contextlib, importlib.util, math, os, resource, socket, struct, sys, threading, time, warnings
 spec = importlib.util.find_spec("trainctl.progress")
 code = spec.loader.get_code(spec.name)
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

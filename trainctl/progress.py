@@ -30,6 +30,8 @@ import math
 import os
 import socket
 import struct
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -41,12 +43,21 @@ DEFAULT_INTERVAL_S = 0.05
 # A longer interval would leave the watch without news for longer than its hang floors allow.
 MAX_INTERVAL_S = 10.0
 
+# How often a rank looks whether its main thread moved (`_Reporter.watch_main_thread`), and how
+# often at most it reports that while it does not step.
+ACTIVITY_LOOK_S = 0.25
+ACTIVITY_REPORT_S = 1.0
+LOOKS_A_TICK = 3
+RELOOK_S = 0.002
+STACK_DEPTH = 64                      # frames compared, from the innermost
+
 # One datagram: format version, rank, the sending process's pid (for the node's stack dumps),
 # steps so far, wall time of the last step's end, steps in this report, their summed and longest
-# duration, compute-section seconds in this report, and the step the last checkpoint holds
-# (-1: none reported). Little-endian, fixed size.
-RECORD = struct.Struct("<BiiQdIdddq")
-VERSION = 2
+# duration, compute-section seconds in this report, the step the last checkpoint holds
+# (-1: none reported), and how often the main thread was seen somewhere new (activity).
+# Little-endian, fixed size.
+RECORD = struct.Struct("<BiiQdIdddqQ")
+VERSION = 3
 _RANKS = range(-1, 2**31)             # what the rank field holds (-1: RANK not set)
 _CHECKPOINT_STEPS = range(0, 2**63)   # what the checkpoint field holds
 _WINDOW_STEPS_MAX = 2**32 - 1
@@ -78,6 +89,10 @@ class _Reporter:
         self.last_end = time.monotonic()
         self.next_send = self.last_end
         self.checkpoint_step = -1
+        self.own_steps = False          # the program calls step() itself: optimizer steps are not counted
+        self.activity = 0
+        self.last_sent = self.last_end
+        self.lock = threading.Lock()    # the main thread's reports and the activity sampler's
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -99,7 +114,12 @@ class _Reporter:
             self.send(now)
 
     def send(self, now: float) -> None:
+        with self.lock:
+            self._send(now)
+
+    def _send(self, now: float) -> None:
         self.next_send = now + self.interval_s
+        self.last_sent = now
         try:
             if self.sock is None:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
@@ -108,7 +128,7 @@ class _Reporter:
             # getpid per report, not per call: a forked child that reports is itself
             record = RECORD.pack(VERSION, self.rank, os.getpid(), self.steps, last_end_wall,
                                  min(self.window_steps, _WINDOW_STEPS_MAX), self.window_sum, self.window_max,
-                                 self.window_compute, self.checkpoint_step)
+                                 self.window_compute, self.checkpoint_step, self.activity)
             # Non-blocking: no reader, or its queue full, loses this report; the next catches up.
             self.sock.sendto(record, self.path)
         except OSError as exc:
@@ -117,6 +137,57 @@ class _Reporter:
         except (ValueError, OverflowError, struct.error) as exc:
             _warn_once(f"a report could not be built ({exc}): it is dropped")
         self._reset_window()
+
+    def watch_main_thread(self) -> None:
+        """The rank's own activity, for phases without steps (evaluation, a long save, warm-up,
+        compilation): every ACTIVITY_LOOK_S, whether the main thread is at another place in the
+        program than at the last look (its stack: code and instruction of each frame). A rank
+        stuck in one call (a collective that never completes, a wait) stays put. A busy thread
+        is seen where it hands over the GIL (calls, loop ends), so a look that finds it where it
+        was looks again, up to LOOKS_A_TICK times. When the main thread sends no reports (no
+        steps), this thread sends one, at most every ACTIVITY_REPORT_S, after a look that saw it
+        move. A phase spent in one call (one long C call) reads as no activity, as a stuck
+        collective does. A step the main thread counts while this thread reports may lose its
+        duration from that report's window; the step totals stay exact."""
+        main = threading.main_thread().ident
+        last = None                          # the first look is where counting starts
+        while True:
+            time.sleep(ACTIVITY_LOOK_S)
+            try:
+                for _ in range(LOOKS_A_TICK):
+                    here = _stack_signature(sys._current_frames().get(main))
+                    if here != last:
+                        break
+                    time.sleep(RELOOK_S)
+                if here is None:
+                    return                   # the main thread has ended: the program is exiting
+                if here == last or last is None:
+                    last = here
+                    continue
+                last = here
+                self.activity += 1
+                now = time.monotonic()
+                if now - self.last_sent >= ACTIVITY_REPORT_S and self.lock.acquire(blocking=False):
+                    try:
+                        self._send(now)
+                    finally:
+                        self.lock.release()
+            except Exception:
+                return                       # never into the program: activity goes unreported
+
+    def after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()         # the parent's sampler may have held it at the fork
+
+
+def _stack_signature(frame: object) -> tuple | None:
+    """Where a thread is: the code and instruction of each frame of its stack (None: no thread)."""
+    if frame is None:
+        return None
+    places = []
+    while frame is not None and len(places) < STACK_DEPTH:
+        places.append((id(frame.f_code), frame.f_lasti))
+        frame = frame.f_back
+    return tuple(places)
 
 
 def _interval_from_env(text: str | None) -> float:
@@ -146,7 +217,14 @@ def _reporter_from_env() -> _Reporter | None:
         # a garbled variable must never stop a training run: report nothing, say so once
         _warn_once(f"{RANK_ENV}={text[:40]!r} is not a rank: no progress is reported")
         return None
-    return _Reporter(path, rank, _interval_from_env(os.environ.get(INTERVAL_ENV)))
+    reporter = _Reporter(path, rank, _interval_from_env(os.environ.get(INTERVAL_ENV)))
+    try:
+        threading.Thread(target=reporter.watch_main_thread, name="trainctl-progress-activity",
+                         daemon=True).start()
+        os.register_at_fork(after_in_child=reporter.after_fork_in_child)
+    except Exception as exc:   # RuntimeError: no thread can be started (a limit): steps still count
+        _warn_once(f"cannot watch the main thread's activity ({exc})")
+    return reporter
 
 
 _REPORTER = _reporter_from_env()
@@ -155,7 +233,17 @@ _REPORTER = _reporter_from_env()
 def step() -> None:
     """Mark the end of one training step."""
     if _REPORTER is not None:
+        _REPORTER.own_steps = True
         _REPORTER.step()
+
+
+def _optimizer_step_hook(reporter: _Reporter):
+    """What `trainctl.autostep` registers with torch: each optimizer step counts as a training
+    step until the program calls step() itself (its own steps win from then on)."""
+    def after_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+        if not reporter.own_steps:
+            reporter.step()
+    return after_optimizer_step
 
 
 def checkpoint(step_number: int) -> None:
@@ -205,8 +293,10 @@ def decode(datagram: bytes) -> dict[str, float | int]:
     """One datagram as a dict (for the watcher and tests); ValueError if it is not one."""
     if len(datagram) != RECORD.size:
         raise ValueError(f"progress datagram of {len(datagram)} bytes, expected {RECORD.size}")
-    version, rank, pid, steps, wall, n, total, longest, compute_s, checkpoint_step = RECORD.unpack(datagram)
+    version, rank, pid, steps, wall, n, total, longest, compute_s, checkpoint_step, activity = \
+        RECORD.unpack(datagram)
     if version != VERSION:
         raise ValueError(f"progress datagram version {version}, expected {VERSION}")
     return {"rank": rank, "pid": pid, "steps": steps, "time": wall, "window_steps": n, "window_seconds": total,
-            "window_longest": longest, "compute_seconds": compute_s, "checkpoint_step": checkpoint_step}
+            "window_longest": longest, "compute_seconds": compute_s, "checkpoint_step": checkpoint_step,
+            "activity": activity}

@@ -182,6 +182,11 @@ class WatchConfig:
     end_grace_s: float = doc("after SIGTERM to the training step, before scancel; again before SIGKILL", 10.0)
     max_restarts: int = doc("restarts inside the allocation after a detection; then the job ends or "
                             "retries (launch.retries) excluding the named nodes", 3)
+    auto_steps: bool = doc("count each optimizer step of a Python rank as a training step, with no change "
+                           "to the program (torch's global optimizer step hook, installed at the rank's "
+                           "start); steps the program reports itself win; a job turns it off with "
+                           "TRAINCTL_AUTO_STEPS=0 in the environment of `trainctl submit` "
+                           "(docs: Watching the training)", True)
     hold_spares: int = doc("healthy nodes the gate did not choose that the job keeps through training, "
                            "to restart on after a detection (each costs node-hours while held; "
                            "launch.release_unused gives back the rest)", 0)
