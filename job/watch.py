@@ -32,8 +32,10 @@ never ends its step does, and hides a hang.
 A node's agent is silent when its file, once written, has not changed for `agent_silence_s`.
 Silence while the job still makes progress is not a detection: training goes on, and the
 journal says so once. An agent that never wrote names nobody (it may simply not have started).
-A program that does not call `trainctl.progress` reports no steps: then only a node whose
-agent has been silent for the hang floor is detected (hung), and slowdowns are not seen.
+A Python rank's optimizer steps count as its steps where it does not call `trainctl.progress`
+itself (`trainctl.autostep`). A program that reports no steps at all (not Python, or the hook
+turned off): then only a node whose agent has been silent for the hang floor is detected
+(hung), and slowdowns are not seen.
 """
 
 from __future__ import annotations
