@@ -33,10 +33,11 @@ AUTO_STEPS_ENV = "TRAINCTL_AUTO_STEPS"    # "0" turns the hook off for one job (
 
 def install() -> bool:
     """Count optimizer steps from the moment the program imports torch's optimizers; True when
-    the hook is registered or will be. Nothing outside a watched step (no progress socket)."""
+    the hook is registered or will be. Nothing outside a watched step (no progress socket), nor
+    in a process the rank's program started (`progress.OWNER_ENV`)."""
     reporter = progress._REPORTER
-    if reporter is None:
-        return False
+    if reporter is None or not reporter.rank_process:
+        return False    # not a watched step, or a process the rank started (a data loader worker)
     module = sys.modules.get(OPTIMIZER_MODULE)
     if module is not None:
         return _register(module, reporter)

@@ -39,6 +39,10 @@ from collections.abc import Iterator
 SOCKET_ENV = "TRAINCTL_PROGRESS_SOCKET"
 INTERVAL_ENV = "TRAINCTL_PROGRESS_INTERVAL_S"
 RANK_ENV = "RANK"
+# The pid of the rank's own process: the first under the job to import this module. Its child
+# processes (data loader or compile workers, started with spawn) inherit the variable and see
+# that they are not it: they report neither activity nor optimizer steps in the rank's name.
+OWNER_ENV = "TRAINCTL_PROGRESS_OWNER"
 DEFAULT_INTERVAL_S = 0.05
 # A longer interval would leave the watch without news for longer than its hang floors allow.
 MAX_INTERVAL_S = 10.0
@@ -90,6 +94,7 @@ class _Reporter:
         self.next_send = self.last_end
         self.checkpoint_step = -1
         self.own_steps = False          # the program calls step() itself: optimizer steps are not counted
+        self.rank_process = True        # the rank's own process, not one it started (OWNER_ENV)
         self.activity = 0
         self.last_sent = self.last_end
         self.lock = threading.Lock()    # the main thread's reports and the activity sampler's
@@ -218,6 +223,12 @@ def _reporter_from_env() -> _Reporter | None:
         _warn_once(f"{RANK_ENV}={text[:40]!r} is not a rank: no progress is reported")
         return None
     reporter = _Reporter(path, rank, _interval_from_env(os.environ.get(INTERVAL_ENV)))
+    owner = os.environ.get(OWNER_ENV)
+    if not owner:
+        os.environ[OWNER_ENV] = owner = str(os.getpid())
+    reporter.rank_process = owner == str(os.getpid())
+    if not reporter.rank_process:
+        return reporter
     try:
         threading.Thread(target=reporter.watch_main_thread, name="trainctl-progress-activity",
                          daemon=True).start()
