@@ -21,6 +21,11 @@ made at the first report (again at the next if no descriptor was free), not at i
 that cannot be reported (a RANK or interval out of range, a checkpoint that is not a whole
 number of steps) is dropped with one warning per process at most. Nothing here imports torch
 or anything beyond the standard library, so importing it costs microseconds.
+
+Under the job, the rank's own process also starts one daemon thread that looks four times a
+second where its main thread is (`_Reporter.watch_main_thread`): the rank's activity, which
+tells the watch a phase without steps (evaluation, a save) from a hang. And in a Python rank
+that does not call step(), `trainctl.autostep` counts optimizer steps through this module.
 """
 
 from __future__ import annotations
