@@ -132,8 +132,8 @@ class _Reporter:
         self.last_sent = now
         try:
             if self.sock is None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-                self.sock = sock
+                self.sock = socket.socket(socket.AF_UNIX,
+                                          socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
             last_end_wall = time.time() - (now - self.last_end)   # a checkpoint report comes after its step
             # getpid per report, not per call: a forked child that reports is itself
             record = RECORD.pack(VERSION, self.rank, os.getpid(), self.steps, last_end_wall,
