@@ -82,7 +82,8 @@ def fold(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[i
         compute_seconds=before.compute_seconds + float(record["compute_seconds"]),
         last_step_t=float(record["time"]) if record["steps"] else before.last_step_t,
         checkpoint_step=checkpoint if checkpoint >= 0 else before.checkpoint_step,
-        checkpoint_t=float(record["time"]) if saved else before.checkpoint_t)
+        checkpoint_t=float(record["time"]) if saved else before.checkpoint_t,
+        activity=int(record.get("activity", 0)))
     return {**ranks, rank: after}
 
 

@@ -16,16 +16,26 @@ The evidence is relative to the job itself, never to a fixed figure:
   goes to waiting: the wire, the input). It narrows what to look at; the gate still decides.
 - **sick**: a node's agent reports a check that passed when training started and fails now
   (an Xid in the kernel log, a port down, error counters growing). The check is the evidence.
-- **hung**: no rank finished a step for the hang timeout: `hang_floor_s`, or `hang_steps` x the
-  baseline step time when that is longer. It names the nodes whose agent fell silent (a hung
-  node stops everything on it), else the nodes whose ranks are behind the others; when neither,
-  nobody.
+- **hung**: no rank finished a step, and no rank's main thread moved, for the hang timeout:
+  `hang_floor_s`, or `hang_steps` x the baseline step time when that is longer. It names the
+  nodes whose agent fell silent (a hung node stops everything on it), else the nodes whose ranks
+  are behind the others; when neither, nobody.
+
+A phase without steps is not a hang while a rank's main thread moves (`activity`: each rank
+looks at it once a second, `trainctl.progress`): evaluation, a long save, warm-up, compilation.
+Nor is it a slowdown: the steps that end a phase without steps longer than the hang timeout
+measure that phase, not the training speed, so that poll adds no step-time sample; a shorter
+phase adds one long sample, which the median over the slow window outweighs. A rank stuck in one
+call (a collective that never completes) does not move; a rank spinning in Python code that
+never ends its step does, and hides a hang.
 
 A node's agent is silent when its file, once written, has not changed for `agent_silence_s`.
 Silence while the job still makes progress is not a detection: training goes on, and the
 journal says so once. An agent that never wrote names nobody (it may simply not have started).
-A program that does not call `trainctl.progress` reports no steps: then only a node whose
-agent has been silent for the hang floor is detected (hung), and slowdowns are not seen.
+A Python rank's optimizer steps count as its steps where it does not call `trainctl.progress`
+itself (`trainctl.autostep`). A program that reports no steps at all (not Python, or the hook
+turned off): then only a node whose agent has been silent for the hang floor is detected
+(hung), and slowdowns are not seen.
 """
 
 from __future__ import annotations
@@ -88,6 +98,8 @@ class WatchState:
     last: Mapping[int, tuple[int, float, float]] = field(default_factory=dict)
     progress_t: float = 0.0              # when a rank last finished a step (the watch's start before that)
     progress_steps: int = -1             # the most steps any rank had then (-1: no rank reported a step)
+    active_t: float = 0.0                # when a rank's main thread was last seen to move (0: never)
+    activity: Mapping[int, int] = field(default_factory=dict)   # rank -> its activity at the last poll
     silent_noted: tuple[str, ...] = ()   # agents already reported silent while training went on
     heard: Mapping[str, float] = field(default_factory=dict)   # node -> its agent's latest file time
     # node -> its compute time per step, over the baseline and slow windows only (bounded)
@@ -133,7 +145,10 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
             readings: Mapping[str, NodeReading | None]) -> Observation:
     """One poll: `readings` maps each training node to its agent's latest file (None: none yet)."""
     ranks = [rank for reading in readings.values() if reading for rank in reading.ranks]
-    state = _sample(limits, state, now, ranks, readings)
+    # steps after a phase without steps longer than the hang timeout measure that phase
+    ends_pause = (state.progress_steps >= 0 and now - state.progress_t >= limits.hang_floor_s
+                  and now - state.progress_t >= limits.hang_timeout_s(_baseline(limits, state, now)))
+    state = _sample(limits, state, now, ranks, readings, ends_pause)
     silent = silent_nodes(limits, state, now)
 
     sick = [(node, check, reason) for node, reading in sorted(readings.items()) if reading
@@ -154,7 +169,7 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
                 "hung", gone, f"the agent of {', '.join(gone)} fell silent {limits.hang_floor_s:.0f} s ago "
                               "(no rank reports steps: no progress to judge)", {"silent": list(gone)}))
         return _quiet(limits, state, ())
-    stalled_s = now - state.progress_t
+    stalled_s = now - max(state.progress_t, state.active_t)
     hang_after = limits.hang_timeout_s(baseline)
     if stalled_s >= hang_after:
         return Observation(state, _hung(state, readings, silent, stalled_s, hang_after))
@@ -181,9 +196,10 @@ def _quiet(limits: WatchLimits, state: WatchState, silent: tuple[str, ...]) -> O
 
 
 def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[RankProgress],
-            readings: Mapping[str, NodeReading | None]) -> WatchState:
+            readings: Mapping[str, NodeReading | None], ends_pause: bool = False) -> WatchState:
     """The job's step time since the last poll: the median over ranks of each rank's own
-    (added step seconds / added steps). Ranks that finished no step add nothing."""
+    (added step seconds / added steps). Ranks that finished no step add nothing; nor does any
+    rank when the poll ends a phase without steps (`ends_pause`)."""
     before = state.last
     step_times = []
     for rank in ranks:
@@ -191,7 +207,7 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
         if rank.steps > steps and rank.step_seconds >= seconds:
             step_times.append((rank.step_seconds - seconds) / (rank.steps - steps))
     samples = state.samples
-    if step_times:
+    if step_times and not ends_pause:
         samples = (samples + (Sample(now, statistics.median(step_times)),))[-MAX_SAMPLES:]
     # progress: any rank finished a step since the last poll (a rank whose agent fell silent
     # keeps its old count, so it neither counts as progress nor holds the others back)
@@ -199,11 +215,16 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
     progress_t, progress_steps = state.progress_t, state.progress_steps
     if progressed:
         progress_t, progress_steps = now, max(progress_steps, max(rank.steps for rank in ranks))
+    # activity: a rank's main thread moved since the last poll (a new process starts again from 0)
+    active_t = state.active_t
+    if any(rank.activity != state.activity.get(rank.rank, 0) for rank in ranks):
+        active_t = now
     heard = dict(state.heard)
     for node, reading in readings.items():
         if reading is not None and reading.written_t > heard.get(node, 0.0):
             heard[node] = reading.written_t
     return replace(state, samples=samples, progress_t=progress_t, progress_steps=progress_steps,
+                   active_t=active_t, activity={r.rank: r.activity for r in ranks} or state.activity,
                    last={r.rank: (r.steps, r.step_seconds, r.compute_seconds) for r in ranks} or state.last,
                    heard=heard, compute=_compute_samples(limits, state, now, before, readings))
 

@@ -358,28 +358,35 @@ def site_environment(site: SiteConfig) -> tuple[EnvSetting, ...]:
                  for name, value in site.launch.env.items())
 
 def flight_recorder_environment(entries: int) -> tuple[EnvSetting, ...]:
-    """PyTorch's NCCL flight recorder, dumped per rank into the gate directory on a collective timeout.
+    """PyTorch's flight recorder, dumped per rank into the gate directory on a collective timeout.
 
-    Names and meaning from PyTorch's ProcessGroupNCCL environment variables
-    (https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html) and its flight
-    recorder tutorial (https://docs.pytorch.org/tutorials/prototype/flight_recorder_tutorial.html):
-    DUMP_ON_TIMEOUT needs TRACE_BUFFER_SIZE > 0; the dump file is the prefix with the rank appended.
-    Newer PyTorch reads the prefix as TORCH_FR_DUMP_TEMP_FILE and still accepts the older
-    TORCH_NCCL_DEBUG_INFO_TEMP_FILE (both are in torch 2.13's libtorch), so both are set.
-    TORCH_NCCL_DEBUG_INFO_PIPE_FILE gives each rank a named pipe that dumps on demand
-    (`flight_recorder_pipe`): the watch writes to it on a hang, before it ends the step.
+    Only the names the installed torch (2.13) reads first, because setting any other name it
+    accepts prints a deprecation warning in every rank's log. PyTorch's rule
+    (torch/csrc/distributed/c10d/Utils.hpp, getCvarString/getCvarInt/getCvarBool): each setting
+    is a list of names, the current one first; any later name that is set is read but warns
+    "Environment variable X is deprecated; use Y instead". The lists, in torch's own sources
+    (https://github.com/pytorch/pytorch/blob/main/torch/csrc/distributed/c10d/):
+      - the ring buffer: {TORCH_FR_BUFFER_SIZE, TORCH_NCCL_TRACE_BUFFER_SIZE}, 2000 entries when
+        neither is set (FlightRecorder.hpp, FlightRecorder(); the NCCL group's DumpPipe and
+        dump-on-timeout read the same, ProcessGroupNCCL.hpp/.cpp). So 0 must be said to turn
+        the recorder off: an unset variable leaves it on.
+      - the dump file prefix: {TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE}
+        (FlightRecorder.cpp, DebugInfoWriter::getWriter); PyTorch appends the rank.
+      - dump on a collective timeout: {TORCH_NCCL_DUMP_ON_TIMEOUT} (ProcessGroupNCCL.hpp), and
+        the dump-on-demand pipe: {TORCH_NCCL_DEBUG_INFO_PIPE_FILE} (ProcessGroupNCCL.cpp): these
+        have no newer name in torch 2.13.
+    The pipe (`flight_recorder_pipe`) is what the watch writes to on a hang, before it ends the step.
     """
     if entries <= 0:
-        return ()
+        return (EnvSetting("TORCH_FR_BUFFER_SIZE", "0",
+                           "flight recorder off (PyTorch keeps 2000 collectives when it is not set)"),)
     return (
-        EnvSetting("TORCH_NCCL_TRACE_BUFFER_SIZE", str(entries),
-                   "NCCL flight recorder: the last collectives of each rank, kept in memory"),
+        EnvSetting("TORCH_FR_BUFFER_SIZE", str(entries),
+                   "flight recorder: the last collectives of each rank, kept in memory"),
         EnvSetting("TORCH_NCCL_DUMP_ON_TIMEOUT", "1",
                    "a collective that times out dumps them (`trainctl job show`)"),
-        EnvSetting("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", FLIGHT_RECORDER_PREFIX,
-                   "one dump per rank in the gate directory (PyTorch appends the rank)", in_gate_dir=True),
         EnvSetting("TORCH_FR_DUMP_TEMP_FILE", FLIGHT_RECORDER_PREFIX,
-                   "the same, under the name newer PyTorch reads", in_gate_dir=True),
+                   "one dump per rank in the gate directory (PyTorch appends the rank)", in_gate_dir=True),
         EnvSetting("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", FLIGHT_RECORDER_PIPE_PREFIX,
                    "each rank's pipe (PyTorch appends <rank>.pipe): a line written into it dumps now "
                    "(the watch does, on a hang)", in_gate_dir=True),
@@ -391,8 +398,8 @@ def flight_recorder_pipe(rank: int) -> str:
 
     PyTorch's rule (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp, struct DumpPipe;
     https://github.com/pytorch/pytorch/blob/main/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp):
-    when TORCH_NCCL_DEBUG_INFO_PIPE_FILE is set and TORCH_NCCL_TRACE_BUFFER_SIZE > 0, the rank
-    itself unlinks and mkfifo()s `<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe` and holds it open
+    when TORCH_NCCL_DEBUG_INFO_PIPE_FILE is set and the ring buffer is above 0 (TORCH_FR_BUFFER_SIZE),
+    the rank itself unlinks and mkfifo()s `<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe` and holds it open
     O_RDONLY|O_NONBLOCK. Only the default process group makes one, named by the global rank
     (ProcessGroupNCCL.cpp, HeartbeatMonitor::runLoop: `dumpPipe.emplace(pg_->globalRank(), ...)`).
     That thread polls it (every TORCH_NCCL_COORD_CHECK_MILSEC, 1 s by default, while

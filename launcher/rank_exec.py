@@ -13,7 +13,10 @@ Run by the job script as `srun ... trainctl rank-exec --site S --partition P --m
    (NVIDIA/nccl#1478: "You should not set NCCL_IB_HCA differently on each rank"; NCCL picks
    each GPU's nearest port itself from the PCI topology);
 4. in a step the supervisor watches (TRAINCTL_WATCH_DIR set), gives the program
-   TRAINCTL_PROGRESS_SOCKET, the node agent's socket (`trainctl.progress`);
+   TRAINCTL_PROGRESS_SOCKET, the node agent's socket (`trainctl.progress`), and, unless the site
+   (`watch.auto_steps`) or the job (TRAINCTL_AUTO_STEPS=0) turns it off, puts trainctl's
+   bootstrap folder first on PYTHONPATH, so that a Python program's optimizer steps count as its
+   training steps with no change to it (`trainctl.autostep`);
 5. replaces itself with PROGRAM (os.execvpe: no shell, no extra process; `submit` hands it
    the path its pre-submit check resolved, so no PATH search picks another file).
 
@@ -32,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import trainctl.bootstrap
 from trainctl.agent_socket import progress_environment
+from trainctl.autostep import AUTO_STEPS_ENV
 from trainctl.errors import ParseError, UsageError
 from trainctl.health.parse.cpu_siblings import SIBLINGS_GLOB, Cores
 from trainctl.launcher.binding import RankBinding, format_cpu_list, node_nccl_hcas, rank_bindings
@@ -178,6 +183,25 @@ def rank_environment(environ: Mapping[str, str], placement: RankPlacement, maste
     if setup.nccl_ib_hca is not None:
         env["NCCL_IB_HCA"] = setup.nccl_ib_hca
     return env
+
+
+BOOTSTRAP_DIR = os.path.dirname(os.path.abspath(trainctl.bootstrap.__file__))
+OFF_WORDS = ("0", "false", "no", "off")
+
+
+def auto_steps_environment(environ: Mapping[str, str], progress_env: Mapping[str, str],
+                           site_default: bool) -> dict[str, str]:
+    """PYTHONPATH with the bootstrap folder first, in a watched step (the progress socket set)
+    where neither the job (TRAINCTL_AUTO_STEPS=0|false|no|off) nor the site turns it off."""
+    from trainctl.progress import SOCKET_ENV
+
+    if SOCKET_ENV not in progress_env:
+        return {}
+    choice = environ.get(AUTO_STEPS_ENV, "").strip().lower()
+    if (choice in OFF_WORDS) if choice else not site_default:
+        return {}
+    existing = environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": BOOTSTRAP_DIR + (os.pathsep + existing if existing else "")}
 
 
 def describe_node(host: str, setup: NodeSetup) -> str:
@@ -346,7 +370,9 @@ def rank_exec(*, site_ref: str, partition_name: str | None, master_addr: str, ga
         _say(speaks, f"{host}: ranks run unbound: {setup.why_unbound}" if setup.why_unbound
              else describe_node(host, setup))
     env = rank_environment(environ, placement, master_addr, setup)
-    env.update(progress_environment(environ, host))   # the node agent's socket, in a watched step
+    progress_env = progress_environment(environ, host)   # the node agent's socket, in a watched step
+    env.update(progress_env)
+    env.update(auto_steps_environment(environ, progress_env, site.watch.auto_steps))
 
     argv = list(program)
     if setup.bindings:

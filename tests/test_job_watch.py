@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from trainctl.job import jobdir
 from trainctl.job import watch as w
 
 LIMITS = w.WatchLimits(slow_factor=1.5, slow_window_s=15, baseline_window_s=120, warmup_s=10,
@@ -25,10 +26,18 @@ class Job:
         self.last_ranks: dict[str, tuple[w.RankProgress, ...]] = {}
         self.compute_s: dict[str, float] = {}           # node -> compute seconds per step (none: not timed)
         self.computed = dict.fromkeys(NODES, 0.0)
+        # a phase without steps (evaluation, a save): no rank steps, the ranks of these nodes move
+        self.moving: set[str] | None = None
+        self.activity = dict.fromkeys(NODES, 0)
+        self.paused_s = 0.0        # the phase's time, in the first step after it (as a rank measures it)
 
     def poll(self, seconds: float = 1.0) -> w.Observation:
         self.t += seconds
-        if not self.frozen:
+        if self.moving is not None:
+            self.paused_s += seconds
+            for node in self.moving:
+                self.activity[node] += 1
+        elif not self.frozen:
             self.steps += seconds / self.step_s
         readings = {}
         for index, node in enumerate(NODES):
@@ -36,8 +45,8 @@ class Job:
                 steps = int(self.steps)
                 done = steps - (self.last_ranks[node][0].steps if node in self.last_ranks else 0)
                 self.computed[node] += done * self.compute_s.get(node, 0.0)
-                self.last_ranks[node] = (w.RankProgress(index, steps, steps * self.step_s, self.t, 100 + index,
-                                                        self.computed[node]),)
+                self.last_ranks[node] = (w.RankProgress(index, steps, steps * self.step_s + self.paused_s, self.t,
+                                                        100 + index, self.computed[node], activity=self.activity[node]),)
                 self.written[node] = self.t
             readings[node] = w.NodeReading(node, self.written[node], self.last_ranks.get(node, ()),
                                            self.failed.get(node, ()))
@@ -236,3 +245,72 @@ def test_an_agent_that_never_wrote_names_nobody():
         assert observation.detection is None
         notes += observation.silent_while_progressing
     assert notes == []
+
+
+# ---------------------------------------------------------------- phases without steps
+
+def test_an_evaluation_much_longer_than_the_hang_timeout_is_no_hang_while_the_ranks_move():
+    job = Job()
+    assert job.run(60) == []
+    job.moving = set(NODES)               # 200 s of evaluation: no steps, every rank's main thread moves
+    assert job.run(200) == []
+    job.moving = None
+    assert job.run(120) == []             # training again: neither a hang nor a slowdown
+
+
+def test_one_rank_evaluating_while_the_others_wait_is_no_hang():
+    job = Job()
+    assert job.run(60) == []
+    job.moving = {"node1"}                # rank 0 evaluates; the others wait in a barrier
+    assert job.run(200) == []
+
+
+def test_a_phase_that_stops_moving_is_a_hang_after_the_timeout_from_its_last_move():
+    job = Job()
+    assert job.run(60) == []
+    job.moving = set(NODES)
+    assert job.run(100) == []
+    job.moving = set()                    # every rank stuck in one call
+    quiet = job.run(LIMITS.hang_floor_s - 2)
+    assert quiet == []
+    found = job.run(5)
+    assert found and found[0].kind == "hung"
+
+
+def test_the_steps_after_a_long_phase_add_no_sample_and_a_short_phase_is_outweighed():
+    job = Job()
+    assert job.run(60) == []
+    samples = len(job.state.samples)
+    job.moving = set(NODES)
+    job.run(100)
+    assert len(job.state.samples) == samples          # no steps, no samples
+    job.moving = None
+    job.poll()                                        # the steps that end the phase
+    assert len(job.state.samples) == samples
+    job.poll()
+    assert len(job.state.samples) == samples + 1      # then training's own again
+    job.moving = set(NODES)
+    job.run(LIMITS.hang_floor_s // 2)                 # a phase shorter than the hang timeout
+    job.moving = None
+    assert job.run(120) == []
+
+
+def test_a_slowdown_after_a_phase_without_steps_is_still_seen():
+    job = Job()
+    assert job.run(60) == []
+    job.moving = set(NODES)
+    assert job.run(100) == []
+    job.moving = None
+    assert job.run(60) == []
+    job.step_s = 0.8
+    found = job.run(30)
+    assert found and found[0].kind == "slow"
+
+
+def test_a_node_file_without_activity_reads_as_none():
+    text = json.dumps({"format": 1, "node": "n", "t": 1.0,
+                       "ranks": {"0": {"pid": 5, "steps": 2, "step_seconds": 1.0}}})
+    assert jobdir.parse_node_file(text).ranks[0].activity == 0
+    with_activity = json.dumps({"format": 1, "node": "n", "t": 1.0,
+                                "ranks": {"0": {"pid": 5, "steps": 2, "step_seconds": 1.0, "activity": 7}}})
+    assert jobdir.parse_node_file(with_activity).ranks[0].activity == 7

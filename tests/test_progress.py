@@ -59,6 +59,164 @@ def test_no_reader_loses_the_report_without_raising(tmp_path):
 def test_decode_refuses_what_is_not_a_report_of_this_version():
     with pytest.raises(ValueError, match="bytes"):
         progress.decode(b"\x01" * 10)
-    older = struct.pack(progress.RECORD.format, progress.VERSION - 1, 0, 1, 1, 0.0, 1, 0.0, 0.0, 0.0, -1)
+    older = struct.pack(progress.RECORD.format, progress.VERSION - 1, 0, 1, 1, 0.0, 1, 0.0, 0.0, 0.0, -1, 0)
     with pytest.raises(ValueError, match="version"):
         progress.decode(older)
+
+
+# ---------------------------------------------------------------- never raises, never blocks
+
+def _reader(tmp_path):
+    path = str(tmp_path / "p.sock")
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.bind(path)
+    return path, reader
+
+
+def _run(code, env, *flags):
+    return subprocess.run([sys.executable, *flags, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _received(reader):
+    """Every report waiting on `reader`, decoded (the child has exited: all it sent is queued),
+    less the rank's activity reports (sent only when it went a second without a report: under
+    load), which repeat the totals of the report before."""
+    reader.setblocking(False)
+    records = []
+    while True:
+        try:
+            record = progress.decode(reader.recv(256))
+        except BlockingIOError:
+            return records
+        totals = (record["steps"], record["checkpoint_step"])
+        if record["window_steps"] or not records or totals != (records[-1]["steps"],
+                                                               records[-1]["checkpoint_step"]):
+            records.append(record)
+
+
+def _warnings(stderr):
+    return [line for line in stderr.splitlines() if "trainctl.progress:" in line]
+
+
+BAD_CHECKPOINTS = """
+import trainctl.progress as progress
+progress.step()
+progress.checkpoint(5.0)          # a whole number of steps, as a float: counts
+progress.step()
+progress.checkpoint(5.5)          # dropped
+progress.checkpoint(float("nan")) # dropped
+progress.checkpoint(-3)           # dropped
+progress.checkpoint(2**64)        # dropped
+progress.checkpoint("7")          # dropped
+progress.step()
+"""
+
+
+@pytest.mark.parametrize("flags", [(), ("-W", "error")], ids=["default", "warnings-are-errors"])
+def test_a_checkpoint_that_is_no_step_number_is_dropped_with_one_warning_and_steps_go_on(tmp_path, flags):
+    path, reader = _reader(tmp_path)
+    env = dict(os.environ, TRAINCTL_PROGRESS_SOCKET=path, RANK="1", TRAINCTL_PROGRESS_INTERVAL_S="0")
+    child = _run(BAD_CHECKPOINTS, env, *flags)
+    assert child.returncode == 0, child.stderr
+    records = _received(reader)
+    assert [(r["steps"], r["checkpoint_step"]) for r in records] == [(1, -1), (1, 5), (2, 5), (3, 5)]
+    assert len(_warnings(child.stderr)) == (0 if flags else 1), child.stderr
+
+
+CALLS = """
+import trainctl.progress as progress
+for _ in range(3):
+    with progress.compute():
+        pass
+    progress.step()
+progress.checkpoint(3)
+"""
+
+
+def test_a_rank_beyond_what_a_report_holds_reports_nothing_and_warns_once(tmp_path):
+    path, reader = _reader(tmp_path)
+    env = dict(os.environ, TRAINCTL_PROGRESS_SOCKET=path, RANK=str(2**40), TRAINCTL_PROGRESS_INTERVAL_S="0")
+    child = _run(CALLS, env)
+    assert child.returncode == 0, child.stderr
+    assert _received(reader) == []
+    assert len(_warnings(child.stderr)) == 1, child.stderr
+
+
+SPACED_STEPS = """
+import time
+import trainctl.progress as progress
+for _ in range(3):
+    time.sleep(progress.DEFAULT_INTERVAL_S * 1.2)   # longer than the default interval: one report each
+    progress.step()
+"""
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "-1", "1e9", "fast"])
+def test_a_bad_interval_falls_back_to_the_default_so_reports_go_on(tmp_path, interval):
+    path, reader = _reader(tmp_path)
+    env = dict(os.environ, TRAINCTL_PROGRESS_SOCKET=path, RANK="0", TRAINCTL_PROGRESS_INTERVAL_S=interval)
+    child = _run(SPACED_STEPS, env)
+    assert child.returncode == 0, child.stderr
+    assert [r["steps"] for r in _received(reader)] == [1, 2, 3]
+    assert len(_warnings(child.stderr)) == 1, child.stderr
+
+
+# The module's code is read before the descriptors run out, then run as `import` runs it: the
+# import itself then needs no descriptor, as in a program that imported trainctl earlier.
+NO_DESCRIPTORS = """
+import __future__, collections.abc, contextlib, importlib.util, math, os, resource, socket, struct, sys
+import threading, time, warnings
+spec = importlib.util.find_spec("trainctl.progress")
+code = spec.loader.get_code(spec.name)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+while True:
+    try:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module
+exec(code, module.__dict__)
+progress = module
+progress.step()
+progress.checkpoint(1)
+for fd in held:
+    os.close(fd)
+progress.step()                    # a descriptor is free again: this report goes out
+"""
+
+
+def test_import_and_calls_with_no_descriptor_left_do_not_raise_and_report_once_one_is_free(tmp_path):
+    path, reader = _reader(tmp_path)
+    env = dict(os.environ, TRAINCTL_PROGRESS_SOCKET=path, RANK="0", TRAINCTL_PROGRESS_INTERVAL_S="0")
+    child = _run(NO_DESCRIPTORS, env)
+    assert child.returncode == 0, child.stderr
+    assert [(r["steps"], r["checkpoint_step"]) for r in _received(reader)] == [(2, 1)]
+    assert len(_warnings(child.stderr)) == 1, child.stderr
+
+
+MANY_STEPS = """
+import trainctl.progress as progress
+for _ in range(50_000):
+    progress.step()
+progress.checkpoint(50_000)
+print("done")
+"""
+
+
+def test_a_reader_that_never_reads_does_not_block_the_program(tmp_path):
+    path, reader = _reader(tmp_path)   # bound, never read: its queue fills after a few hundred reports
+    env = dict(os.environ, TRAINCTL_PROGRESS_SOCKET=path, RANK="0", TRAINCTL_PROGRESS_INTERVAL_S="0")
+    child = _run(MANY_STEPS, env)
+    assert (child.returncode, child.stdout, _warnings(child.stderr)) == (0, "done\n", []), child.stderr
+    assert 0 < len(_received(reader)) < 50_000
+
+
+def test_an_agent_gone_leaving_its_socket_file_costs_the_program_nothing(tmp_path):
+    path, reader = _reader(tmp_path)
+    reader.close()                     # the file stays; nobody reads it: every send is refused
+    env = dict(os.environ, TRAINCTL_PROGRESS_SOCKET=path, RANK="0", TRAINCTL_PROGRESS_INTERVAL_S="0")
+    child = _run(MANY_STEPS, env)
+    assert (child.returncode, child.stdout, _warnings(child.stderr)) == (0, "done\n", []), child.stderr

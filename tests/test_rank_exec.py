@@ -10,8 +10,8 @@ import pytest
 
 from trainctl.agent_socket import agent_socket_path
 from trainctl.errors import UsageError
-from trainctl.launcher.rank_exec import (distributed_environment, placement_from_slurm, program_argv,
-                                        tasks_on_node)
+from trainctl.launcher.rank_exec import (BOOTSTRAP_DIR, auto_steps_environment, distributed_environment,
+                                        placement_from_slurm, program_argv, tasks_on_node)
 from trainctl.proc import run
 from trainctl.slurm import job_port
 
@@ -373,3 +373,36 @@ def test_the_agent_socket_path_fits_a_unix_socket_address():
     assert hashed != agent_socket_path("78", long_node, {"TMPDIR": "/scratch/tmp"})
     deep = agent_socket_path("77", "node2", {"TMPDIR": "/" + "d" * 100})
     assert deep.startswith("/tmp/trainctl-progress-") and len(deep) <= 107
+
+
+WATCHED = {"TRAINCTL_PROGRESS_SOCKET": "/tmp/p.sock"}
+
+
+@pytest.mark.parametrize("environ, site_default, on", [
+    ({}, True, True),
+    ({"TRAINCTL_AUTO_STEPS": "0"}, True, False),
+    ({"TRAINCTL_AUTO_STEPS": "off"}, True, False),
+    ({}, False, False),
+    ({"TRAINCTL_AUTO_STEPS": "1"}, False, True),
+])
+def test_a_watched_rank_gets_the_step_hook_unless_the_site_or_the_job_turns_it_off(environ, site_default, on):
+    env = auto_steps_environment(environ, WATCHED, site_default)
+    assert env == ({"PYTHONPATH": BOOTSTRAP_DIR} if on else {})
+    assert auto_steps_environment(environ, {}, site_default) == {}    # not a watched step: nothing
+
+
+def test_the_bootstrap_goes_first_on_the_programs_own_pythonpath():
+    env = auto_steps_environment({"PYTHONPATH": "/my/lib"}, WATCHED, True)
+    assert env == {"PYTHONPATH": f"{BOOTSTRAP_DIR}{os.pathsep}/my/lib"}
+
+
+def test_a_watched_python_rank_starts_with_the_hook_and_a_sys_path_of_its_own(tmp_path):
+    task = slurm_task(rank=0, local=0, node=0, world=1, layout="1", job="4321")
+    probe = "import json, sys; print(json.dumps({'path': sys.path, 'torch': 'torch' in sys.modules}))"
+    result = subprocess.run([TRAINCTL, "rank-exec", "--site", "local-demo", "--master-addr", "h", "--no-bind",
+                             "--", sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **task, "TRAINCTL_WATCH_DIR": str(tmp_path), "PYTHONPATH": "/my/lib"})
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert BOOTSTRAP_DIR not in seen["path"] and "/my/lib" in seen["path"]
+    assert seen["torch"] is False     # nothing imports torch before the program does

@@ -15,32 +15,76 @@ a program can keep the calls when it runs without trainctl.
 
 The cost is bounded per call: a step adds to counters in memory, and a datagram leaves at most
 once per `TRAINCTL_PROGRESS_INTERVAL_S` (0.05 s unless the job sets it) carrying the counts since
-the last one. Sending never blocks and never raises: a full or absent reader loses a datagram,
-and the next one carries the running totals. Nothing here imports torch or anything beyond the
-standard library, so importing it costs microseconds.
+the last one. Nothing here raises into the program or blocks it: sending is non-blocking, and a
+full or absent reader loses a datagram, the next one carrying the running totals; the socket is
+made at the first report (again at the next if no descriptor was free), not at import; a value
+that cannot be reported (a RANK or interval out of range, a checkpoint that is not a whole
+number of steps) is dropped with one warning per process at most. Nothing here imports torch
+or anything beyond the standard library, so importing it costs microseconds.
+
+Under the job, the rank's own process also starts one daemon thread that looks four times a
+second where its main thread is (`_Reporter.watch_main_thread`): the rank's activity, which
+tells the watch a phase without steps (evaluation, a save) from a hang. And in a Python rank
+that does not call step(), `trainctl.autostep` counts optimizer steps through this module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import stat
 import struct
+import sys
+import threading
 import time
+import warnings
 from collections.abc import Iterator
 
 SOCKET_ENV = "TRAINCTL_PROGRESS_SOCKET"
 INTERVAL_ENV = "TRAINCTL_PROGRESS_INTERVAL_S"
 RANK_ENV = "RANK"
+# The pid of the rank's own process: the first under the job to import this module. Its child
+# processes (data loader or compile workers, started with spawn) inherit the variable and see
+# that they are not it: they report neither activity nor optimizer steps in the rank's name.
+OWNER_ENV = "TRAINCTL_PROGRESS_OWNER"
 DEFAULT_INTERVAL_S = 0.05
+# A longer interval would leave the watch without news for longer than its hang floors allow.
+MAX_INTERVAL_S = 10.0
+
+# How often a rank looks whether its main thread moved (`_Reporter.watch_main_thread`), and how
+# often at most it reports that while it does not step.
+ACTIVITY_LOOK_S = 0.25
+ACTIVITY_REPORT_S = 1.0
+LOOKS_A_TICK = 3
+RELOOK_S = 0.002
+STACK_DEPTH = 64                      # frames compared, from the innermost
 
 # One datagram: format version, rank, the sending process's pid (for the node's stack dumps),
 # steps so far, wall time of the last step's end, steps in this report, their summed and longest
-# duration, compute-section seconds in this report, and the step the last checkpoint holds
-# (-1: none reported). Little-endian, fixed size.
-RECORD = struct.Struct("<BiiQdIdddq")
-VERSION = 2
+# duration, compute-section seconds in this report, the step the last checkpoint holds
+# (-1: none reported), and how often the main thread was seen somewhere new (activity).
+# Little-endian, fixed size.
+RECORD = struct.Struct("<BiiQdIdddqQ")
+VERSION = 3
+_RANKS = range(-1, 2**31)             # what the rank field holds (-1: RANK not set)
+_CHECKPOINT_STEPS = range(0, 2**63)   # what the checkpoint field holds
+_WINDOW_STEPS_MAX = 2**32 - 1
+
+_warned = False
+
+
+def _warn_once(message: str) -> None:
+    """One warning per process, whatever goes wrong how often: the program's log is not ours.
+    Through `warnings` so that a program can filter it; one that turns warnings into errors
+    still gets no exception from here."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    with contextlib.suppress(Exception):
+        warnings.warn(f"trainctl.progress: {message}", RuntimeWarning, stacklevel=3)
 
 
 class _Reporter:
@@ -48,12 +92,18 @@ class _Reporter:
         self.path = path
         self.rank = rank
         self.interval_s = interval_s
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setblocking(False)
+        # Made at the first report, and made again at the next one if that failed (no free fd):
+        # importing this module never opens anything.
+        self.sock: socket.socket | None = None
         self.steps = 0
         self.last_end = time.monotonic()
         self.next_send = self.last_end
         self.checkpoint_step = -1
+        self.own_steps = False          # the program calls step() itself: optimizer steps are not counted
+        self.rank_process = True        # the rank's own process, not one it started (OWNER_ENV)
+        self.activity = 0
+        self.last_sent = self.last_end
+        self.lock = threading.Lock()    # the main thread's reports and the activity sampler's
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -75,26 +125,123 @@ class _Reporter:
             self.send(now)
 
     def send(self, now: float) -> None:
+        with self.lock:
+            self._send(now)
+
+    def _send(self, now: float) -> None:
         self.next_send = now + self.interval_s
-        last_end_wall = time.time() - (now - self.last_end)   # a checkpoint report comes after its step
-        # getpid per report, not per call: a forked child that reports is itself
-        record = RECORD.pack(VERSION, self.rank, os.getpid(), self.steps, last_end_wall, self.window_steps,
-                             self.window_sum, self.window_max, self.window_compute, self.checkpoint_step)
-        with contextlib.suppress(OSError):  # no reader, or its queue is full: the next report catches up
+        self.last_sent = now
+        try:
+            if self.sock is None:
+                self.sock = socket.socket(socket.AF_UNIX,
+                                          socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+            last_end_wall = time.time() - (now - self.last_end)   # a checkpoint report comes after its step
+            # getpid per report, not per call: a forked child that reports is itself
+            record = RECORD.pack(VERSION, self.rank, os.getpid(), self.steps, last_end_wall,
+                                 min(self.window_steps, _WINDOW_STEPS_MAX), self.window_sum, self.window_max,
+                                 self.window_compute, self.checkpoint_step, self.activity)
+            # Non-blocking: no reader, or its queue full, loses this report; the next catches up.
             self.sock.sendto(record, self.path)
+        except OSError as exc:
+            if self.sock is None:   # no socket could be made (e.g. EMFILE): say so once, try again later
+                _warn_once(f"cannot make the progress socket ({exc.strerror or exc}): reports wait for one")
+        except (ValueError, OverflowError, struct.error) as exc:
+            _warn_once(f"a report could not be built ({exc}): it is dropped")
         self._reset_window()
+
+    def watch_main_thread(self) -> None:
+        """The rank's own activity, for phases without steps (evaluation, a long save, warm-up,
+        compilation): every ACTIVITY_LOOK_S, whether the main thread is at another place in the
+        program than at the last look (its stack: code and instruction of each frame). A rank
+        stuck in one call (a collective that never completes, a wait) stays put. A busy thread
+        is seen where it hands over the GIL (calls, loop ends), so a look that finds it where it
+        was looks again, up to LOOKS_A_TICK times. When the main thread sends no reports (no
+        steps), this thread sends one, at most every ACTIVITY_REPORT_S, after a look that saw it
+        move. A phase spent in one call (one long C call) reads as no activity, as a stuck
+        collective does. A step the main thread counts while this thread reports may lose its
+        duration from that report's window; the step totals stay exact."""
+        main = threading.main_thread().ident
+        last = None                          # the first look is where counting starts
+        while True:
+            time.sleep(ACTIVITY_LOOK_S)
+            try:
+                for _ in range(LOOKS_A_TICK):
+                    here = _stack_signature(sys._current_frames().get(main))
+                    if here != last:
+                        break
+                    time.sleep(RELOOK_S)
+                if here is None:
+                    return                   # the main thread has ended: the program is exiting
+                if here == last or last is None:
+                    last = here
+                    continue
+                last = here
+                self.activity += 1
+                now = time.monotonic()
+                if now - self.last_sent >= ACTIVITY_REPORT_S and self.lock.acquire(blocking=False):
+                    try:
+                        self._send(now)
+                    finally:
+                        self.lock.release()
+            except Exception:
+                return                       # never into the program: activity goes unreported
+
+    def after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()         # the parent's sampler may have held it at the fork
+
+
+def _stack_signature(frame: object) -> tuple | None:
+    """Where a thread is: the code and instruction of each frame of its stack (None: no thread)."""
+    if frame is None:
+        return None
+    places = []
+    while frame is not None and len(places) < STACK_DEPTH:
+        places.append((id(frame.f_code), frame.f_lasti))
+        frame = frame.f_back
+    return tuple(places)
+
+
+def _interval_from_env(text: str | None) -> float:
+    if text is None:
+        return DEFAULT_INTERVAL_S
+    try:
+        interval = float(text)
+    except ValueError:
+        interval = math.nan
+    if not 0.0 <= interval <= MAX_INTERVAL_S:   # NaN fails this too
+        _warn_once(f"{INTERVAL_ENV}={text[:40]!r} is not 0-{MAX_INTERVAL_S:g} seconds: "
+                   f"{DEFAULT_INTERVAL_S:g} s is used")
+        return DEFAULT_INTERVAL_S
+    return interval
 
 
 def _reporter_from_env() -> _Reporter | None:
     path = os.environ.get(SOCKET_ENV)
     if not path:
         return None
+    text = os.environ.get(RANK_ENV, "-1")
     try:
-        rank = int(os.environ.get(RANK_ENV, "-1"))
-        interval = float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL_S))
+        rank = int(text)
     except ValueError:
-        return None  # a garbled variable must never stop a training run: report nothing
-    return _Reporter(path, rank, max(interval, 0.0))
+        rank = None
+    if rank not in _RANKS:
+        # a garbled variable must never stop a training run: report nothing, say so once
+        _warn_once(f"{RANK_ENV}={text[:40]!r} is not a rank: no progress is reported")
+        return None
+    reporter = _Reporter(path, rank, _interval_from_env(os.environ.get(INTERVAL_ENV)))
+    owner = os.environ.get(OWNER_ENV)
+    if not owner:
+        os.environ[OWNER_ENV] = owner = str(os.getpid())
+    reporter.rank_process = owner == str(os.getpid())
+    if not reporter.rank_process:
+        return reporter
+    try:
+        threading.Thread(target=reporter.watch_main_thread, name="trainctl-progress-activity",
+                         daemon=True).start()
+        os.register_at_fork(after_in_child=reporter.after_fork_in_child)
+    except Exception as exc:   # RuntimeError: no thread can be started (a limit): steps still count
+        _warn_once(f"cannot watch the main thread's activity ({exc})")
+    return reporter
 
 
 _REPORTER = _reporter_from_env()
@@ -103,14 +250,47 @@ _REPORTER = _reporter_from_env()
 def step() -> None:
     """Mark the end of one training step."""
     if _REPORTER is not None:
+        _REPORTER.own_steps = True
         _REPORTER.step()
 
 
+def _optimizer_step_hook(reporter: _Reporter):
+    """What `trainctl.autostep` registers with torch: each optimizer step counts as a training
+    step until the program calls step() itself (its own steps win from then on)."""
+    def after_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+        if not reporter.own_steps:
+            reporter.step()
+    return after_optimizer_step
+
+
 def checkpoint(step_number: int) -> None:
-    """Say that a checkpoint now holds the state after `step_number` steps (reported at once)."""
-    if _REPORTER is not None:
-        _REPORTER.checkpoint_step = step_number
-        _REPORTER.send(time.monotonic())
+    """Say that a checkpoint now holds the state after `step_number` steps (reported at once).
+
+    Any whole number of steps, 0 or more, counts (an int, or a float, numpy or torch scalar that
+    holds one); anything else is dropped with one warning."""
+    if _REPORTER is None:
+        return
+    steps = _whole_steps(step_number)
+    if steps is None:
+        _warn_once(f"checkpoint({str(step_number)[:40]}) is not a step number (a whole number, 0 or more): "
+                   f"it is dropped")
+        return
+    _REPORTER.checkpoint_step = steps
+    _REPORTER.send(time.monotonic())
+
+
+def _whole_steps(value: object) -> int | None:
+    if isinstance(value, (str, bytes)):
+        return None
+    try:
+        steps = value.__index__()        # int, numpy and torch integer scalars
+    except Exception:
+        try:
+            number = float(value)        # 5.0, a numpy or torch float scalar
+            steps = int(number) if number.is_integer() else None
+        except Exception:
+            return None
+    return steps if type(steps) is int and steps in _CHECKPOINT_STEPS else None
 
 
 @contextlib.contextmanager
@@ -130,11 +310,13 @@ def decode(datagram: bytes) -> dict[str, float | int]:
     """One datagram as a dict (for the watcher and tests); ValueError if it is not one."""
     if len(datagram) != RECORD.size:
         raise ValueError(f"progress datagram of {len(datagram)} bytes, expected {RECORD.size}")
-    version, rank, pid, steps, wall, n, total, longest, compute_s, checkpoint_step = RECORD.unpack(datagram)
+    version, rank, pid, steps, wall, n, total, longest, compute_s, checkpoint_step, activity = \
+        RECORD.unpack(datagram)
     if version != VERSION:
         raise ValueError(f"progress datagram version {version}, expected {VERSION}")
     return {"rank": rank, "pid": pid, "steps": steps, "time": wall, "window_steps": n, "window_seconds": total,
-            "window_longest": longest, "compute_seconds": compute_s, "checkpoint_step": checkpoint_step}
+            "window_longest": longest, "compute_seconds": compute_s, "checkpoint_step": checkpoint_step,
+            "activity": activity}
 
 
 # ---------------------------------------------------------------- checkpoint requests (watch -> rank)

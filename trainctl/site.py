@@ -155,10 +155,10 @@ class LaunchConfig:
         "surplus spare nodes go back to the pool while the job runs; needs Slurm to let the job's user "
         "shrink the job (docs: For Slurm admins, Release unused nodes)", True)
     flight_recorder_entries: int = doc(
-        "PyTorch's NCCL flight recorder: collectives kept per rank (TORCH_NCCL_TRACE_BUFFER_SIZE), dumped "
+        "PyTorch's flight recorder: collectives kept per rank (TORCH_FR_BUFFER_SIZE), dumped "
         "into the gate dir when a collective times out (TORCH_NCCL_DUMP_ON_TIMEOUT), and on demand through "
         "each rank's pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE) when the watch finds the job hung, before it "
-        "ends the step; 0: off", 2000)
+        "ends the step; 0: off (TORCH_FR_BUFFER_SIZE=0: PyTorch keeps 2000 when it is not set)", 2000)
     retries: int = doc(
         "default for submit --retries: times a job submits its successor, excluding the bad nodes, when the "
         "gate finds too few healthy nodes or a node is lost during training (0: never; docs: Submitting "
@@ -211,6 +211,11 @@ class WatchConfig:
                               "spare held, fewer than --min-nodes left, or max_restarts used up): successor "
                               "jobs the chain may submit, each excluding the named nodes, where submit "
                               "--retries allows fewer; 0: the job ends", 2)
+    auto_steps: bool = doc("count each optimizer step of a Python rank as a training step, with no change "
+                           "to the program (torch's global optimizer step hook, installed at the rank's "
+                           "start); steps the program reports itself win; a job turns it off with "
+                           "TRAINCTL_AUTO_STEPS=0 in the environment of `trainctl submit` "
+                           "(docs: Watching the training)", True)
     hold_spares: int = doc("healthy nodes the gate did not choose that the job keeps through training, "
                            "to restart on after a detection (each costs node-hours while held; "
                            "launch.release_unused gives back the rest)", 0)

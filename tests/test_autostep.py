@@ -1,0 +1,168 @@
+"""Steps seen without code: an unmodified PyTorch program under trainctl's bootstrap reports its
+optimizer steps and its main thread's activity, and runs exactly as it would without it."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+from trainctl import progress
+from trainctl.launcher.rank_exec import BOOTSTRAP_DIR
+
+# A plain loop, as PyTorch's docs write one: no trainctl anywhere. It prints what the bootstrap
+# must leave alone.
+PLAIN = """
+import json, sys, warnings
+first = {"torch_loaded": "torch" in sys.modules, "name": __name__, "argv": sys.argv,
+         "filters": len(warnings.filters)}
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(int(sys.argv[1])):
+    opt.zero_grad()
+    model(torch.ones(8, 4)).sum().backward()
+    opt.step()
+print(json.dumps(first))
+"""
+
+# Its own steps win: 3 iterations with optimizer steps only, then 4 that also call progress.step().
+OWN_STEPS = """
+import torch
+import trainctl.progress as progress
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(7):
+    opt.zero_grad()
+    model(torch.ones(8, 4)).sum().backward()
+    opt.step()
+    if i >= 3:
+        progress.step()
+"""
+
+USER_SITECUSTOMIZE = "import os\nos.environ['MY_SITECUSTOMIZE_RAN'] = '1'\n"
+
+
+def run(tmp_path, code, *args, bootstrap=True, extra_path=None):
+    """Run `code` as a rank's program; (the finished process, every report it sent). The reports
+    are read while it runs: a Unix datagram socket queues only a few (net.unix.max_dgram_qlen)."""
+    path = str(tmp_path / "p.sock")
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.bind(path)
+    reader.settimeout(0.1)
+    reports, done = [], threading.Event()
+
+    def drain():
+        while True:
+            try:
+                reports.append(progress.decode(reader.recv(256)))
+            except TimeoutError:
+                if done.is_set():
+                    return
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINCTL_")}
+    env.update(TRAINCTL_PROGRESS_SOCKET=path, RANK="0", TRAINCTL_PROGRESS_INTERVAL_S="0")
+    entries = ([BOOTSTRAP_DIR] if bootstrap else []) + ([extra_path] if extra_path else [])
+    if entries:
+        env["PYTHONPATH"] = os.pathsep.join(entries)
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    reading = threading.Thread(target=drain)
+    reading.start()
+    try:
+        child = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True,
+                               timeout=300)
+    finally:
+        done.set()
+        reading.join()
+        reader.close()
+        os.unlink(path)
+    assert child.returncode == 0, child.stderr
+    return child, reports
+
+
+def test_an_unmodified_program_reports_each_optimizer_step(tmp_path):
+    child, reports = run(tmp_path, PLAIN, "5")
+    assert max(r["steps"] for r in reports) == 5
+    assert [r["steps"] for r in reports if r["window_steps"]] == [1, 2, 3, 4, 5]
+
+
+def test_the_program_starts_as_it_would_without_trainctl(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
+    probe = PLAIN + "import os; print(os.environ.get('MY_SITECUSTOMIZE_RAN'))\n"
+    with_hook, _ = run(tmp_path, probe, "1", extra_path=str(tmp_path / "site"))
+    without, reports = run(tmp_path, probe, "1", bootstrap=False, extra_path=str(tmp_path / "site"))
+    assert [r["window_steps"] for r in reports] == []     # without the bootstrap: no step seen
+    assert with_hook.stdout == without.stdout
+    first, shadowed = with_hook.stdout.splitlines()
+    assert json.loads(first)["torch_loaded"] is False and json.loads(first)["name"] == "__main__"
+    assert shadowed == "1"                                  # the program's own sitecustomize still runs
+    assert with_hook.stderr == without.stderr
+
+
+def test_steps_the_program_reports_itself_win(tmp_path):
+    _, reports = run(tmp_path, OWN_STEPS)
+    # 3 optimizer steps, then the first own step's iteration counted by both, then own steps only
+    assert max(r["steps"] for r in reports) == 3 + 2 + 3
+
+
+# The rank's activity without steps: a program evaluating a model (busy in Python code) until
+# its rank has sent a report of that (count-bound, not timed), and one blocked in one call.
+BUSY = """
+import time
+import torch
+import trainctl.progress
+reporter = trainctl.progress._REPORTER
+model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(4)]).eval()
+mark, give_up = None, time.monotonic() + 120
+with torch.no_grad():
+    while time.monotonic() < give_up:
+        model(torch.ones(4, 16))
+        if mark is None and reporter.activity >= 2:
+            mark = reporter.last_sent
+        if mark is not None and reporter.last_sent != mark:
+            break                  # a report went out after the second move
+"""
+BLOCKED = """
+import time
+import trainctl.progress
+time.sleep(3.2 * trainctl.progress.ACTIVITY_REPORT_S)
+"""
+
+
+def test_a_rank_busy_without_steps_reports_activity_and_a_blocked_one_does_not(tmp_path):
+    _, busy = run(tmp_path, BUSY, bootstrap=False)
+    _, blocked = run(tmp_path, BLOCKED, bootstrap=False)
+    assert busy and max(r["activity"] for r in busy) >= 2     # seen to move, and said so
+    # at most the step from its import into the sleep; never again
+    assert all(r["activity"] <= 1 for r in blocked), blocked
+    assert {r["steps"] for r in busy + blocked} == {0}
+
+
+# The rank's program starts another Python (a spawned data loader or compile worker), which
+# inherits the environment, the bootstrap included, and is busy for a while.
+PARENT = """
+import os, subprocess, sys
+import trainctl.progress
+child = '''
+import time
+import torch
+model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(4)]).eval()
+end = time.monotonic() + 3.2
+with torch.no_grad():
+    while time.monotonic() < end:
+        model(torch.ones(4, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+opt.step()
+'''
+subprocess.run([sys.executable, "-c", child], check=True)
+print(os.getpid())
+"""
+
+
+def test_a_process_the_rank_starts_reports_nothing_in_its_name(tmp_path):
+    parent, reports = run(tmp_path, PARENT)
+    assert {r["pid"] for r in reports} <= {int(parent.stdout)}, reports
+    assert all(r["steps"] == 0 for r in reports)
