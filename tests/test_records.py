@@ -33,7 +33,8 @@ def test_a_record_is_built_compared_and_printed_as_a_frozen_dataclass(kw_only):
     a, b = ours(name="x", tags=("t",)), theirs(name="x", tags=("t",))
     assert repr(a).replace("_pair.<locals>.body.<locals>.", "") == repr(b).replace(
         "_pair.<locals>.body.<locals>.", "")
-    assert dataclasses.asdict(a) == dataclasses.asdict(b) == {"name": "x", "size": 3, "tags": ("t",), "extra": {}}
+    expected = {"name": "x", "size": 3, "tags": ("t",), "extra": {}}
+    assert dataclasses.asdict(a) == dataclasses.asdict(b) == expected
     assert a == ours(name="x", tags=("t",)) and a != ours(name="y", tags=("t",)) and a != b
     assert a.extra is not ours(name="x").extra          # default_factory: a new dict each time
     assert [f.metadata.get("doc") for f in dataclasses.fields(a)] == [None, None, None, "extra"]
