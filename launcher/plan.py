@@ -9,11 +9,11 @@ dry run shows exactly what a real submission would do.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from trainctl.errors import UsageError
+from trainctl.records import record
 from trainctl.site import PartitionConfig, SiteConfig, partition
 from trainctl.validate import MAX_NODES, InvalidValue, check_slurm_signal, check_text
 
@@ -38,7 +38,7 @@ FLIGHT_RECORDER_PIPE_PREFIX = "nccl-trace-pipe-rank-"
 TIME_LIMIT_RE = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}(:\d{1,2})?)?)$")
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class SubmitRequest:
     """What the user asked for on the command line (already typed, not yet checked)."""
 
@@ -82,7 +82,7 @@ class EnvSetting(NamedTuple):
         return f"${{gate_dir}}/{self.value}" if self.in_gate_dir else self.value
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class JobPlan:
     site_name: str
     site_ref: str                        # passed to `--site` on the nodes

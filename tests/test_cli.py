@@ -117,3 +117,15 @@ def test_help_exits_zero(argv):
     out = trainctl(*argv)
     assert out.returncode == 0, out.stderr
     assert "Usage:" in out.stdout
+
+
+@pytest.mark.parametrize("columns", ["", "0", "40", "60", "79", "80", "200", "wide"])
+def test_the_help_width_is_the_one_click_would_choose(columns, monkeypatch):
+    import click
+
+    from trainctl.cli import help_width
+
+    monkeypatch.setenv("COLUMNS", columns)
+    if columns == "wide":   # shutil refuses a COLUMNS that is not a number; Click cannot ask it
+        monkeypatch.delenv("COLUMNS")
+    assert help_width() == click.HelpFormatter().width

@@ -12,8 +12,6 @@ Loading is strict: an unknown key, a wrong type or a missing required key is a
 `ConfigError` naming the file, the key path, and the valid keys with their defaults.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import os
@@ -21,11 +19,12 @@ import re
 import stat
 import tomllib
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
 from trainctl.errors import ConfigError, UsageError
+from trainctl.records import record
 from trainctl.validate import InvalidValue, check_number, check_slurm_signal, check_text, shown, site_bounds
 
 BUILTIN_SITE_DIR = Path(__file__).resolve().parent / "site_configs"
@@ -48,7 +47,7 @@ def doc(text: str, default: Any = REQUIRED, **kwargs) -> Any:
     return field(default=default, metadata={"doc": text}, **kwargs)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class SlurmConfig:
     gpu_request: Literal["gpus-per-node", "gres", "none"] = doc(
         "how this Slurm takes a GPU request: --gpus-per-node=N, --gres=gpu:N, or none", "gpus-per-node")
@@ -57,7 +56,7 @@ class SlurmConfig:
     extra_sbatch: tuple[str, ...] = doc("extra sbatch options, one per item, e.g. '--exclusive'", ())
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class GateConfig:
     checks: tuple[str, ...] = doc("health checks the gate runs ('all' or check names)", ("all",))
     straggler_factor: float = doc("best busbw below factor x the healthy pairs' makes a straggler", 0.7)
@@ -102,7 +101,7 @@ class GateConfig:
         "(empty: off)", ())
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class SweepConfig:
     db: str = doc("sweep history database (SQLite), used by sweep, report, drain and resume",
                   "/var/lib/trainctl/sweeps.db")
@@ -118,7 +117,7 @@ class SweepConfig:
                            "their rows (0: keep everything; a drain trainctl still holds keeps its sweep)", 0.0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class FleetConfig:
     journal_dir: str = doc(
         "directory every job's supervisor copies its finished journal into (<job id>.jsonl), and the sweep "
@@ -138,7 +137,7 @@ class FleetConfig:
         "submit --keep-lemons", False)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class LaunchConfig:
     trainctl: str = doc("trainctl on the compute nodes, run by the job script for the gate and rank-exec "
                         "(empty: the path of the trainctl running submit, for a shared filesystem)", "")
@@ -173,7 +172,7 @@ class LaunchConfig:
         "empty: only $TRAINCTL_CHECKPOINT_FILE and progress.checkpoint() count", "")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class WatchConfig:
     enabled: bool = doc("watch the training: a node agent on each training node and the supervisor's "
                         "detectors (docs: Watching the training)", True)
@@ -221,7 +220,7 @@ class WatchConfig:
                            "launch.release_unused gives back the rest)", 0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class PartitionConfig:
     gpus_per_node: int = doc("GPUs per node")
     gpu_model: str = doc("product name as nvidia-smi prints it (empty: do not check)", "")
@@ -258,7 +257,7 @@ class PartitionConfig:
     gpu_persistence: bool = doc("persistence mode must be on", False)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class SiteConfig:
     name: str = doc("site name, as given to --site")
     description: str = doc("one line about the site", "")
@@ -275,7 +274,7 @@ class SiteConfig:
     partitions: dict[str, PartitionConfig] = doc("partition name -> hardware")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class LoadedSite:
     config: SiteConfig
     path: Path

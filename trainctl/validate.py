@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 import re
 import signal
-from dataclasses import dataclass
 
 import click
 
 from trainctl.errors import UsageError
+from trainctl.records import record
 
 DAY_S = 86400.0
 # Slurm assumes a host range larger than 64K hosts is an error (src/common/hostlist.c: MAX_RANGE,
@@ -24,7 +24,7 @@ DAY_S = 86400.0
 MAX_NODES = 64 * 1024
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Bounds:
     low: float | None = None
     high: float | None = None
