@@ -25,7 +25,7 @@ from trainctl.job.decision import Decision
 from trainctl.job.gate_cli import ignore_checkpoint_signals
 from trainctl.job.gate_drain import drain_condemned
 from trainctl.job.jobdir import CHECKPOINT_ENV, JobPaths, Journal, Kind, drop_journal
-from trainctl.job.policy import load_gate_policy
+from trainctl.job.policy import GatePolicy, load_gate_policy
 from trainctl.job.retry import (ENV_ATTEMPT, ENV_EXCLUDE, gate_bad_nodes, retry_around_bad_nodes,
                                 summary_line)
 from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
@@ -65,14 +65,7 @@ class JobDriver:
         self.journal = Journal(self.paths.journal)
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
-        watch = self.policy.watch
-        watching = machine.WatchFacts(self.policy.watch_limits, machine.checkpoint_signal(plan.signal),
-                                      watch.checkpoint_wait_s, watch.dump_wait_s,
-                                      watch.end_grace_s) if watch.enabled else None
-        self.facts = machine.JobFacts(allocated, this_node_name(env), plan.release_unused, plan.retries,
-                                      watch.max_restarts if watch.enabled else 0,
-                                      watch.hold_spares if watch.enabled else 0, plan.min_nodes,
-                                      watch.max_successors if watch.enabled else 0, watching)
+        self.facts = job_facts(plan, self.policy, allocated, this_node_name(env))
         self.state = machine.JobState()
         # the training step now: its srun, when it started, the checkpoints seen, the last poll's cost
         self.step: subprocess.Popen | None = None
@@ -359,6 +352,18 @@ class JobDriver:
         self.journal.add("retry", retry=rec.retry, reason=rec.reason, successor=rec.successor,
                          bad_nodes=sorted(rec.bad_nodes), exclude=list(rec.exclude))
         return machine.RetryHandled()
+
+
+def job_facts(plan: JobPlan, policy: GatePolicy, allocated: tuple[str, ...], batch_host: str) -> machine.JobFacts:
+    """What the machine decides with: the plan's choices, and the site's `[watch]` settings where
+    the plan watches. The plan's choice (submit --watch/--no-watch, else the site's watch.enabled
+    when it was submitted) wins over the site's enabled now: a job keeps what it was submitted with."""
+    watch = policy.watch
+    watching = machine.WatchFacts(policy.watch_limits, machine.checkpoint_signal(plan.signal),
+                                  watch.checkpoint_wait_s, watch.dump_wait_s, watch.end_grace_s) if plan.watch else None
+    return machine.JobFacts(allocated, batch_host, plan.release_unused, plan.retries,
+                            watch.max_restarts if plan.watch else 0, watch.hold_spares if plan.watch else 0,
+                            plan.min_nodes, watch.max_successors if plan.watch else 0, watching)
 
 
 def healthy_unused(decision: Decision | None, chosen: tuple[str, ...]) -> tuple[str, ...]:

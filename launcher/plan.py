@@ -56,6 +56,7 @@ class SubmitRequest:
     signal: str | None = None            # None: the site's launch.signal; "": none
     sbatch: tuple[str, ...] = ()         # submit --sbatch: more sbatch options for this job, e.g. --qos=high
     checkpoints: str | None = None       # None: the site's launch.checkpoints; "": none
+    watch: bool | None = None            # submit --watch/--no-watch; None: the site's watch.enabled
 
 
 class SbatchOption(NamedTuple):  # NamedTuple, not dataclass: a third of the import time
@@ -98,6 +99,7 @@ class JobPlan:
     retries: int                         # successors the job may submit around bad nodes (0: none)
     signal: str                          # sbatch --signal value ("" : none)
     checkpoints: str                     # the program's checkpoint files, a path or glob ("": none)
+    watch: bool                          # the watch runs beside the training (submit --watch/--no-watch)
     job_name: str
     sbatch_options: tuple[SbatchOption, ...]
     environment: tuple[EnvSetting, ...]  # exported by the batch script, in this order
@@ -117,7 +119,7 @@ class JobPlan:
                 "program": list(self.program),
                 "rank_output": f"${{gate_dir}}/{RANK_OUTPUT}" if self.rank_output else None,
                 "release_unused": self.release_unused, "retries": self.retries,
-                "signal": self.signal or None, "checkpoints": self.checkpoints or None,
+                "signal": self.signal or None, "checkpoints": self.checkpoints or None, "watch": self.watch,
                 "environment": {setting.name: setting.shown for setting in self.environment}}
 
     def to_document(self) -> dict:
@@ -207,7 +209,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
         min_nodes=request.nodes if request.min_nodes is None else request.min_nodes,
         gpus_per_node=gpus, tasks_per_node=max(gpus, 1), bind=gpus > 0, rank_output=site.launch.rank_output,
         release_unused=site.launch.release_unused, retries=retries, signal=signal, checkpoints=checkpoints,
-        job_name=job_name,
+        watch=site.watch.enabled if request.watch is None else request.watch, job_name=job_name,
         sbatch_options=sbatch_options(site, partition_name, request.nodes + request.spare, gpus,
                                       max(gpus, 1), job_name, time_limit)
         + job_sbatch_options(request.sbatch)

@@ -50,6 +50,9 @@ class _CommandRecordingArgs(click.Command):
               help="The program's own checkpoint files, relative to the submit directory, e.g. 'checkpoints/*.pt': "
                    "each one written during training counts as a checkpoint for goodput and lost work "
                    "(default: the site's launch.checkpoints; '' for none).")
+@click.option("--watch/--no-watch", "watch", default=None,
+              help="Watch the training for slow, sick and hung nodes and restart around them, or not, for this "
+                   "job (default: the site's watch.enabled, on).")
 @click.option("--chdir", help="Submit from this directory (default: the current one): the job runs there, "
               "SCRIPT is relative to it, the gate report and slurm-<id>.out land there.")
 @click.option("--exclude-lemons/--keep-lemons", "exclude_lemons", default=None,
@@ -68,7 +71,7 @@ class _CommandRecordingArgs(click.Command):
 def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spare: int,
            min_nodes: int | None, gpus_per_node: int | None, time_limit: str | None, job_name: str | None,
            nccl_debug: str | None, retries: int | None, signal_spec: str | None, sbatch: tuple[str, ...],
-           checkpoints: str | None, chdir: str | None, exclude_lemons: bool | None, dry_run: bool, remote: str | None,
+           checkpoints: str | None, watch: bool | None, chdir: str | None, exclude_lemons: bool | None, dry_run: bool, remote: str | None,
            identity: str | None, known_hosts: str | None, as_json: bool, program: tuple[str, ...]) -> None:
     """Render an sbatch script for SITE's hardware and submit it (here, or over SSH).
 
@@ -105,7 +108,7 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     request = SubmitRequest(site_ref=site_ref, program=program, nodes=nodes, partition=partition, spare=spare,
                             min_nodes=min_nodes, gpus_per_node=gpus_per_node, time_limit=time_limit,
                             job_name=job_name, nccl_debug=nccl_debug, retries=retries, signal=signal_spec,
-                            sbatch=sbatch, checkpoints=checkpoints)
+                            sbatch=sbatch, checkpoints=checkpoints, watch=watch)
 
     # Only where asked for: reading the history costs sqlite3 and a query, which a plain submit never pays.
     if loaded.config.fleet.submit_excludes_lemons if exclude_lemons is None else exclude_lemons:

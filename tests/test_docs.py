@@ -32,11 +32,6 @@ from trainctl.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
 USER_DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-# docs/watching.md is being rewritten with the watch's restart and checkpoint behaviour; its
-# samples and wording join the sample and diary checks with that rewrite (then drop this).
-PENDING_REWRITE = {"docs/watching.md"}
-PENDING_DOCS = [pytest.param(p, marks=pytest.mark.xfail(reason="rewritten with the watch's behaviour", strict=False))
-                if str(p.relative_to(REPO)) in PENDING_REWRITE else p for p in USER_DOCS]
 
 # "issue 13", "issues 13 and 14", "Issue #13"; and a bare "#13" that is not part of an upstream
 # reference (owner/repo#13) and not trainctl's own output ("since sweep #41").
@@ -307,7 +302,7 @@ DIARY = re.compile(r"\bthis project\b|\bwas lent\b|\bno GPU machine\b|\bstopped 
                    r"|\bwe (?:tried|found|had)\b", re.IGNORECASE)
 
 
-@pytest.mark.parametrize("path", PENDING_DOCS, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("path", USER_DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_user_docs_tell_no_project_history(path):
     found = [f"line {number}: {m.group(0)!r}" for number, line in
              enumerate(path.read_text(encoding="utf-8").splitlines(), 1) for m in DIARY.finditer(line)]
@@ -415,6 +410,43 @@ def _retry_chain(tmp_path: Path) -> str:
     return "\n".join(chain_lines(collect_chain(LocalFiles(), str(second.root), "2"), "2"))
 
 
+def _cannot_go_on(tmp_path: Path) -> str:
+    # the job's machine and its driver's last line, on the events of a job of --nodes 2 on a site
+    # that allows no successor: the gate chose node1 and node2, then node2's agent reported an Xid
+    import contextlib
+    import io
+
+    from trainctl.job import machine
+    from trainctl.job.driver import JobDriver
+    from trainctl.job.jobdir import Journal, NodeReading, RankProgress
+    from trainctl.job.policy import load_gate_policy
+
+    policy = load_gate_policy("local-demo", None)
+    watch = machine.WatchFacts(policy.watch_limits, None, 1.0, 1.0, 1.0)
+    facts = machine.JobFacts(("node1", "node2"), "node1", True, 0, max_restarts=3, min_nodes=2, successors=0,
+                             watch=watch)
+    state = machine.JobState()
+    readings = {"node1": NodeReading("node1", 1001.0, (RankProgress(0, 5, 2.5, 1001.0),), ()),
+                "node2": NodeReading("node2", 1001.0, (RankProgress(1, 5, 2.5, 1001.0),),
+                                     (("gpu.xid", "Xid 79 on GPU 0 (fell off the bus)"),))}
+    for event in (machine.Started(), machine.GateDecided("node[1-2]", ("node1", "node2"), "10.0.0.1"),
+                  machine.TrainingStarted(1000.0), machine.Polled(1001.0, readings), machine.StepStopped(137)):
+        state, effects = machine.advance(facts, state, event)
+    driver = JobDriver.__new__(JobDriver)
+    driver.journal = Journal(tmp_path / "journal.jsonl")
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        driver.carry_out(effects[-1])
+    return said.getvalue()
+
+
+def _flight_recorder_section(tmp_path: Path) -> str:
+    # the node agent's account in its stacks file, for a node whose two ranks both dumped
+    from trainctl.job.agent import flight_recorder_text
+
+    return flight_recorder_text("node2", {0: "", 1: ""}, {0, 1})
+
+
 # Where each sample comes from: a command or function run here on real or recorded input; or
 # `recorded PATH`, the recorded output of a real run under tests/fixtures/ (each recording's
 # README or header names the command that made it).
@@ -425,6 +457,8 @@ SAMPLES = {
     "rank-exec on a recorded H200": _rank_exec_binding,
     "a night's sweep, then report": _sweep_report,
     "job show of a retried job": _retry_chain,
+    "the job cannot go on": _cannot_go_on,
+    "the agent's flight recorder section": _flight_recorder_section,
 }
 # A diagram is no output: `<!-- sample: none, a diagram -->`.
 NOT_OUTPUT = "none, a diagram"
@@ -437,7 +471,7 @@ def _matches(shown: str, real: str) -> bool:
     return re.search(pattern, real, re.DOTALL) is not None
 
 
-@pytest.mark.parametrize("path", PENDING_DOCS, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("path", USER_DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_sample_output_comes_from_a_real_run(path, tmp_path):
     problems = []
     for number, match in enumerate(SAMPLE_BLOCK.finditer(path.read_text(encoding="utf-8")), 1):

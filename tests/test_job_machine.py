@@ -277,6 +277,33 @@ def test_a_program_without_the_progress_api_is_found_hung_by_an_agent_silent_for
     assert effects[-2:] == (machine.RequestStacks(("node1",), 5.0), machine.StopStep(3.0))
 
 
+def test_the_driver_watches_where_the_plan_says_with_the_sites_watch_settings(tmp_path):
+    from support.sites import site_variant
+    from trainctl.job.driver import job_facts
+    from trainctl.job.policy import load_gate_policy
+
+    # the site watches with its own settings; a job submitted with --no-watch does not
+    site = str(site_variant(tmp_path, "local-demo", {"watch.max_restarts": 2, "watch.hold_spares": 1,
+                                                     "watch.max_successors": 1}))
+    policy = load_gate_policy(site, None)
+    watched = job_facts(plan(), policy, ALLOCATED, "node1")
+    assert (watched.max_restarts, watched.hold_spares, watched.successors) == (2, 1, 1)
+    assert watched.watch == machine.WatchFacts(policy.watch_limits, 10, policy.watch.checkpoint_wait_s,
+                                               policy.watch.dump_wait_s, policy.watch.end_grace_s)
+    off = job_facts(plan(watch=False), policy, ALLOCATED, "node1")
+    assert off.watch is None and (off.max_restarts, off.hold_spares, off.successors) == (0, 0, 0)
+    assert (off.allocated, off.batch_host, off.min_nodes, off.retries) == (ALLOCATED, "node1", 2, 0)
+    # a site that no longer watches leaves a job submitted with the watch on watching: the plan wins
+    (tmp_path / "off").mkdir()
+    unwatched = load_gate_policy(str(site_variant(tmp_path / "off", "local-demo", {"watch.enabled": False})), None)
+    assert job_facts(plan(watch=True), unwatched, ALLOCATED, "node1").watch is not None
+    # the off switch ends what a detection would do: a failed step ends the job
+    state, _ = training(off)
+    assert state.watch is None
+    _, effects = feed(off, state, machine.StepEnded(137))
+    assert effects[-1] == machine.Finish(137)
+
+
 def test_every_effect_the_machine_returns_has_one_executor_in_the_driver():
     import typing
 

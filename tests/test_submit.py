@@ -115,6 +115,26 @@ def test_dry_run_prints_script_and_command_and_submits_nothing(tmp_path):
     assert not sbatch_ran(tmp_path)
 
 
+def test_the_watch_is_the_sites_choice_unless_the_job_says_otherwise(tmp_path):
+    from support.sites import site_variant
+
+    unwatched = str(site_variant(tmp_path, "local-demo", {"watch.enabled": False}))
+    program = (TRAIN_DDP,)
+    assert plan(SubmitRequest(site_ref="local-demo", program=program, nodes=2)).watch is True
+    assert plan(SubmitRequest(site_ref="local-demo", program=program, nodes=2, watch=False)).watch is False
+    assert plan(SubmitRequest(site_ref=unwatched, program=program, nodes=2), unwatched).watch is False
+    assert plan(SubmitRequest(site_ref=unwatched, program=program, nodes=2, watch=True), unwatched).watch is True
+    # the dry run shows it, in the script's account of the job's life and in its plan
+    watched = submit(tmp_path, "--site", "local-demo", "--nodes", "2", "--dry-run", "--", TRAIN_DDP)
+    off = submit(tmp_path, "--site", "local-demo", "--nodes", "2", "--no-watch", "--dry-run", "--", TRAIN_DDP)
+    assert watched.returncode == off.returncode == 0, watched.stderr + off.stderr
+    assert '"watch": true' in watched.stdout and '"watch": false' in off.stdout
+    assert "# - the watch beside the training" in watched.stdout
+    assert "# - the watch beside the training" not in off.stdout
+    on = submit(tmp_path, "--site", unwatched, "--nodes", "2", "--watch", "--json", "--dry-run", "--", TRAIN_DDP)
+    assert json.loads(on.stdout)["plan"]["watch"] is True, on.stderr
+
+
 def test_local_submit_sends_the_script_on_stdin_and_prints_the_job_id(tmp_path):
     args = ["--site", "local-demo", "--nodes", "2", "--spare", "1", "--job-name", "it's $(x)", "--",
             TRAIN_DDP, "--steps", "3"]
