@@ -359,11 +359,12 @@ def job_facts(plan: JobPlan, policy: GatePolicy, allocated: tuple[str, ...], bat
     the plan watches. The plan's choice (submit --watch/--no-watch, else the site's watch.enabled
     when it was submitted) wins over the site's enabled now: a job keeps what it was submitted with."""
     watch = policy.watch
+    watched = watch.enabled if plan.watch is None else plan.watch
     watching = machine.WatchFacts(policy.watch_limits, machine.checkpoint_signal(plan.signal),
-                                  watch.checkpoint_wait_s, watch.dump_wait_s, watch.end_grace_s) if plan.watch else None
+                                  watch.checkpoint_wait_s, watch.dump_wait_s, watch.end_grace_s) if watched else None
     return machine.JobFacts(allocated, batch_host, plan.release_unused, plan.retries,
-                            watch.max_restarts if plan.watch else 0, watch.hold_spares if plan.watch else 0,
-                            plan.min_nodes, watch.max_successors if plan.watch else 0, watching)
+                            watch.max_restarts if watched else 0, watch.hold_spares if watched else 0,
+                            plan.min_nodes, watch.max_successors if watched else 0, watching)
 
 
 def healthy_unused(decision: Decision | None, chosen: tuple[str, ...]) -> tuple[str, ...]:

@@ -99,7 +99,8 @@ class JobPlan:
     retries: int                         # successors the job may submit around bad nodes (0: none)
     signal: str                          # sbatch --signal value ("" : none)
     checkpoints: str                     # the program's checkpoint files, a path or glob ("": none)
-    watch: bool                          # the watch runs beside the training (submit --watch/--no-watch)
+    watch: bool | None                   # the watch runs beside the training (submit --watch/--no-watch;
+                                         # None: the site's watch.enabled where the job runs)
     job_name: str
     sbatch_options: tuple[SbatchOption, ...]
     environment: tuple[EnvSetting, ...]  # exported by the batch script, in this order
@@ -134,6 +135,7 @@ class JobPlan:
         """The plan `to_document` wrote; UsageError naming what is wrong with any other."""
         if not isinstance(document, dict) or document.get("format") != PLAN_FORMAT:
             raise UsageError(f"not a trainctl job plan of format {PLAN_FORMAT}")
+        document = {**LATER_FIELDS, **document}
         missing = [name for name in JOB_PLAN_FIELDS if name not in document]
         if missing:
             raise UsageError(f"job plan: missing field {missing[0]!r}")
@@ -149,9 +151,12 @@ class JobPlan:
 
 
 PLAN_FORMAT = 1
+# Fields added to format 1 after its first release, with what a plan written before them meant:
+# a job queued before an upgrade runs after it as it was submitted.
+LATER_FIELDS = {"checkpoints": "", "watch": None}
 JOB_PLAN_FIELDS = tuple(JobPlan.__dataclass_fields__)
 # the plan's JSON for each field's type (the annotations are strings: `from __future__ import annotations`)
-_PLAIN = {"str": (str,), "bool": (bool,), "int": (int,), "tuple[str, ...]": None}
+_PLAIN = {"str": (str,), "bool": (bool,), "bool | None": (bool, type(None)), "int": (int,), "tuple[str, ...]": None}
 _ROWS = {"tuple[SbatchOption, ...]": ((str,), (str, type(None))),
          "tuple[EnvSetting, ...]": ((str,), (str,), (str,), (bool,))}
 

@@ -297,6 +297,9 @@ def test_the_driver_watches_where_the_plan_says_with_the_sites_watch_settings(tm
     (tmp_path / "off").mkdir()
     unwatched = load_gate_policy(str(site_variant(tmp_path / "off", "local-demo", {"watch.enabled": False})), None)
     assert job_facts(plan(watch=True), unwatched, ALLOCATED, "node1").watch is not None
+    # a plan written before the switch existed (no `watch`: None) watches where the site does now
+    assert job_facts(replace(plan(), watch=None), unwatched, ALLOCATED, "node1").watch is None
+    assert job_facts(replace(plan(), watch=None), policy, ALLOCATED, "node1").watch is not None
     # the off switch ends what a detection would do: a failed step ends the job
     state, _ = training(off)
     assert state.watch is None
@@ -487,6 +490,9 @@ def test_the_plan_travels_through_the_script_unchanged():
 
     with pytest.raises(UsageError):
         JobPlan.from_document({"format": 1, "nodes": 2})
+    # a job queued before an upgrade: its plan lacks the fields added since, and runs as submitted
+    older = {name: value for name, value in job.to_document().items() if name not in ("checkpoints", "watch")}
+    assert JobPlan.from_document(older) == replace(job, checkpoints="", watch=None)
     with pytest.raises(UsageError):
         JobPlan.from_document({"format": 99})
 
