@@ -5,9 +5,10 @@ here whether the job submits its successor, and submits it.
 Collect (`collect_evidence`: the job's record, the nodes' Slurm states, a probe step that
 tells which nodes still start a task; Slurm's commands run in `slurm_actions`) -> decide
 (`decide_retry`, pure) -> act (`retry_around_bad_nodes`:
-sbatch with the same script, `--exclude` the bad nodes and the job's own excludes, `--dependency=afterany:` this job, a
-`--comment` naming the attempt; `retry.json` in this job's gate directory and `attempt.json`
-in the successor's, so `trainctl job show` can follow the chain).
+sbatch with the same script, `--exclude` the bad nodes and the job's own excludes,
+`--dependency=afterany:` this job, a `--comment` naming the attempt; `retry.json` in this
+job's gate directory and `attempt.json` in the successor's, so `trainctl job show` can follow
+the chain).
 
 What tells a lost node from a program that failed on healthy nodes: a node is lost when Slurm
 has removed it from this --no-kill job (sbatch(1) --no-kill: the allocation stays, the failed
@@ -134,7 +135,7 @@ def plan_excludes(options: Iterable[SbatchOption]) -> tuple[str, ...]:
     """The nodes the job's own sbatch options exclude (the site's `[slurm] extra_sbatch`, submit's
     lemons), as its plan holds them. The successor's command-line --exclude replaces the script's
     `#SBATCH --exclude` (sbatch(1): command-line options win), so it must name these too.
-    UsageError for a value that is not a hostlist (Slurm would read a name with "/" as a file)."""
+    UsageError (one line) for a value that is not a hostlist."""
     return tuple(sorted({node for option in options if option.name in EXCLUDE_OPTIONS and option.value
                          for node in expand_hostlist(option.value, source=f"the job's {option.name}")}))
 
