@@ -343,7 +343,8 @@ class JobDriver:
             rec = retry_around_bad_nodes(self.gate_dir, effect.phase, effect.status, list(effect.nodes),
                                                   effect.budget, self.script_path,
                                                   tuple(option.argv for option in on_argv), self.env,
-                                                  (self.plan.nodes, self.plan.spare), effect.condemned)
+                                                  (self.plan.nodes, self.plan.spare), effect.condemned,
+                                                  self.plan.sbatch_options)
         except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed
             say(f"trainctl: warning: could not decide on a retry: {exc}", err=True)
             self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")

@@ -523,8 +523,11 @@ def _typed(tag: str, value: Any) -> bool:
     return True
 
 
-def parse_event(line: str | bytes) -> dict | None:
-    """One journal line as an event, or None: torn, foreign, or without a finite time and a kind."""
+def parse_event(line: str | bytes, *, strict: bool = False) -> dict | None:
+    """One journal line as an event, or None: torn, foreign, or without a finite time and a kind.
+    With `strict` (a reader that counts what the events say: fleet memory), an event with a field
+    of another type than EVENT_FIELDS gives is None too, instead of losing that field (null is
+    always a field's "none": the supervisor writes it so)."""
     try:
         entry = loads(line)
     except ValueError:
@@ -534,6 +537,8 @@ def parse_event(line: str | bytes) -> dict | None:
     entry = clean(entry)
     kind = KINDS.get(entry["event"], entry["event"])
     types = EVENT_FIELDS.get(kind, {})     # type: ignore[call-overload]
+    if strict and not all(entry[key] is None or _typed(tag, entry[key]) for key, tag in types.items() if key in entry):
+        return None
     event = {"t": float(entry["t"]), "event": kind}
     event.update((key, value) for key, value in entry.items()
                  if key not in ("t", "event") and (key not in types or _typed(types[key], value)))

@@ -5,9 +5,10 @@ here whether the job submits its successor, and submits it.
 Collect (`collect_evidence`: the job's record, the nodes' Slurm states, a probe step that
 tells which nodes still start a task; Slurm's commands run in `slurm_actions`) -> decide
 (`decide_retry`, pure) -> act (`retry_around_bad_nodes`:
-sbatch with the same script, `--exclude` the bad nodes, `--dependency=afterany:` this job, a
-`--comment` naming the attempt; `retry.json` in this job's gate directory and `attempt.json`
-in the successor's, so `trainctl job show` can follow the chain).
+sbatch with the same script, `--exclude` the bad nodes and the job's own excludes,
+`--dependency=afterany:` this job, a `--comment` naming the attempt; `retry.json` in this
+job's gate directory and `attempt.json` in the successor's, so `trainctl job show` can follow
+the chain).
 
 What tells a lost node from a program that failed on healthy nodes: a node is lost when Slurm
 has removed it from this --no-kill job (sbatch(1) --no-kill: the allocation stays, the failed
@@ -21,6 +22,7 @@ and is never retried.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -29,6 +31,7 @@ from trainctl.errors import TrainctlError, UsageError
 from trainctl.job import jobdir
 from trainctl.job.decision import Decision
 from trainctl.job.jobdir import AttemptRecord, JobPaths, RetryRecord
+from trainctl.launcher.plan import SbatchOption
 from trainctl.slurm import expand_hostlist, fold_hostlist, node_states
 
 # Slurm states (sinfo %T, suffix removed; scontrol State= flags) that mean the node is gone.
@@ -49,6 +52,7 @@ class Attempt:
     retries: int                        # successors allowed in all (submit --retries)
     excluded: tuple[str, ...] = ()      # nodes earlier attempts excluded
     previous_job: str | None = None
+    kept_out: tuple[str, ...] = ()      # nodes the job's own sbatch options exclude (`plan_excludes`)
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class RetryDecision:
     retry: bool
     reason: str                                   # one line: why (not) retried
     bad_nodes: dict[str, str] = field(default_factory=dict)   # node -> why it counts as bad
-    exclude: tuple[str, ...] = ()                 # the successor's --exclude (earlier + bad)
+    exclude: tuple[str, ...] = ()                 # the successor's --exclude (the job's own + earlier + bad)
     next_attempt: int = 0
 
 
@@ -113,7 +117,7 @@ def decide_retry(attempt: Attempt, evidence: Evidence) -> RetryDecision:
             return RetryDecision(False, f"the program exited with status {evidence.status} on healthy nodes "
                                         "(every node still answers): not retried")
         what = "a node was lost during training" if lost else "the watch named a bad node during training"
-    exclude = tuple(sorted(set(attempt.excluded) | set(bad)))
+    exclude = tuple(sorted(set(attempt.kept_out) | set(attempt.excluded) | set(bad)))
     if attempt.number > attempt.retries:
         return RetryDecision(False, f"{what}, but this was attempt {attempt.number} of {attempt.retries + 1}: "
                                     "no retries left", bad, exclude)
@@ -122,6 +126,18 @@ def decide_retry(attempt: Attempt, evidence: Evidence) -> RetryDecision:
 
 def _watch_named(evidence: Evidence) -> dict[str, str]:
     return {node: "named by the watch during training (trainctl job show)" for node in evidence.condemned}
+
+
+EXCLUDE_OPTIONS = ("--exclude", "-x")
+
+
+def plan_excludes(options: Iterable[SbatchOption]) -> tuple[str, ...]:
+    """The nodes the job's own sbatch options exclude (the site's `[slurm] extra_sbatch`, submit's
+    lemons), as its plan holds them. The successor's command-line --exclude replaces the script's
+    `#SBATCH --exclude` (sbatch(1): command-line options win), so it must name these too.
+    UsageError (one line) for a value that is not a hostlist."""
+    return tuple(sorted({node for option in options if option.name in EXCLUDE_OPTIONS and option.value
+                         for node in expand_hostlist(option.value, source=f"the job's {option.name}")}))
 
 
 def successor_comment(attempt: Attempt, decision: RetryDecision) -> str:
@@ -139,7 +155,9 @@ def successor_argv(attempt: Attempt, decision: RetryDecision, extra_options: tup
     nodes excluded, N + spare may be more than the partition has left, and a fixed count would
     then wait or be rejected."""
     count = [f"--nodes={nodes}-{nodes + spare}"] if spare else []
-    return ["sbatch", "--parsable", *extra_options, *count, f"--exclude={fold_hostlist(list(decision.exclude))}",
+    # sbatch keeps only the last --exclude: the decision's one holds the job's own ones already
+    extra = [option for option in extra_options if option.partition("=")[0] not in EXCLUDE_OPTIONS]
+    return ["sbatch", "--parsable", *extra, *count, f"--exclude={fold_hostlist(list(decision.exclude))}",
             f"--dependency=afterany:{attempt.job_id}", f"--comment={successor_comment(attempt, decision)}"]
 
 
@@ -153,12 +171,13 @@ def successor_environment(environ: dict[str, str], attempt: Attempt, decision: R
     return env
 
 
-def attempt_from_environment(environ: dict[str, str], job_id: str, retries: int) -> Attempt:
+def attempt_from_environment(environ: dict[str, str], job_id: str, retries: int,
+                             kept_out: tuple[str, ...] = ()) -> Attempt:
     raw = environ.get(ENV_ATTEMPT, "1")
     if not raw.isdigit() or int(raw) < 1:
         raise UsageError(f"{ENV_ATTEMPT}={raw!r}: expected a number from 1")
     excluded = tuple(node for node in environ.get(ENV_EXCLUDE, "").split(",") if node)
-    return Attempt(job_id, int(raw), retries, excluded, environ.get(ENV_PREVIOUS) or None)
+    return Attempt(job_id, int(raw), retries, excluded, environ.get(ENV_PREVIOUS) or None, kept_out)
 
 
 def gate_bad_nodes(decision: Decision | None) -> dict[str, str]:
@@ -216,13 +235,15 @@ def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, e
 
 def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[str], retries: int,
                            script_path: str, sbatch_options: tuple[str, ...], env: dict[str, str],
-                           node_count: tuple[int, int], condemned: tuple[str, ...] = ()) -> RetryRecord:
+                           node_count: tuple[int, int], condemned: tuple[str, ...] = (),
+                           plan_options: tuple[SbatchOption, ...] = ()) -> RetryRecord:
     """Collect, decide and (when decided) submit the successor; record it all in retry.json, in the
-    successor's attempt.json and in report.txt. Returns the record (`summary_line` says it)."""
+    successor's attempt.json and in report.txt. Returns the record (`summary_line` says it).
+    `sbatch_options` are the plan's options on sbatch's command line, `plan_options` all of them."""
     from trainctl.job.slurm_actions import submit_successor   # as in collect_evidence
 
     job_id = env["SLURM_JOB_ID"]
-    attempt = attempt_from_environment(env, job_id, retries)
+    attempt = attempt_from_environment(env, job_id, retries, plan_excludes(plan_options))
     evidence = replace(collect_evidence(phase, status, nodes, gate_dir, env), condemned=condemned)
     decision = decide_retry(attempt, evidence)
     successor = error = None

@@ -8,14 +8,14 @@ it names, keyed by (job id, journal line, node), so a journal folded twice, or t
 it, add nothing. A journal that is damaged, from another site, from the future, or shorter
 than when it was folded in is refused with one line and changes nothing.
 
-Journals are read here, in one place (`parse_journal_bytes`), and only as far as this module
-needs: the job directory's own typed reader may replace it.
+Each journal line is read by the job directory's typed reader (`trainctl.job.jobdir.parse_event`,
+the journal's one reader); `parse_journal_bytes` adds what folding needs: only complete lines,
+and a refusal, with one line, for anything the supervisor never writes.
 """
 
 from __future__ import annotations
 
 import glob
-import math
 import os
 import stat
 from collections import defaultdict
@@ -64,85 +64,79 @@ def job_id_from_path(path: str) -> str:
 def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float) -> ParsedJournal:
     """The verdicts of one journal; JournalRefused for anything trainctl's supervisor never writes.
 
-    Only complete lines count: a last line without its newline is being written (or was cut)
-    and is left for the next fold."""
-    import json
-
+    Each line is read by the job directory's typed reader (`jobdir.parse_event`, strict: a field
+    of another type than its kind's refuses the journal rather than losing the field). Only
+    complete lines count: a last line without its newline is being written (or was cut) and is
+    left for the next fold."""
     from trainctl.errors import UsageError
+    from trainctl.job.jobdir import JOURNAL_LINE_MAX_BYTES, Kind, parse_event
     from trainctl.validate import check_node_name
 
     end = data.rfind(b"\n") + 1
-    complete = data[:end]
-    entries: list[tuple[int, dict]] = []
-    for number, raw in enumerate(complete.splitlines(), start=1):
-        try:
-            entry = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise JournalRefused(f"line {number} is not a journal event: damaged") from None
-        when = entry.get("t") if isinstance(entry, dict) else None
-        if not isinstance(entry, dict) or not isinstance(entry.get("event"), str) or isinstance(when, bool) \
-                or not isinstance(when, (int, float)) or not math.isfinite(when) or when < 0:
+    events: list[tuple[int, dict]] = []
+    # split at b"\n" alone, as the supervisor ends its lines: the line numbers are the rows' keys
+    for number, raw in enumerate(data[:end - 1].split(b"\n") if end else (), start=1):
+        event = parse_event(raw, strict=True) if len(raw) <= JOURNAL_LINE_MAX_BYTES else None
+        if event is None or event["t"] < 0:
             raise JournalRefused(f"line {number} is not a journal event: damaged")
-        if when > now + FUTURE_SLACK_S:
-            raise JournalRefused(f"line {number} is from the future ({_iso(when)}; now {_iso(now)})")
-        entries.append((number, entry))
-    if not entries:
+        if event["t"] > now + FUTURE_SLACK_S:
+            raise JournalRefused(f"line {number} is from the future ({_iso(event['t'])}; now {_iso(now)})")
+        events.append((number, event))
+    if not events:
         raise JournalRefused("no complete event yet")
-    first = entries[0][1]
-    if first["event"] != "job_start":
+    first = events[0][1]
+    if first["event"] != Kind.JOB_START:
         raise JournalRefused("does not begin with job_start: cut at its head, or not a job's journal")
-    job_id = first.get("job", named_job)
-    if not isinstance(job_id, str) or not job_id or (named_job and job_id != named_job):
-        raise JournalRefused(f"names job {str(job_id)[:40]!r}, but its file is job {named_job!r}'s")
-    from_site = first.get("site", "")
-    if not isinstance(from_site, str) or (from_site and site and from_site != site):
-        raise JournalRefused(f"from site {str(from_site)[:60]!r}, not {site!r}")
+    job_id = first.get("job", named_job)     # a journal from before job_start named its job: its file's name
+    if not job_id or (named_job and job_id != named_job):
+        raise JournalRefused(f"names job {job_id[:40]!r}, but its file is job {named_job!r}'s")
+    from_site = first.get("site") or ""
+    if from_site and site and from_site != site:
+        raise JournalRefused(f"from site {from_site[:60]!r}, not {site!r}")
     try:
-        events = tuple(_verdicts(job_id, entries))
+        verdicts = tuple(_verdicts(job_id, events))
+        for verdict in verdicts:
+            check_node_name(verdict.host, "node")
     except UsageError as exc:
         raise JournalRefused(f"damaged: {exc}") from None
-    except (TypeError, ValueError, AttributeError):
-        raise JournalRefused("damaged: an event's fields are not what the supervisor writes") from None
-    for event in events:
-        try:
-            check_node_name(event.host, "node")
-        except UsageError as exc:
-            raise JournalRefused(f"damaged: {exc}") from None
-    last = entries[-1][1]
-    ended = last["event"] == "job_end"
-    status = last.get("status") if ended else None
-    return ParsedJournal(job_id, from_site, float(first["t"]), float(last["t"]) if ended else None,
-                         status if type(status) is int else None, len(entries), end, events)
+    last = events[-1][1]
+    ended = last["event"] == Kind.JOB_END
+    return ParsedJournal(job_id, from_site, first["t"], last["t"] if ended else None,
+                         last.get("status") if ended else None, len(events), end, verdicts)
 
 
-def _verdicts(job_id: str, entries: list[tuple[int, dict]]) -> Iterable[JobEventRow]:
+def _verdicts(job_id: str, events: list[tuple[int, dict]]) -> Iterable[JobEventRow]:
     """Exclusions, detections, and the nodes that served a training step that ended well: one
     that completed, or one the watch ended (every node it did not name trained fine until then).
-    A step that failed on its own names nobody: the program may be at fault."""
+    A step that failed on its own names nobody: the program may be at fault. The events' fields
+    are of their kinds' types (`jobdir.EVENT_FIELDS`), or absent."""
+    from trainctl.errors import UsageError
+    from trainctl.job.jobdir import Kind
     from trainctl.slurm import expand_hostlist
 
     step_nodes: list[str] = []
     suspects: set[str] = set()
-    for line, entry in entries:
-        kind, when = entry["event"], float(entry["t"])
-        if kind == "node_verdict" and entry.get("verdict") == "excluded":
-            reasons = [str(r) for r in entry.get("reasons") or []]
+    for line, event in events:
+        kind, when = event["event"], event["t"]
+        if kind == Kind.NODE_VERDICT and event.get("verdict") == "excluded":
+            if not event.get("node"):
+                raise UsageError(f"line {line}: an exclusion names no node")
+            reasons = event.get("reasons") or []
             checks = sorted({r.split(": ", 1)[0] for r in reasons}) or ["excluded by the gate"]
-            yield JobEventRow(job_id, line, str(entry["node"]), EXCLUSION, when, ", ".join(checks)[:WHAT_MAX],
+            yield JobEventRow(job_id, line, event["node"], EXCLUSION, when, ", ".join(checks)[:WHAT_MAX],
                               "; ".join(reasons)[:DETAIL_MAX])
-        elif kind == "detection":
-            named = [str(node) for node in entry.get("suspects") or []]
+        elif kind == Kind.DETECTION:
+            named = event.get("suspects") or []
             suspects.update(named)
             for node in named:
-                yield JobEventRow(job_id, line, node, DETECTION, when, str(entry.get("kind", ""))[:WHAT_MAX],
-                                  str(entry.get("evidence", ""))[:DETAIL_MAX])
-        elif kind == "training_start":
-            step_nodes = expand_hostlist(str(entry.get("nodes", "")), source="training_start") \
-                if entry.get("nodes") else []
+                yield JobEventRow(job_id, line, node, DETECTION, when, (event.get("kind") or "")[:WHAT_MAX],
+                                  (event.get("evidence") or "")[:DETAIL_MAX])
+        elif kind == Kind.TRAINING_START:
+            step_nodes = expand_hostlist(event["nodes"], source="training_start") if event.get("nodes") else []
             suspects = set()
-        elif kind == "step_end" and step_nodes:
-            by_watch = str(entry.get("cause", "")).startswith("ended by the watch")
-            if entry.get("status") == 0 or by_watch:
+        elif kind == Kind.STEP_END and step_nodes:
+            by_watch = (event.get("cause") or "").startswith("ended by the watch")
+            if event.get("status") == 0 or by_watch:
                 for node in step_nodes:
                     if node not in suspects:
                         yield JobEventRow(job_id, line, node, SERVED, when, "", "")

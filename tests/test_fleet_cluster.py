@@ -2,8 +2,10 @@
 nvlink -s` replays a V100 with NVLinks 3 and 5 inactive) drop their journals into the site's
 journal directory; `trainctl history ingest` folds them in, the report names node4 a lemon
 with three jobs, and a fourth `submit` from the site, which opts in, excludes node4 before
-any gate runs (Slurm's ExcNodeList). `drain --lemons` then drains node4 with trainctl's tagged
-reason, and `resume` keeps that drain while node4 is still a lemon.
+any gate runs (Slurm's ExcNodeList). That fourth job (`--retries 1`) finds its two nodes bad too
+(every node replays the fault by then), and its successor excludes them and, still, node4 (its
+command-line --exclude replaces the script's #SBATCH one). `drain --lemons` then drains node4
+with trainctl's tagged reason, and `resume` keeps that drain while node4 is still a lemon.
 
 Each of the three jobs asks for 2 nodes with node4 among them (the site's extra sbatch option
 --nodelist=node4), so the gate always sees the replay, and trains 1 step on the other node."""
@@ -20,7 +22,7 @@ from support.sites import site_variant
 from support.slurm_jobs import TRAINCTL, job_output, submit, wait_for_job
 from test_devcluster_jobs import HEALTHY_NVLINK, INACTIVE_LINKS, TRAIN, staged_nvidia_smi
 from trainctl.proc import run_checked
-from trainctl.slurm import parse_scontrol_oneliner
+from trainctl.slurm import expand_hostlist, parse_scontrol_oneliner
 
 pytestmark = pytest.mark.cluster
 
@@ -41,6 +43,7 @@ def test_three_jobs_that_exclude_node4_make_it_a_lemon_the_next_submit_leaves_ou
                                         LEMON: INACTIVE_LINKS}):
         jobs = three_gated_jobs(devcluster, tmp_path, gating)
         lemon_reported(journals, jobs, opting)
+    with staged_nvidia_smi(devcluster, {node: INACTIVE_LINKS for node in ("node1", "node2", "node3", LEMON)}):
         fourth_job_leaves_the_lemon_out(devcluster, tmp_path, opting)
     lemon_drained_and_kept_drained(devcluster, opting, jobs)
 
@@ -76,7 +79,8 @@ def lemon_reported(journals: Path, jobs: list[str], opting: Path) -> None:
 
 
 def fourth_job_leaves_the_lemon_out(devcluster, tmp_path: Path, opting: Path) -> None:
-    fourth = submit(devcluster, tmp_path, "--site", str(opting), "--nodes", "1", "--", TRAIN, "--steps", "1")
+    fourth = submit(devcluster, tmp_path, "--site", str(opting), "--nodes", "1", "--spare", "1", "--retries", "1",
+                    "--", TRAIN, "--steps", "1")
     assert fourth.returncode == 0, fourth.stderr
     assert f"leaving out the site's lemons (1): {LEMON}" in fourth.stderr
     job = fourth.stdout.strip().splitlines()[-1]
@@ -84,9 +88,19 @@ def fourth_job_leaves_the_lemon_out(devcluster, tmp_path: Path, opting: Path) ->
     record = {key: value for part in parse_scontrol_oneliner(shown.stdout) for key, value in part.items()}
     assert record["ExcNodeList"] == LEMON    # Slurm holds the exclusion: no gate had to find node4
     record = wait_for_job(devcluster, job, timeout_s=240)
-    assert record["JobState"] == "COMPLETED" and LEMON not in record["NodeList"], job_output(tmp_path, job)
+    assert record["JobState"] == "FAILED", job_output(tmp_path, job)   # its gate found both its nodes bad
     start = json.loads((tmp_path / f"trainctl-gate-{job}" / "journal.jsonl").read_text().splitlines()[0])
     assert LEMON not in start["nodes"]
+    retry = json.loads((tmp_path / f"trainctl-gate-{job}" / "retry.json").read_text())
+    assert retry["retry"] and retry["successor"] and len(retry["bad_nodes"]) == 2, retry
+    try:
+        shown = run_checked(["scontrol", "show", "job", "-o", retry["successor"]], timeout=15,
+                            env=devcluster.client_env())
+        record = {key: value for part in parse_scontrol_oneliner(shown.stdout) for key, value in part.items()}
+        assert set(expand_hostlist(record["ExcNodeList"])) == {*retry["bad_nodes"], LEMON}, record
+    finally:   # the one node left replays the fault too: nothing to wait for
+        run_checked(["scancel", retry["successor"]], timeout=15, env=devcluster.client_env())
+        wait_for_job(devcluster, retry["successor"], timeout_s=120)
 
 
 def lemon_drained_and_kept_drained(devcluster, opting: Path, jobs: list[str]) -> None:

@@ -33,6 +33,13 @@ def test_every_journal_kind_is_described_and_every_described_kind_reads_back():
     assert jobdir.parse_event('{"t": 5, "event": "from_a_newer_trainctl", "x": 1}')["event"] == "from_a_newer_trainctl"
 
 
+def test_a_field_of_another_type_is_dropped_or_with_strict_makes_the_line_no_event():
+    line = '{"t": 5, "event": "node_verdict", "node": 7, "verdict": "excluded", "reasons": null}'
+    assert jobdir.parse_event(line) == {"t": 5.0, "event": Kind.NODE_VERDICT, "verdict": "excluded"}
+    assert jobdir.parse_event(line, strict=True) is None
+    assert jobdir.parse_event(line.replace("7", '"node2"'), strict=True)["node"] == "node2"   # null: none
+
+
 def test_the_decision_reads_back_as_gate_decide_wrote_it_and_anything_else_is_unknown(tmp_path):
     decision = Decision(("node1", "node2", "node3"), ("node1", "node3"), ("node1",),
                         (Exclusion("node2", (Reason("nvlink.links", "NVLink 3 inactive"), Reason("lost during the gate", ""))),),

@@ -10,7 +10,8 @@ from trainctl.job.decision import Decision
 from trainctl.launcher.plan import JobPlan, SubmitRequest, check_signal, plan_job
 from trainctl.launcher.render import render_script
 from trainctl.job.retry import (Attempt, Evidence, attempt_from_environment, decide_retry, gate_bad_nodes,
-                                successor_argv, successor_environment, summary_line, record)
+                                plan_excludes, successor_argv, successor_environment, summary_line, record)
+from trainctl.launcher.render import sbatch_argv
 from trainctl.site import load_site
 
 NODES = ("node1", "node3")
@@ -90,6 +91,29 @@ def test_the_successor_is_the_same_script_around_the_bad_nodes_linked_to_this_jo
     assert "--exclude=node[3,7]" in argv and "--dependency=afterany:41" in argv
     comment = next(arg for arg in argv if arg.startswith("--comment="))
     assert comment.startswith("--comment=trainctl: attempt 2 of 3, after job 41 (a node was lost")
+
+
+def test_the_successor_still_excludes_what_the_jobs_own_script_excludes(tmp_path):
+    """The successor's command-line --exclude replaces the script's #SBATCH --exclude (the site's
+    extra_sbatch, submit's lemons): it names the union, read from the job's plan."""
+    site = tmp_path / "site.toml"
+    site.write_text('name = "s"\ndefault_partition = "p"\n[partitions.p]\ngpus_per_node = 0\n'
+                    'socket_ifname = "lo"\n[slurm]\nextra_sbatch = ["--exclude=node[8-9]"]\n')
+    plan = plan_job(load_site(str(site)).config, SubmitRequest(site_ref=str(site), program=("/bin/true",), nodes=2,
+                                                               retries=1),
+                    node_trainctl="/t", node_python="/py", command=("trainctl", "submit"), version="0")
+    assert "#SBATCH --exclude=node[8-9]" in render_script(plan).splitlines()
+    attempt = attempt_from_environment({"TRAINCTL_ATTEMPT": "1"}, "41", 1, plan_excludes(plan.sbatch_options))
+    assert attempt.kept_out == ("node8", "node9")
+    decision = decide_retry(attempt, step_end(answered=("node1",)))
+    assert decision.exclude == ("node3", "node8", "node9") and list(decision.bad_nodes) == ["node3"]
+    extra = tuple(sbatch_argv(plan)[2:]) + ("--exclude=node5",)   # one on the command line is replaced too
+    argv = successor_argv(attempt, decision, extra, 2, 0)
+    assert [arg for arg in argv if arg.startswith("--exclude")] == ["--exclude=node[3,8-9]"]
+    env = successor_environment({}, attempt, decision)
+    assert env["TRAINCTL_EXCLUDE"] == "node3,node8,node9"
+    with pytest.raises(UsageError, match="the job's --exclude"):
+        plan_excludes(plan.sbatch_options[:1] + (type(plan.sbatch_options[0])("--exclude", "node[1-"),))
 
 
 def test_a_successor_without_spares_asks_the_scripts_own_node_count():

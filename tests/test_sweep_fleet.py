@@ -79,6 +79,16 @@ def test_a_step_that_failed_on_its_own_serves_nobody():
     assert [e.kind for e in parsed(events).events] == [EXCLUSION]
 
 
+def test_nulls_the_supervisor_writes_and_kinds_this_version_does_not_know_are_read():
+    events = journal_lines("7", NOW - 100)
+    events[4] = dict(events[4], last_checkpoint_t=None, training_start_t=NOW - 98)
+    events[5:5] = [{"t": NOW - 96, "event": "retry", "retry": False, "reason": "x", "successor": None},
+                   {"t": NOW - 96, "event": "a_kind_from_a_later_version", "node": 5}]
+    got = parsed(events)
+    assert sorted((e.kind, e.host) for e in got.events) == [(EXCLUSION, "n3"), (SERVED, "n1"), (SERVED, "n2")]
+    assert got.lines == 8 and got.status == 0
+
+
 def test_a_torn_last_line_is_left_for_the_next_fold():
     text = "".join(json.dumps(e) + "\n" for e in journal_lines("7", NOW - 100))
     got = parse_journal_bytes(text.encode() + b'{"t": 1, "ev', named_job="7", site="test", now=NOW)
@@ -92,6 +102,14 @@ def test_a_torn_last_line_is_left_for_the_next_fold():
     (lambda ev: ev + [{"t": NOW + 7 * DAY, "event": "job_end", "status": 0}], "is from the future"),
     (lambda ev: [dict(ev[0], job="8")] + ev[1:], "names job '8', but its file is job '7''s"),
     (lambda ev: ev[:2] + [dict(ev[2], node="../etc")] + ev[3:], "damaged"),
+    # a field of another type than its kind's (jobdir.EVENT_FIELDS) is refused, never dropped and counted
+    (lambda ev: [dict(ev[0], job=8)] + ev[1:], "line 1 is not a journal event: damaged"),
+    (lambda ev: [dict(ev[0], site=["elsewhere"])] + ev[1:], "line 1 is not a journal event: damaged"),
+    (lambda ev: ev[:2] + [dict(ev[2], reasons="gpu.xid")] + ev[3:], "line 3 is not a journal event: damaged"),
+    (lambda ev: ev[:2] + [{k: v for k, v in ev[2].items() if k != "node"}] + ev[3:], "line 3: an exclusion names"),
+    (lambda ev: ev[:3] + [dict(ev[3], nodes=["n1", "n2"])] + ev[4:], "line 4 is not a journal event: damaged"),
+    (lambda ev: ev[:2] + [dict(ev[2], t=-1)] + ev[3:], "line 3 is not a journal event: damaged"),
+    (lambda ev: ev[:2] + [dict(ev[2], pad="x" * (1 << 20))] + ev[3:], "line 3 is not a journal event: damaged"),
 ])
 def test_a_journal_trainctl_never_wrote_is_refused(change, message):
     events = change(journal_lines("7", NOW - 100))
