@@ -65,7 +65,7 @@ class JobDriver:
         self.journal = Journal(self.paths.journal)
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
-        self.facts = job_facts(plan, self.policy, allocated, this_node_name(env))
+        self.facts = job_facts(plan, self.policy, allocated, this_node_name(env), slurm_actions.binds_tasks(env))
         self.state = machine.JobState()
         # the training step now: its srun, when it started, the checkpoints seen, the last poll's cost
         self.step: subprocess.Popen | None = None
@@ -278,7 +278,8 @@ class JobDriver:
                                    **({"restart": effect.restart} if effect.restart else {}))["t"]
         self.step_started, self.checkpoints, self.poll_cost_s = started, jobdir.Checkpoints(
             self.paths, (self.plan.checkpoints,), self.env["SLURM_SUBMIT_DIR"], started), 0.0
-        self.step = slurm_actions.start_step(machine.training_argv(self.plan, effect, self.gate_dir), env)
+        argv = machine.training_argv(self.plan, effect, self.gate_dir, self.facts.binds_tasks)
+        self.step = slurm_actions.start_step(argv, env)
         return machine.TrainingStarted(started)
 
     def _start_agents(self, effect: machine.StartAgents) -> None:
@@ -355,7 +356,8 @@ class JobDriver:
         return machine.RetryHandled()
 
 
-def job_facts(plan: JobPlan, policy: GatePolicy, allocated: tuple[str, ...], batch_host: str) -> machine.JobFacts:
+def job_facts(plan: JobPlan, policy: GatePolicy, allocated: tuple[str, ...], batch_host: str,
+              binds_tasks: bool = True) -> machine.JobFacts:
     """What the machine decides with: the plan's choices, and the site's `[watch]` settings where
     the plan watches. The plan's choice (submit --watch/--no-watch, else the site's watch.enabled
     when it was submitted) wins over the site's enabled now: a job keeps what it was submitted with."""
@@ -365,7 +367,7 @@ def job_facts(plan: JobPlan, policy: GatePolicy, allocated: tuple[str, ...], bat
                                   watch.checkpoint_wait_s, watch.dump_wait_s, watch.end_grace_s) if watched else None
     return machine.JobFacts(allocated, batch_host, plan.release_unused, plan.retries,
                             watch.max_restarts if watched else 0, watch.hold_spares if watched else 0,
-                            plan.min_nodes, watch.max_successors if watched else 0, watching)
+                            plan.min_nodes, watch.max_successors if watched else 0, watching, binds_tasks)
 
 
 def healthy_unused(decision: Decision | None, chosen: tuple[str, ...]) -> tuple[str, ...]:

@@ -60,6 +60,7 @@ class JobFacts:
     min_nodes: int = 1             # submit --min-nodes: the fewest nodes training may restart on
     successors: int = 0            # the site's watch.max_successors: successors after a detection (0: none)
     watch: WatchFacts | None = None   # None: the watch is off
+    binds_tasks: bool = True       # the cluster's srun binds tasks to CPUs (a TaskPlugin that binds)
 
 
 @dataclass(frozen=True)
@@ -478,10 +479,12 @@ def sentinel_argv(plan: JobPlan, gate_dir: str) -> list[str]:
             plan.trainctl, "gate", "sentinel", "--dir", gate_dir, "--log", f"{gate_dir}/{SENTINEL_LOG}"]
 
 
-def training_argv(plan: JobPlan, action: RunTraining, gate_dir: str) -> list[str]:
+def training_argv(plan: JobPlan, action: RunTraining, gate_dir: str, binds_tasks: bool = True) -> list[str]:
     """The program, on the chosen nodes only; rank-exec sets the torch.distributed environment,
     binds each rank (when the plan binds) and execs the program. --kill-on-bad-exit=1: one rank
-    that fails ends the step, rather than leaving the others waiting in a collective."""
+    that fails ends the step, rather than leaving the others waiting in a collective.
+    --cpu-bind=none keeps Slurm's own binding out of rank-exec's way, on a cluster whose srun binds
+    (`binds_tasks`, JobFacts); elsewhere srun would only say it cannot bind."""
     argv = ["srun", f"--nodelist={action.job_nodes}", f"--nodes={action.node_count}",
             f"--ntasks={action.node_count * plan.tasks_per_node}", f"--ntasks-per-node={plan.tasks_per_node}",
             "--kill-on-bad-exit=1"]
@@ -490,7 +493,7 @@ def training_argv(plan: JobPlan, action: RunTraining, gate_dir: str) -> list[str
         # (SlurmdTimeout), holding its CPUs on every node of the step; an overlapping step does not
         # wait for them (srun(1) --overlap). Its tasks on the live nodes are gone.
         argv.append("--overlap")
-    if plan.bind:
+    if plan.bind and binds_tasks:
         argv.append("--cpu-bind=none")
     if plan.rank_output:
         argv.append(f"--output={gate_dir}/{RANK_OUTPUT}")

@@ -21,7 +21,8 @@ from trainctl.job import jobdir
 from trainctl.job.machine import OWN_STEPS, PROBE_STEP
 from trainctl.launcher.submit import parse_parsable
 from trainctl.proc import ProcResult, run, run_checked
-from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner, parse_slurm_version
+from trainctl.slurm import (SCONTROL_TIMEOUT_S, config_binds_tasks, fold_hostlist, parse_scontrol_config,
+                            parse_scontrol_oneliner, parse_slurm_version)
 
 SLURM_CMD_TIMEOUT_S = 30.0
 RESIZE_TIMEOUT_S = 60.0
@@ -141,6 +142,13 @@ def slurm_version(env: dict[str, str]) -> str:
         return f"{major}.{minor:02d}.{micro}"     # as Slurm names its releases: 22.05.8
     except ParseError as exc:
         return f"unknown: {exc}"
+
+
+def binds_tasks(env: dict[str, str]) -> bool:
+    """Whether this cluster's srun binds tasks to CPUs (`trainctl.slurm.config_binds_tasks`); True when
+    scontrol cannot tell, so a binding cluster never loses --cpu-bind=none."""
+    result = run(["scontrol", "show", "config"], timeout=SCONTROL_TIMEOUT_S, env=env)
+    return config_binds_tasks(parse_scontrol_config(result.stdout)) if result.ok else True
 
 
 def job_record(job_id: str, env: dict[str, str]) -> dict[str, str]:

@@ -483,6 +483,13 @@ def test_step_argv_from_the_plan():
     assert "--relative=1" in machine.sentinel_argv(job, "/g")
 
 
+def test_slurms_own_binding_is_turned_off_only_where_srun_binds():
+    action = machine.RunTraining("node[1,4]", 2, "10.0.0.1", False)
+    assert "--cpu-bind=none" in machine.training_argv(plan(), action, "/g", binds_tasks=True)
+    # TaskPlugin=task/none: srun cannot bind, and would only say so
+    assert "--cpu-bind=none" not in machine.training_argv(plan(), action, "/g", binds_tasks=False)
+
+
 def test_the_plan_travels_through_the_script_unchanged():
     job = plan(retries=2, signal="USR1@120", job_name="x y")
     assert JobPlan.from_document(job.to_document()) == job

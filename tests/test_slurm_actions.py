@@ -2,11 +2,15 @@
 the job's output."""
 
 import os
+from pathlib import Path
+
+import pytest
 
 from trainctl.job import machine as sv
 from trainctl.job.slurm_actions import own_step_srun_log, start_step, wait_step
 from trainctl.launcher.plan import SubmitRequest, plan_job
 from trainctl.site import load_site
+from trainctl.slurm import config_binds_tasks, parse_scontrol_config
 
 
 def _plan():
@@ -31,3 +35,24 @@ def test_an_own_steps_srun_stderr_goes_to_its_log(tmp_path):
     argv = [str(srun), f"--job-name={sv.GATE_STEP}", f"--output={tmp_path}/node-%N.log", "trainctl"]
     assert wait_step(start_step(argv, dict(os.environ)), poll_s=5) == 0
     assert (tmp_path / "srun-trainctl-gate.log").read_text() == "srun: error: node2: task 0: Killed\n"
+
+
+RECORDED = Path(__file__).parent / "fixtures" / "recorded"
+
+
+@pytest.mark.parametrize("recording", ["devcluster-slurm-22.05.8/scontrol-show-config.txt",    # task/none
+                                       "devcluster-slurm-26.05.5/scontrol-show-config.txt"])   # (null)
+def test_a_cluster_without_a_task_plugin_does_not_bind(recording):
+    assert config_binds_tasks(parse_scontrol_config((RECORDED / recording).read_text())) is False
+
+
+@pytest.mark.parametrize("plugins, binds", [("task/affinity", True), ("task/cgroup,task/affinity", True),
+                                            ("task/cgroup", True), ("none", False)])
+def test_a_task_plugin_that_binds_is_named_in_the_recorded_config(plugins, binds):
+    text = (RECORDED / "devcluster-slurm-22.05.8/scontrol-show-config.txt").read_text()
+    text = text.replace("TaskPlugin              = task/none", f"TaskPlugin              = {plugins}")
+    assert config_binds_tasks(parse_scontrol_config(text)) is binds
+
+
+def test_a_config_that_cannot_be_read_keeps_slurms_binding_off():
+    assert config_binds_tasks(parse_scontrol_config("")) is True

@@ -367,6 +367,18 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
     return config
 
 
+def config_binds_tasks(config: dict[str, str]) -> bool:
+    """Whether srun can bind tasks to CPUs here, from `scontrol show config`: only a task plugin
+    does (slurm.conf(5) TaskPlugin: task/affinity and task/cgroup enable --cpu-bind). Without one,
+    TaskPlugin reads `task/none` (Slurm 22.05) or `(null)` (23.11 on: read_config.c drops a "none"),
+    and 22.05's srun answers any --cpu-bind with "cluster configuration lacks support for cpu
+    binding" (_have_task_affinity, src/common/slurm_resource_info.c). True when it cannot tell."""
+    plugins = config.get("TaskPlugin")
+    if plugins is None:
+        return True
+    return any(name.strip().removeprefix("task/") not in ("", "none", "(null)") for name in plugins.split(","))
+
+
 # `scontrol --version` (and every client's, and `slurmd -V`) prints PACKAGE_NAME and SLURM_VERSION_STRING
 # (print_slurm_version, src/common/proc_args.c): "slurm 25.11.0" from SchedMD's build, "slurm-wlm 24.11.5"
 # from Debian's, "-0rc1" appended to a release candidate and "26.05 (unstable svn build ...)" on
