@@ -65,7 +65,8 @@ class JobDriver:
         self.journal = Journal(self.paths.journal)
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
-        self.facts = job_facts(plan, self.policy, allocated, this_node_name(env), slurm_actions.binds_tasks(env))
+        self.facts = job_facts(plan, self.policy, allocated, this_node_name(env),
+                               slurm_actions.binds_tasks(env))
         self.state = machine.JobState()
         # the training step now: its srun, when it started, the checkpoints seen, the last poll's cost
         self.step: subprocess.Popen | None = None

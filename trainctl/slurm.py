@@ -376,7 +376,8 @@ def config_binds_tasks(config: dict[str, str]) -> bool:
     plugins = config.get("TaskPlugin")
     if plugins is None:
         return True
-    return any(name.strip().removeprefix("task/") not in ("", "none", "(null)") for name in plugins.split(","))
+    names = (name.strip().removeprefix("task/") for name in plugins.split(","))
+    return any(name not in ("", "none", "(null)") for name in names)
 
 
 # `scontrol --version` (and every client's, and `slurmd -V`) prints PACKAGE_NAME and SLURM_VERSION_STRING
