@@ -39,7 +39,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trainctl.files import inside, open_regular, read_bytes   # noqa: F401 (the job directory's readers)
+from trainctl.files import inside, open_regular, read_bytes, write_atomically   # noqa: F401 (re-exported)
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.progress import LISTENING_FILE
@@ -283,8 +283,6 @@ def read_json(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None) 
 
 
 def write_json(path: str | os.PathLike, data: Mapping) -> None:
-    from trainctl.files import write_atomically
-
     write_atomically(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
 
 
@@ -730,7 +728,6 @@ def read_node_file(paths: JobPaths, node: str) -> NodeReading | None:
 
 def write_node_file(paths: JobPaths, reading: NodeReading) -> None:
     """Whole or not at all (UsageError where it cannot be written)."""
-    from trainctl.files import write_atomically
 
     write_atomically(paths.node_file(reading.node), json.dumps(node_file_json(reading), allow_nan=False) + "\n")
 

@@ -12,6 +12,7 @@ Collect (`collect_job`, through a `Files` that reads here or over SSH: SFTP and 
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import shlex
@@ -326,8 +327,6 @@ class LocalFiles:
         return result.stdout if result.ok else None
 
     def listdir(self, path: str) -> list[tuple[str, float]] | None:
-        import os
-
         try:
             with os.scandir(path) as entries:
                 return [(e.name, e.stat().st_mtime) for e in entries
@@ -338,8 +337,6 @@ class LocalFiles:
             raise ExternalCommandError(f"cannot list {path}: {exc.strerror or exc}") from exc
 
     def read(self, path: str, max_bytes: int | None, *, tail: bool = False) -> str | None:
-        import os
-
         root = os.path.dirname(path)
         try:
             if max_bytes is None:

@@ -17,6 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
+from trainctl.files import write_atomically
 from trainctl.job import jobdir
 from trainctl.job.jobdir import JobPaths, NodeReading
 
@@ -41,7 +42,6 @@ def read_node_files(gate_dir: str, nodes: tuple[str, ...]) -> dict[str, NodeRead
 def request_stacks(gate_dir: str, nodes: tuple[str, ...], wait_s: float) -> dict[str, str]:
     """Ask every node's agent for its ranks' stacks (py-spy dump) and wait up to `wait_s` for
     the answers; {node: its stacks file, or why there is none}."""
-    from trainctl.files import write_atomically
 
     paths = JobPaths(Path(gate_dir))
     token = secrets.token_hex(8)
