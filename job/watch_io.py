@@ -39,13 +39,19 @@ def read_node_files(gate_dir: str, nodes: tuple[str, ...]) -> dict[str, NodeRead
     return jobdir.read_node_files(JobPaths(Path(gate_dir)), nodes)
 
 
+def post_request(gate_dir: str, name: str) -> str:
+    """A new token in the watch folder's request file `name` (written whole), for every node's
+    agent to see; the token. UsageError where the folder cannot be written."""
+    token = secrets.token_hex(8)
+    write_atomically(JobPaths(Path(gate_dir)).watch / name, token + "\n")
+    return token
+
+
 def request_stacks(gate_dir: str, nodes: tuple[str, ...], wait_s: float) -> dict[str, str]:
     """Ask every node's agent for its ranks' stacks (py-spy dump) and wait up to `wait_s` for
     the answers; {node: its stacks file, or why there is none}."""
-
     paths = JobPaths(Path(gate_dir))
-    token = secrets.token_hex(8)
-    write_atomically(paths.watch / jobdir.DUMP_REQUEST, token + "\n")
+    token = post_request(gate_dir, jobdir.DUMP_REQUEST)
     deadline = time.monotonic() + wait_s
     answered: set[str] = set()
     while True:
