@@ -453,11 +453,7 @@ class Agent:
 
 
 def _read_token(path: Path) -> str:
-    try:   # a regular file only: a FIFO put there would block the agent
-        data = jobdir.read_bytes(path, TOKEN_CHARS, root=path.parent.parent)
-    except OSError:
-        return ""
-    return "" if data is None else data.decode(errors="replace").strip()
+    return jobdir.read_token(path, TOKEN_CHARS, root=path.parent.parent) or ""
 
 
 def run_agent(gate_dir: str, site_ref: str, partition_name: str | None, environ: Mapping[str, str]) -> int:

@@ -269,6 +269,13 @@ def clean(value: Any, depth: int = 0) -> Any:
     return value
 
 
+def read_token(path: str | os.PathLike, cap: int, *, root: str | os.PathLike) -> str | None:
+    """A request's or an answer's token in the watch folder (its first `cap` bytes, stripped);
+    None: no such file, or one that cannot be read. A FIFO there never blocks the reader."""
+    data = _quietly(read_bytes, path, cap, root=root)
+    return None if data is None else data.decode(errors="replace").strip()
+
+
 def read_json(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None) -> dict | None:
     """A JSON object from a file, or None: missing, not a regular file, unreadable, cut at `cap`,
     not JSON or not an object."""

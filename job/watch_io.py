@@ -56,7 +56,8 @@ def request_stacks(gate_dir: str, nodes: tuple[str, ...], wait_s: float) -> dict
     answered: set[str] = set()
     while True:
         for node in nodes:
-            if node not in answered and _token(paths, jobdir.dump_done_file(node)) == token:
+            done = paths.watch / jobdir.dump_done_file(node)
+            if node not in answered and jobdir.read_token(done, TOKEN_BYTES, root=paths.root) == token:
                 answered.add(node)
         if len(answered) == len(nodes) or time.monotonic() >= deadline:
             break
@@ -80,11 +81,3 @@ def archive_gate_round(gate_dir: str, number: int) -> str:
     for evidence in [*paths.watch.glob("*.json"), *paths.watch.glob(jobdir.stacks_file("*"))]:
         shutil.move(str(evidence), str(target / jobdir.WATCH / evidence.name))
     return str(target)
-
-
-def _token(paths: JobPaths, name: str) -> str | None:
-    try:
-        data = jobdir.read_bytes(paths.watch / name, TOKEN_BYTES, root=paths.root)
-    except OSError:
-        return None
-    return None if data is None else data.decode(errors="replace").strip()
