@@ -39,7 +39,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trainctl.files import inside, open_regular, read_bytes, write_atomically   # noqa: F401 (re-exported)
+from trainctl.files import inside, open_regular, read_bytes, write_atomically
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.progress import LISTENING_FILE
