@@ -45,12 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainctl.agent_socket import agent_socket_path
+from trainctl.errors import UsageError
+from trainctl.files import write_atomically
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.status import CheckResult, Status
 from trainctl.job import jobdir
 from trainctl.job.jobdir import CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
-from trainctl.progress import request_path
+from trainctl.progress import decode, request_path
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept
 SELECT_S = 0.2                         # longest wait for a report before the loop looks at its clocks
@@ -290,7 +293,6 @@ def await_flight_recorder_dumps(gate_dir: Path, before: Mapping[int, tuple[int, 
 
 class Agent:
     def __init__(self, gate_dir: str, node: str, job_id: str, config, part, environ: Mapping[str, str]):
-        from trainctl.agent_socket import agent_socket_path
         from trainctl.health.node import node_policy
 
         self.node, self.watch = node, config.watch
@@ -333,8 +335,6 @@ class Agent:
                     os.unlink(path)
 
     def _bind(self) -> socket.socket:
-        from trainctl.errors import UsageError
-
         path = self.socket_path
         if os.path.lexists(path):
             found = os.lstat(path)
@@ -355,8 +355,6 @@ class Agent:
         return sock
 
     def _loop(self, sock: socket.socket) -> None:
-        from trainctl.progress import decode
-
         next_write = next_check = time.monotonic()
         while True:
             now = time.monotonic()
@@ -414,9 +412,6 @@ class Agent:
         """Copy a new checkpoint request of the watch beside the progress socket, where the ranks
         look (`trainctl.progress.checkpoint_requested`): node-local, so they never poll the shared
         filesystem."""
-        from trainctl.errors import UsageError
-        from trainctl.files import write_atomically
-
         token = _read_token(self.folder / CHECKPOINT_REQUEST)
         if not token or token == self.relayed:
             return
@@ -427,9 +422,6 @@ class Agent:
         self.relayed = token
 
     def _dump(self, token: str, pids: dict[int, int]) -> None:
-        from trainctl.errors import UsageError
-        from trainctl.files import write_atomically
-
         # The flight recorders first: their dumps are written meanwhile, by the ranks' own threads.
         ranks = sorted(pids)
         before = {rank: _dump_stamp(self.gate_dir / f"{FLIGHT_RECORDER_PREFIX}{rank}") for rank in ranks}
@@ -446,8 +438,6 @@ class Agent:
             self._say(f"stack dump not written: {exc}")
 
     def _write(self) -> None:
-        from trainctl.errors import UsageError
-
         reading = node_reading(self.node, time.time(), self.started_t, self.ranks, self.checks)
         try:
             jobdir.write_node_file(self.paths, reading)
@@ -463,16 +453,11 @@ class Agent:
 
 
 def _read_token(path: Path) -> str:
-    try:   # a regular file only: a FIFO put there would block the agent
-        data = jobdir.read_bytes(path, TOKEN_CHARS, root=path.parent.parent)
-    except OSError:
-        return ""
-    return "" if data is None else data.decode(errors="replace").strip()
+    return jobdir.read_token(path, TOKEN_CHARS, root=path.parent.parent) or ""
 
 
 def run_agent(gate_dir: str, site_ref: str, partition_name: str | None, environ: Mapping[str, str]) -> int:
     """Watch this node until SIGTERM (the supervisor ends the step) or the job's end."""
-    from trainctl.errors import UsageError
     from trainctl.health.registry import check_site_check_names
     from trainctl.job.gate_cli import ignore_checkpoint_signals
     from trainctl.site import load_site, partition

@@ -20,14 +20,13 @@ Slurm's, not the watch's, so Lightning still saves and requeues at the time limi
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from pathlib import Path
 from typing import Protocol
 
 from trainctl.errors import UsageError
-from trainctl.files import write_atomically
 from trainctl.job.jobdir import CHECKPOINT_LISTENING, CHECKPOINT_REQUEST, JobPaths, Kind
+from trainctl.job.watch_io import post_request
 
 POLL_S = 0.2
 
@@ -46,7 +45,7 @@ def request_checkpoint(gate_dir: str, step, signum: int | None, seen: SavesSeen,
     channel = False
     if step.poll() is None:
         try:
-            write_atomically(os.path.join(folder, CHECKPOINT_REQUEST), secrets.token_hex(8) + "\n")
+            post_request(gate_dir, CHECKPOINT_REQUEST)
             channel = True
         except UsageError:   # the folder cannot be written: the signal alone, as before
             channel = False

@@ -84,7 +84,7 @@ class JobDriver:
         try:
             return self._run()
         except Stopped as exc:  # scancel or the time limit: the end is journaled, then the CLI reports it
-            self.journal.add("job_end", status=128 + exc.signum, cause=f"stopped by signal {exc.signum}")
+            self.journal.add(Kind.JOB_END, status=128 + exc.signum, cause=f"stopped by signal {exc.signum}")
             raise
         finally:
             self._drop_journal()
@@ -105,7 +105,8 @@ class JobDriver:
             excluding = self.env.get(ENV_EXCLUDE, "")
             say(f"trainctl: attempt {attempt} of {self.plan.retries + 1}"
                 + (f", excluding {excluding}" if excluding else ""))
-        self.journal.add("job_start", job=self.job_id, site=self.policy.config.name if self.policy.config else "",
+        self.journal.add(Kind.JOB_START, job=self.job_id,
+                         site=self.policy.config.name if self.policy.config else "",
                          attempt=int(attempt) if attempt.isdigit() else attempt,
                          nodes=list(self.facts.allocated), batch_host=self.facts.batch_host,
                          slurm=slurm_actions.slurm_version(self.env))
@@ -150,7 +151,7 @@ class JobDriver:
         """The job's exit status."""
         if effect.why:
             say(f"trainctl: the job cannot go on: {effect.why}", err=True)
-        self.journal.add("job_end", status=effect.status, **({"cause": effect.why} if effect.why else {}))
+        self.journal.add(Kind.JOB_END, status=effect.status, **({"cause": effect.why} if effect.why else {}))
         return effect.status
 
     # ------------------------------------------------------------ the gate
@@ -160,7 +161,7 @@ class JobDriver:
         if effect.archive:   # again after a detection: the last round's files go aside, as evidence
             evidence = archive_gate_round(self.gate_dir, effect.archive)
             again = {"nodes": list(effect.nodes), "evidence": os.path.relpath(evidence, self.gate_dir)}
-        self.journal.add("gate_start", **again)
+        self.journal.add(Kind.GATE_START, **again)
         argv = machine.gate_step_argv(self.plan, self.gate_dir, int(self.env["SLURM_JOB_NUM_NODES"]), effect.nodes)
         step = slurm_actions.start_step(argv, self.env)
         watcher = threading.Thread(target=self._write_gate_status, args=(step,), daemon=True)
@@ -179,7 +180,7 @@ class JobDriver:
         gate_named = gate_bad_nodes(decision)
         if not result.ok:
             status = result.returncode if result.returncode is not None else 4
-            self.journal.add("gate_end", status=status, why=result.describe_failure())
+            self.journal.add(Kind.GATE_END, status=status, why=result.describe_failure())
             if effect.archive:
                 say(f"trainctl: the gate after the detection checked {machine.fold_hostlist(list(effect.nodes))} "
                     f"(left out before it, named by the watch: {', '.join(self.state.condemned) or 'none'}); "
@@ -190,12 +191,12 @@ class JobDriver:
             return machine.GateRefused(status, gate_named=gate_named)
         decided = machine.parse_decision(result.stdout)
         if decided is None:
-            self.journal.add("gate_end", status=2, why="no nodes and MASTER_ADDR printed")
+            self.journal.add(Kind.GATE_END, status=2, why="no nodes and MASTER_ADDR printed")
             say(f"trainctl: gate decide did not print the nodes and MASTER_ADDR: {result.stdout!r}", err=True)
             return machine.GateRefused(2, retryable=False, gate_named=gate_named)
         job_nodes, master_addr = decided
         chosen = tuple(expand_hostlist(job_nodes))
-        self.journal.add("gate_end", status=0, chosen=list(chosen), master_addr=master_addr)
+        self.journal.add(Kind.GATE_END, status=0, chosen=list(chosen), master_addr=master_addr)
         say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
         return machine.GateDecided(job_nodes, chosen, master_addr, healthy_unused(decision, chosen), gate_named)
 
@@ -207,7 +208,7 @@ class JobDriver:
         (those the gate named were drained by `gate decide`)."""
 
         for drain in drain_condemned(self.policy.site, self.policy.config, effect.nodes, self.env):
-            self.journal.add("drain", node=drain.host, outcome=drain.outcome, reason=drain.reason)
+            self.journal.add(Kind.DRAIN, node=drain.host, outcome=drain.outcome, reason=drain.reason)
             say(f"trainctl: {drain.line()}", err=True)
 
     def _write_gate_status(self, step) -> None:
@@ -228,7 +229,7 @@ class JobDriver:
             when = datetime.fromisoformat(submitted).timestamp()  # scontrol prints local time
         except ValueError:
             return
-        self.journal.add("submitted", submitted_t=when)
+        self.journal.add(Kind.SUBMITTED, submitted_t=when)
 
     def _journal_verdicts(self, decision: Decision | None) -> None:
         if decision is None:
@@ -237,7 +238,7 @@ class JobDriver:
         excluded = {item.host: [str(reason) for reason in item.reasons] for item in decision.excluded}
         for node in decision.allocated:
             verdict = "chosen" if node in chosen else "excluded" if node in excluded else "healthy, not needed"
-            self.journal.add("node_verdict", node=node, verdict=verdict, reasons=excluded.get(node, []))
+            self.journal.add(Kind.NODE_VERDICT, node=node, verdict=verdict, reasons=excluded.get(node, []))
 
     # ------------------------------------------------------------ the release
 
@@ -259,7 +260,7 @@ class JobDriver:
             exported, unset = machine.parse_resize_script(resize)
             holds = exported.get("SLURM_JOB_NODELIST", self.env.get("SLURM_JOB_NODELIST", ""))
             say(f"trainctl: released the nodes the job does not use; it now holds {holds}")
-            self.journal.add("released", holds=holds)
+            self.journal.add(Kind.RELEASED, holds=holds)
         count = exported.get("SLURM_JOB_NUM_NODES", self.env.get("SLURM_JOB_NUM_NODES", ""))
         return machine.Resized(int(count) if count.isdigit() else len(self.facts.allocated), tuple(exported.items()),
                                unset)
@@ -275,7 +276,8 @@ class JobDriver:
         env = dict(self.env, **{CHECKPOINT_ENV: str(self.paths.checkpoint_marker)})
         if self.facts.watch is not None:
             env[WATCH_DIR_ENV] = prepare_watch_dir(self.gate_dir)
-        started = self.journal.add("training_start", nodes=effect.job_nodes, master_addr=effect.master_addr,
+        started = self.journal.add(Kind.TRAINING_START, nodes=effect.job_nodes,
+                                   master_addr=effect.master_addr,
                                    **({"restart": effect.restart} if effect.restart else {}))["t"]
         self.step_started, self.checkpoints, self.poll_cost_s = started, jobdir.Checkpoints(
             self.paths, (self.plan.checkpoints,), self.env["SLURM_SUBMIT_DIR"], started), 0.0
@@ -287,7 +289,7 @@ class JobDriver:
         self.agents = slurm_actions.start_step(machine.agent_argv(self.plan, effect, self.gate_dir), self.env)
 
     def _request_stacks(self, effect: machine.RequestStacks) -> None:
-        self.journal.add("stacks", files=request_stacks(self.gate_dir, effect.nodes, effect.wait_s))
+        self.journal.add(Kind.STACKS, files=request_stacks(self.gate_dir, effect.nodes, effect.wait_s))
 
     def _stop_step(self, effect: machine.StopStep) -> machine.Event:
         status = slurm_actions.stop_step(self.step, self.job_id, machine.OWN_STEPS, self.env, effect.grace_s)
@@ -328,8 +330,8 @@ class JobDriver:
                                     self.policy.watch.end_grace_s, cancel_others=False)
             self.agents = None
         self.checkpoints.poll(self.journal, self.readings.values())
-        self.journal.add("step_end", status=effect.status, cause=effect.cause, training_start_t=self.step_started,
-                         last_checkpoint_t=self.checkpoints.last)
+        self.journal.add(Kind.STEP_END, status=effect.status, cause=effect.cause,
+                         training_start_t=self.step_started, last_checkpoint_t=self.checkpoints.last)
 
     def _journal(self, effect: machine.Journal) -> None:
         self.journal.add(effect.kind, **effect.fields)
@@ -349,10 +351,10 @@ class JobDriver:
                                                   self.plan.sbatch_options)
         except (OSError, TrainctlError) as exc:  # the job still ends with the status of what failed
             say(f"trainctl: warning: could not decide on a retry: {exc}", err=True)
-            self.journal.add("retry", retry=False, reason=f"could not decide: {exc}")
+            self.journal.add(Kind.RETRY, retry=False, reason=f"could not decide: {exc}")
             return machine.RetryHandled()
         say("trainctl: " + summary_line(rec))
-        self.journal.add("retry", retry=rec.retry, reason=rec.reason, successor=rec.successor,
+        self.journal.add(Kind.RETRY, retry=rec.retry, reason=rec.reason, successor=rec.successor,
                          bad_nodes=sorted(rec.bad_nodes), exclude=list(rec.exclude))
         return machine.RetryHandled()
 

@@ -1,4 +1,4 @@
-"""Goodput of a chain of attempts, from their journals (`trainctl.job.journal`): events in, a
+"""Goodput of a chain of attempts, from their journals (`trainctl.job.jobdir`): events in, a
 `Goodput` and the watch's `WatchAccount` out, then their lines for `trainctl job show`.
 
 Goodput is ETTR (effective training time ratio) as large-scale training reports use it:

@@ -39,6 +39,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from trainctl.files import inside, open_regular, read_bytes, write_atomically
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.progress import LISTENING_FILE
@@ -220,60 +221,6 @@ NUMBER_LIMIT = 1e15                     # beyond any clock (Unix seconds), step 
 MAX_DEPTH = 16                          # of a value inside an event
 
 
-def inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
-    """Whether `path`, symlinks resolved, lies in `root` (symlinks resolved)."""
-    real, top = os.path.realpath(path), os.path.realpath(root)
-    return real == top or real.startswith(top.rstrip("/") + "/")
-
-
-def open_regular(path: str | os.PathLike, root: str | os.PathLike | None = None) -> int | None:
-    """A read-only descriptor of `path` when it is a regular file (inside `root`, when given);
-    None when it is missing or anything else. It never blocks: a FIFO is never opened, and the
-    open is non-blocking for one swapped in meanwhile. Other errors (EACCES) are raised."""
-    try:
-        found = os.lstat(path)
-        if stat.S_ISLNK(found.st_mode):
-            if root is not None and not inside(path, root):
-                return None
-            found = os.stat(path)
-        elif root is not None and os.path.dirname(path) != str(root).rstrip("/") and not inside(path, root):
-            return None    # a folder on the way may be a link (a plain file right in `root` is cheap to tell)
-        if not stat.S_ISREG(found.st_mode):
-            return None
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if exc.errno in (40, 6):    # ELOOP, ENXIO
-            return None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
-
-
-def read_bytes(path: str | os.PathLike, cap: int, *, root: str | os.PathLike | None = None,
-               tail: bool = False) -> bytes | None:
-    """At most `cap` bytes of a regular file (its last ones with `tail`); None: no such file."""
-    fd = open_regular(path, root)
-    if fd is None:
-        return None
-    try:
-        if tail:
-            os.lseek(fd, max(0, os.fstat(fd).st_size - cap), os.SEEK_SET)
-        chunks, left = [], cap
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def _quietly(read, *args, **kwargs):
     """A reader for the job's own parts: an unreadable file is a missing one."""
     try:
@@ -322,6 +269,13 @@ def clean(value: Any, depth: int = 0) -> Any:
     return value
 
 
+def read_token(path: str | os.PathLike, cap: int, *, root: str | os.PathLike) -> str | None:
+    """A request's or an answer's token in the watch folder (its first `cap` bytes, stripped);
+    None: no such file, or one that cannot be read. A FIFO there never blocks the reader."""
+    data = _quietly(read_bytes, path, cap, root=root)
+    return None if data is None else data.decode(errors="replace").strip()
+
+
 def read_json(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None) -> dict | None:
     """A JSON object from a file, or None: missing, not a regular file, unreadable, cut at `cap`,
     not JSON or not an object."""
@@ -336,8 +290,6 @@ def read_json(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None) 
 
 
 def write_json(path: str | os.PathLike, data: Mapping) -> None:
-    from trainctl.files import write_atomically
-
     write_atomically(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
 
 
@@ -783,7 +735,6 @@ def read_node_file(paths: JobPaths, node: str) -> NodeReading | None:
 
 def write_node_file(paths: JobPaths, reading: NodeReading) -> None:
     """Whole or not at all (UsageError where it cannot be written)."""
-    from trainctl.files import write_atomically
 
     write_atomically(paths.node_file(reading.node), json.dumps(node_file_json(reading), allow_nan=False) + "\n")
 

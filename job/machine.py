@@ -21,7 +21,7 @@ import signal as signals
 from dataclasses import dataclass, replace
 from typing import Literal, Mapping, NamedTuple, Union
 
-from trainctl.job.jobdir import AGENT_LOG_PATTERN, GATE_LOG_PATTERN, SENTINEL_LOG, SENTINEL_OUT
+from trainctl.job.jobdir import AGENT_LOG_PATTERN, GATE_LOG_PATTERN, SENTINEL_LOG, SENTINEL_OUT, Kind
 from trainctl.job.watch import (Detection, NodeReading, WatchLimits, WatchState, confirm, observe, silent_nodes,
                                 start as start_watch)
 from trainctl.launcher.plan import RANK_OUTPUT, JobPlan
@@ -143,8 +143,8 @@ Event = Union[Started, GateDecided, GateRefused, Resized, TrainingStarted, Polle
 # ---------------------------------------------------------------- effects (what to do next)
 
 class Journal(NamedTuple):
-    """An event for the journal (`trainctl.job.journal`)."""
-    kind: str
+    """An event for the journal (`trainctl.job.jobdir.Journal`)."""
+    kind: Kind
     fields: Mapping[str, object] = {}
 
 
@@ -300,9 +300,10 @@ def _confirm(state: JobState, gate_named: Mapping[str, str]) -> tuple[JobState, 
         return state, ()
     confirmed = confirm(detection, gate_named, state.chosen, state.accepted_step_s)
     state = replace(state, detection=None, accepted_step_s=confirmed.accepted_step_s)
-    journal = Journal("confirmation", {"kind": confirmed.kind, "named": dict(confirmed.named),
-                                       "checked": [node for node in state.held if node not in state.condemned],
-                                       **({"note": confirmed.note} if confirmed.note else {})})
+    checked = [node for node in state.held if node not in state.condemned]
+    journal = Journal(Kind.CONFIRMATION, {"kind": confirmed.kind, "named": dict(confirmed.named),
+                                          "checked": checked,
+                                          **({"note": confirmed.note} if confirmed.note else {})})
     if not confirmed.named:
         return state, (journal, Say(f"trainctl: watch: the gate names no node ({detection.kind} not localised): "
                                     "resuming on the same nodes"))
@@ -319,8 +320,8 @@ def _watch_poll(watch: WatchFacts, state: JobState, event: Polled) -> tuple[JobS
     state = replace(state, watch=seen.state)
     effects: list[Effect] = []
     if not stepped and seen.state.progress_steps >= 0:   # training again: the restart's cost ends here
-        effects.append(Journal("first_step", {"steps": seen.state.progress_steps}))
-    effects += [Journal("agent_silent", {"node": node, "note": "training goes on: not a detection"})
+        effects.append(Journal(Kind.FIRST_STEP, {"steps": seen.state.progress_steps}))
+    effects += [Journal(Kind.AGENT_SILENT, {"node": node, "note": "training goes on: not a detection"})
                 for node in seen.silent_while_progressing]
     detection = seen.detection
     if detection is None:
@@ -335,8 +336,8 @@ def _watch_poll(watch: WatchFacts, state: JobState, event: Polled) -> tuple[JobS
 
 
 def _detected(detection: Detection) -> Effects:
-    return (Journal("detection", {"kind": detection.kind, "suspects": list(detection.suspects),
-                                  "evidence": detection.evidence, "details": detection.details}),
+    return (Journal(Kind.DETECTION, {"kind": detection.kind, "suspects": list(detection.suspects),
+                                     "evidence": detection.evidence, "details": detection.details}),
             Say(f"trainctl: watch: {detection.kind}: {detection.evidence}"))
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.job.jobdir import BATCH_HOST_BEAT   # a counter the job script rewrites every 2 s
+from trainctl.job.jobdir import read_bytes
 
 SENTINEL_POLL_S = 1.0
 CANCEL_ATTEMPTS = 10
@@ -99,8 +100,6 @@ def cancel_job(job_id: str, why: str) -> int:
 
 
 def _read_text(path: Path) -> str | None:
-    from trainctl.job.jobdir import read_bytes
-
     try:   # open() revalidates an NFS client's cached attributes; a FIFO there is never waited on
         data = read_bytes(path, 64)
     except OSError:

@@ -12,6 +12,7 @@ Collect (`collect_job`, through a `Files` that reads here or over SSH: SFTP and 
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import shlex
@@ -26,6 +27,7 @@ from trainctl.job.goodput import Goodput, WatchAccount, goodput, goodput_lines, 
 from trainctl.job.journal import timeline_lines
 from trainctl.job.retry import summary_line
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
+from trainctl.proc import run
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
 from trainctl.text import printable
 
@@ -316,8 +318,6 @@ class LocalFiles:
         self.env = env
 
     def scontrol_job(self, job_id: str) -> str | None:
-        from trainctl.proc import run
-
         result = run(["scontrol", "show", "job", "-o", job_id], timeout=SCONTROL_TIMEOUT_S, env=self.env)
         if result.missing:
             return None  # no Slurm client here: --dir tells where the files are
@@ -326,8 +326,6 @@ class LocalFiles:
         return result.stdout if result.ok else None
 
     def listdir(self, path: str) -> list[tuple[str, float]] | None:
-        import os
-
         try:
             with os.scandir(path) as entries:
                 return [(e.name, e.stat().st_mtime) for e in entries
@@ -338,8 +336,6 @@ class LocalFiles:
             raise ExternalCommandError(f"cannot list {path}: {exc.strerror or exc}") from exc
 
     def read(self, path: str, max_bytes: int | None, *, tail: bool = False) -> str | None:
-        import os
-
         root = os.path.dirname(path)
         try:
             if max_bytes is None:
@@ -362,14 +358,14 @@ class RemoteFiles:
         self.sftp = client.open_sftp()
 
     def scontrol_job(self, job_id: str) -> str | None:
-        from trainctl.launcher.submit import exec_remote
+        from trainctl.launcher.submit import exec_remote   # here: a local `job show` loads no SSH code
 
         status, out, _ = exec_remote(self.client, shlex.join(["scontrol", "show", "job", "-o", job_id]), "",
                                SCONTROL_TIMEOUT_S)
         return out if status == 0 else None
 
     def listdir(self, path: str) -> list[tuple[str, float]] | None:
-        import paramiko
+        import paramiko   # here: only `job show` over SSH pays for paramiko
 
         try:
             return [(a.filename, float(a.st_mtime or 0)) for a in self.sftp.listdir_attr(path)
@@ -380,7 +376,7 @@ class RemoteFiles:
             raise ExternalCommandError(f"SFTP: cannot list {path}: {exc}") from exc
 
     def read(self, path: str, max_bytes: int | None, *, tail: bool = False) -> str | None:
-        import paramiko
+        import paramiko   # here: only `job show` over SSH pays for paramiko
 
         try:   # a regular file whose real path stays in its directory (SFTP's realpath), never a FIFO
             real, root = self.sftp.normalize(path), self.sftp.normalize(posixpath.dirname(path))

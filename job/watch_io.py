@@ -17,6 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
+from trainctl.files import write_atomically
 from trainctl.job import jobdir
 from trainctl.job.jobdir import JobPaths, NodeReading
 
@@ -38,19 +39,25 @@ def read_node_files(gate_dir: str, nodes: tuple[str, ...]) -> dict[str, NodeRead
     return jobdir.read_node_files(JobPaths(Path(gate_dir)), nodes)
 
 
+def post_request(gate_dir: str, name: str) -> str:
+    """A new token in the watch folder's request file `name` (written whole), for every node's
+    agent to see; the token. UsageError where the folder cannot be written."""
+    token = secrets.token_hex(8)
+    write_atomically(JobPaths(Path(gate_dir)).watch / name, token + "\n")
+    return token
+
+
 def request_stacks(gate_dir: str, nodes: tuple[str, ...], wait_s: float) -> dict[str, str]:
     """Ask every node's agent for its ranks' stacks (py-spy dump) and wait up to `wait_s` for
     the answers; {node: its stacks file, or why there is none}."""
-    from trainctl.files import write_atomically
-
     paths = JobPaths(Path(gate_dir))
-    token = secrets.token_hex(8)
-    write_atomically(paths.watch / jobdir.DUMP_REQUEST, token + "\n")
+    token = post_request(gate_dir, jobdir.DUMP_REQUEST)
     deadline = time.monotonic() + wait_s
     answered: set[str] = set()
     while True:
         for node in nodes:
-            if node not in answered and _token(paths, jobdir.dump_done_file(node)) == token:
+            done = paths.watch / jobdir.dump_done_file(node)
+            if node not in answered and jobdir.read_token(done, TOKEN_BYTES, root=paths.root) == token:
                 answered.add(node)
         if len(answered) == len(nodes) or time.monotonic() >= deadline:
             break
@@ -74,11 +81,3 @@ def archive_gate_round(gate_dir: str, number: int) -> str:
     for evidence in [*paths.watch.glob("*.json"), *paths.watch.glob(jobdir.stacks_file("*"))]:
         shutil.move(str(evidence), str(target / jobdir.WATCH / evidence.name))
     return str(target)
-
-
-def _token(paths: JobPaths, name: str) -> str | None:
-    try:
-        data = jobdir.read_bytes(paths.watch / name, TOKEN_BYTES, root=paths.root)
-    except OSError:
-        return None
-    return None if data is None else data.decode(errors="replace").strip()

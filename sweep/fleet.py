@@ -15,9 +15,9 @@ and a refusal, with one line, for anything the supervisor never writes.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
-import stat
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -168,24 +168,20 @@ def journal_paths(journal_dir: str, extra: Iterable[str] = ()) -> list[str]:
 
 def read_journal(path: str) -> tuple[bytes, os.stat_result]:
     """A journal's bytes: only a regular file, never blocking (a FIFO), at most JOURNAL_MAX_BYTES."""
+    from trainctl.files import open_regular, read_fd   # here: it loads tempfile, which submit need not
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = open_regular(path)
     except OSError as exc:
         raise JournalRefused(f"cannot read: {exc.strerror or exc}") from None
+    if fd is None:
+        raise JournalRefused("not a regular file" if os.path.lexists(path)
+                             else f"cannot read: {os.strerror(errno.ENOENT)}")
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise JournalRefused("not a regular file")
         if info.st_size > JOURNAL_MAX_BYTES:
             raise JournalRefused(f"{info.st_size} bytes, more than a journal's {JOURNAL_MAX_BYTES}")
-        chunks, left = [], JOURNAL_MAX_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
+        data = read_fd(fd, JOURNAL_MAX_BYTES + 1)
         if len(data) > JOURNAL_MAX_BYTES:
             raise JournalRefused(f"grew past a journal's {JOURNAL_MAX_BYTES} bytes while read")
         return data, info
@@ -334,7 +330,6 @@ def current_lemons(history, rule: LemonRule, now: float) -> list[Lemon]:
 
 
 LEMONS_FORMAT = "trainctl-lemons-1"
-LEMONS_FILE_MAX_BYTES = 16 << 20
 
 
 def lemons_document(site: str, rule: LemonRule, lemons: list[Lemon], now: float) -> str:

@@ -332,7 +332,6 @@ def test_the_drift_checks_catch_what_they_are_for():
 # ---------------------------------------------------------------- every sample output comes from a run
 
 SAMPLE_BLOCK = re.compile(r"(?:<!-- sample: (?P<id>[^>]*?) -->\n)?^```text\n(?P<body>.*?)^```", re.MULTILINE | re.DOTALL)
-SAMPLES_DIR = REPO / "tests" / "fixtures" / "docs-samples"
 
 
 def _run(tmp_path: Path, *argv: str, env: dict | None = None) -> str:

@@ -2,17 +2,77 @@
 of something that is not a file of ours.
 
 Every file trainctl writes for a reader (reports, node_exporter's textfile, the gate directory,
-the slurm-hook's state) goes through `write_atomically`.
+the slurm-hook's state) goes through `write_atomically`. Files that anyone else may have put in
+place (the job directory's, journals handed to fleet memory) are read through `open_regular`
+and `read_bytes`: a regular file only, never blocking, at most so many bytes.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from trainctl.errors import UsageError
+
+
+def inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether `path`, symlinks resolved, lies in `root` (symlinks resolved)."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip("/") + "/")
+
+
+def open_regular(path: str | os.PathLike, root: str | os.PathLike | None = None) -> int | None:
+    """A read-only descriptor of `path` when it is a regular file (inside `root`, when given);
+    None when it is missing or anything else. It never blocks: a FIFO is never opened, and the
+    open is non-blocking for one swapped in meanwhile. Other errors (EACCES) are raised."""
+    try:
+        found = os.lstat(path)
+        if stat.S_ISLNK(found.st_mode):
+            if root is not None and not inside(path, root):
+                return None
+            found = os.stat(path)
+        elif root is not None and os.path.dirname(path) != str(root).rstrip("/") and not inside(path, root):
+            return None    # a folder on the way may be a link (a plain file right in `root` is cheap to tell)
+        if not stat.S_ISREG(found.st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno in (40, 6):    # ELOOP, ENXIO
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_bytes(path: str | os.PathLike, cap: int, *, root: str | os.PathLike | None = None,
+               tail: bool = False) -> bytes | None:
+    """At most `cap` bytes of a regular file (its last ones with `tail`); None: no such file."""
+    fd = open_regular(path, root)
+    if fd is None:
+        return None
+    try:
+        if tail:
+            os.lseek(fd, max(0, os.fstat(fd).st_size - cap), os.SEEK_SET)
+        return read_fd(fd, cap)
+    finally:
+        os.close(fd)
+
+
+def read_fd(fd: int, cap: int) -> bytes:
+    """At most `cap` bytes from `fd`, from where it stands to its end."""
+    chunks, left = [], cap
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def write_atomically(path: str | os.PathLike, text: str) -> None:
@@ -69,6 +129,8 @@ def _write_into(target: Path, text: str) -> None:
 
 
 def _replace(real: Path, text: str, *, shown: Path) -> None:
+    import tempfile   # here: the readers above are on `job show`'s path, which writes nothing
+
     if real.parent.exists() and not real.parent.is_dir():
         raise UsageError(f"cannot write {shown}: {real.parent} is not a directory")
     try:

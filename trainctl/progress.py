@@ -379,6 +379,8 @@ class _RequestReader:
 
 
 def _read_small(path: str) -> str:
+    # not trainctl.files.read_bytes: this module stays standard-library only (it runs in the rank),
+    # and the node-local request file is never a link (O_NOFOLLOW)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:

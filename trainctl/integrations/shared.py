@@ -15,7 +15,7 @@ from collections.abc import Callable
 from trainctl import progress
 
 EVERY_N_STEPS = 10
-CHECKPOINT_ENV = "TRAINCTL_CHECKPOINT_FILE"   # trainctl.job.journal.CHECKPOINT_ENV: the supervisor's view of saves
+CHECKPOINT_ENV = "TRAINCTL_CHECKPOINT_FILE"   # trainctl.job.jobdir.CHECKPOINT_ENV: the supervisor's view of saves
 
 
 class SaveRequests:
