@@ -15,11 +15,9 @@ reader here:
 - turns bad content into None ("unknown") or a skipped line, never an exception: NaN, Infinity,
   numbers no clock or counter reaches, wrong types and deep nesting included.
 
-The journal (`read_journal`) is public: it is how anything outside the supervisor (`job show`,
-a fleet's history) reads a job's events. Each event is a dict with a finite `t` (Unix time), an
-`event` (a `Kind` for the kinds trainctl writes; another string for a kind this version does not
-know) and that kind's fields, each of the type `EVENT_FIELDS` gives; a field of another type
-is dropped, and every number is finite and within +-1e15.
+The journal's lines (their kinds, fields, writer and reader) are `trainctl.journal_events`, one
+floor below, so that the fleet history reads them by the same rules; `read_journal` and the rest
+are re-exported here with the directory's other readers.
 """
 
 from __future__ import annotations
@@ -30,16 +28,17 @@ import json
 import os
 import re
 import stat
-import sys
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trainctl.files import inside, open_regular, read_bytes, write_atomically
+from trainctl.files import inside, open_regular, read_bytes, write_atomically  # noqa: F401 (open_regular: re-exported)
+# The journal's lines are owned below job/ (the fleet history reads them too); re-exported here
+# with the rest of the job directory's readers and writers.
+from trainctl.journal_events import (JOURNAL_LINE_MAX_BYTES, KINDS, MAX_DEPTH, NUMBER_LIMIT,  # noqa: F401
+                                     Journal, Kind, all_strings, clean, integer, iter_journal, job_ended, loads,
+                                     number, parse_event, parse_journal, read_journal, string_list)
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.progress import LISTENING_FILE
@@ -216,9 +215,6 @@ def layout_table() -> str:
 
 JSON_MAX_BYTES = 4 << 20                # decision.json of thousands of nodes, retry.json
 NODE_FILE_MAX_BYTES = 1 << 20           # a node file with thousands of ranks is still far below
-JOURNAL_LINE_MAX_BYTES = 1 << 20        # one event; a longer line is skipped, never cut
-NUMBER_LIMIT = 1e15                     # beyond any clock (Unix seconds), step count or duration
-MAX_DEPTH = 16                          # of a value inside an event
 
 
 def _quietly(read, *args, **kwargs):
@@ -227,46 +223,6 @@ def _quietly(read, *args, **kwargs):
         return read(*args, **kwargs)
     except OSError:
         return None
-
-
-def _reject_constant(name: str) -> None:
-    return None    # NaN, Infinity and -Infinity read as null
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
-def loads(text: str | bytes, *, strict: bool = False) -> Any:
-    """JSON as the job's files hold it: NaN and Infinity read as null (with `strict`, as not JSON);
-    ValueError for anything that is not JSON (nesting too deep included)."""
-    try:
-        # a number too large for a float (1e400) reads as inf: `number` and `clean` refuse it
-        return json.loads(text, parse_constant=_refuse_constant if strict else _reject_constant)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
-def number(value: Any) -> float | None:
-    """`value` when it is a number within NUMBER_LIMIT (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if abs(value) <= NUMBER_LIMIT else None
-
-
-def integer(value: Any) -> int | None:
-    return value if isinstance(value, int) and number(value) is not None else None
-
-
-def clean(value: Any, depth: int = 0) -> Any:
-    """`value` with numbers out of range and anything nested past MAX_DEPTH as None."""
-    if isinstance(value, dict):
-        return None if depth >= MAX_DEPTH else {str(k): clean(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list):
-        return None if depth >= MAX_DEPTH else [clean(v, depth + 1) for v in value]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return number(value)
-    return value
 
 
 def read_token(path: str | os.PathLike, cap: int, *, root: str | os.PathLike) -> str | None:
@@ -343,9 +299,9 @@ class RetryRecord:
         attempt, retries, status = integer(data.get("attempt")), integer(data.get("retries")), integer(data.get("status"))
         bad = data.get("bad_nodes") or {}
         if (None in (attempt, retries, status) or not isinstance(data.get("retry"), bool)
-                or not _strings(data.get("job_id"), data.get("reason"), data.get("phase"))
-                or not isinstance(bad, dict) or not _strings(*bad, *bad.values())
-                or not _string_list(data.get("exclude") or []) or not _string_list(data.get("excluded_before") or [])
+                or not all_strings(data.get("job_id"), data.get("reason"), data.get("phase"))
+                or not isinstance(bad, dict) or not all_strings(*bad, *bad.values())
+                or not string_list(data.get("exclude") or []) or not string_list(data.get("excluded_before") or [])
                 or not all(data.get(key) is None or isinstance(data.get(key), str)
                            for key in ("successor", "error", "previous_job"))):
             raise ValueError("not a retry record")
@@ -370,20 +326,12 @@ class AttemptRecord:
 
     @classmethod
     def from_json(cls, data: Any) -> AttemptRecord:
-        if (not isinstance(data, dict) or not _strings(data.get("job_id"), data.get("previous_job"))
+        if (not isinstance(data, dict) or not all_strings(data.get("job_id"), data.get("previous_job"))
                 or integer(data.get("attempt")) is None or integer(data.get("retries")) is None
-                or not _string_list(data.get("excluded") or [])):
+                or not string_list(data.get("excluded") or [])):
             raise ValueError("not an attempt record")
         return cls(data["job_id"], data["attempt"], data["retries"], data["previous_job"],
                    tuple(data.get("excluded") or ()))
-
-
-def _strings(*values: Any) -> bool:
-    return all(isinstance(value, str) for value in values)
-
-
-def _string_list(value: Any) -> bool:
-    return isinstance(value, list) and _strings(*value)
 
 
 def read_retry(paths: JobPaths) -> RetryRecord | None:
@@ -400,168 +348,7 @@ def read_attempt(paths: JobPaths) -> AttemptRecord | None:
         return None
 
 
-# ---------------------------------------------------------------- the journal
-
-class Kind(str, Enum):
-    """The journal's event kinds, each with what `job show` says of it."""
-
-    def __new__(cls, value: str, description: str):
-        member = str.__new__(cls, value)
-        member._value_ = value
-        member.description = description   # type: ignore[attr-defined]
-        return member
-
-    def __str__(self) -> str:
-        return self.value
-
-    JOB_START = "job_start", "job started"
-    SUBMITTED = "submitted", "submitted to Slurm"
-    GATE_START = "gate_start", "gate started"
-    NODE_VERDICT = "node_verdict", "node verdict"
-    GATE_END = "gate_end", "gate ended"
-    CONFIRMATION = "confirmation", "watch: what the gate after a detection named"
-    DRAIN = "drain", "watch: drained a node it named (the site's gate.drain_on)"
-    RELEASED = "released", "released unused nodes"
-    TRAINING_START = "training_start", "training step started"
-    FIRST_STEP = "first_step", "first step reported"
-    CHECKPOINT = "checkpoint", "checkpoint seen"
-    DETECTION = "detection", "watch: detection"
-    AGENT_SILENT = "agent_silent", "watch: node agent silent"
-    STACKS = "stacks", "watch: every rank's stack recorded"
-    CHECKPOINT_REQUEST = "checkpoint_request", "watch: asked the ranks to checkpoint"
-    STEP_END = "step_end", "training step ended"
-    RETRY = "retry", "retry"
-    JOB_END = "job_end", "job ended"
-
-
-# Each kind's fields and their types: "str", "int", "time" (a number), "strs" (a list of
-# strings), "names" (an object of strings), "object", "any". A field of another type is dropped.
-EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
-    Kind.JOB_START: {"job": "str", "site": "str", "attempt": "any", "nodes": "strs", "batch_host": "str", "slurm": "str"},
-    Kind.SUBMITTED: {"submitted_t": "time"},
-    Kind.GATE_START: {"nodes": "strs", "evidence": "str"},
-    Kind.NODE_VERDICT: {"node": "str", "verdict": "str", "reasons": "strs"},
-    Kind.GATE_END: {"status": "int", "why": "str", "chosen": "strs", "master_addr": "str"},
-    Kind.CONFIRMATION: {"kind": "str", "named": "names", "checked": "strs", "note": "str"},
-    Kind.DRAIN: {"node": "str", "outcome": "str", "reason": "str"},
-    Kind.RELEASED: {"holds": "str"},
-    Kind.TRAINING_START: {"nodes": "str", "master_addr": "str", "restart": "int"},
-    Kind.FIRST_STEP: {"steps": "int"},
-    Kind.CHECKPOINT: {"checkpoint_t": "time", "note": "str", "source": "str"},
-    Kind.DETECTION: {"kind": "str", "suspects": "strs", "evidence": "str", "details": "object"},
-    Kind.AGENT_SILENT: {"node": "str", "note": "str"},
-    Kind.STACKS: {"files": "names"},
-    Kind.CHECKPOINT_REQUEST: {"signal": "any", "saved": "any"},
-    Kind.STEP_END: {"status": "int", "cause": "str", "training_start_t": "time", "last_checkpoint_t": "time"},
-    Kind.RETRY: {"retry": "any", "reason": "str", "successor": "str", "bad_nodes": "strs", "exclude": "strs"},
-    Kind.JOB_END: {"status": "int", "cause": "str"},
-}
-KINDS = {kind.value: kind for kind in Kind}
-
-
-def _typed(tag: str, value: Any) -> bool:
-    if tag == "str":
-        return isinstance(value, str)
-    if tag == "int":
-        return integer(value) is not None
-    if tag == "time":
-        return number(value) is not None
-    if tag == "strs":
-        return _string_list(value)
-    if tag == "names":
-        return isinstance(value, dict) and _strings(*value.values())
-    if tag == "object":
-        return isinstance(value, dict)
-    return True
-
-
-def parse_event(line: str | bytes, *, strict: bool = False) -> dict | None:
-    """One journal line as an event, or None: torn, foreign, or without a finite time and a kind.
-    With `strict` (a reader that counts what the events say: fleet memory), an event with a field
-    of another type than EVENT_FIELDS gives is None too, instead of losing that field (null is
-    always a field's "none": the supervisor writes it so)."""
-    try:
-        entry = loads(line)
-    except ValueError:
-        return None
-    if not isinstance(entry, dict) or number(entry.get("t")) is None or not isinstance(entry.get("event"), str):
-        return None
-    entry = clean(entry)
-    kind = KINDS.get(entry["event"], entry["event"])
-    types = EVENT_FIELDS.get(kind, {})     # type: ignore[call-overload]
-    if strict and not all(entry[key] is None or _typed(tag, entry[key]) for key, tag in types.items() if key in entry):
-        return None
-    event = {"t": float(entry["t"]), "event": kind}
-    event.update((key, value) for key, value in entry.items()
-                 if key not in ("t", "event") and (key not in types or _typed(types[key], value)))
-    return event
-
-
-def parse_journal(text: str | bytes) -> list[dict]:
-    """The events of a journal's text, in order; a torn or foreign line is skipped, and so is one
-    longer than JOURNAL_LINE_MAX_BYTES (no event of trainctl's is)."""
-    lines = text.splitlines() if isinstance(text, str) else text.split(b"\n")
-    return [event for event in map(parse_event, (line for line in lines if len(line) <= JOURNAL_LINE_MAX_BYTES))
-            if event is not None]
-
-
-def iter_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Iterator[dict]:
-    """Stream a journal's events, the whole file, in order (None of it: no journal). A line
-    longer than JOURNAL_LINE_MAX_BYTES is skipped whole. OSError where it cannot be read."""
-    fd = open_regular(path, root)
-    if fd is None:
-        return
-    with os.fdopen(fd, "rb") as handle:
-        while line := handle.readline(JOURNAL_LINE_MAX_BYTES + 1):
-            if len(line) > JOURNAL_LINE_MAX_BYTES and not line.endswith(b"\n"):
-                while (rest := handle.readline(JOURNAL_LINE_MAX_BYTES)) and not rest.endswith(b"\n"):
-                    pass
-                continue
-            event = parse_event(line)
-            if event is not None:
-                yield event
-
-
-def read_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> list[dict]:
-    """Every event of a journal (see the module's docstring for their shape); [] without one."""
-    return list(iter_journal(path, root))
-
-
-def job_ended(events: Iterable[Mapping]) -> bool:
-    """Whether the job's journal holds its end (else it still runs, or died unrecorded)."""
-    return any(event["event"] == Kind.JOB_END for event in events)
-
-
-class Journal:
-    """Appends events; one write per line, so a reader never sees half an event."""
-
-    def __init__(self, path: str | os.PathLike, clock=time.time):
-        self.path = path
-        self.clock = clock
-        self.failed = False
-
-    def add(self, event: Kind, **fields) -> dict:
-        """Append `event`; a journal that cannot be written (a full quota) never ends the job: one warning."""
-        now = self.clock()
-        entry = {"t": round(now, 3), "at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
-                 "event": str(event), **fields}
-        try:
-            line = json.dumps(entry, default=str, allow_nan=False)
-        except ValueError:   # a NaN in a value: written as null, so the journal stays JSON
-            line = json.dumps(clean(entry), default=str, allow_nan=False)
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                os.write(fd, (line + "\n").encode())
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            if not self.failed:
-                print(f"trainctl: warning: cannot write the journal {self.path}: {exc.strerror or exc}",
-                      file=sys.stderr, flush=True)
-            self.failed = True
-        return entry
-
+# ---------------------------------------------------------------- the journal (its lines: trainctl.journal_events)
 
 def drop_journal(path: str, directory: str, job_id: str) -> str:
     """Copy the journal at `path` to `directory`/<job_id>.jsonl (a partial copy is never seen

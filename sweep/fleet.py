@@ -8,7 +8,7 @@ it names, keyed by (job id, journal line, node), so a journal folded twice, or t
 it, add nothing. A journal that is damaged, from another site, from the future, or shorter
 than when it was folded in is refused with one line and changes nothing.
 
-Each journal line is read by the job directory's typed reader (`trainctl.job.jobdir.parse_event`,
+Each journal line is read by the journal's typed reader (`trainctl.journal_events.parse_event`,
 the journal's one reader); `parse_journal_bytes` adds what folding needs: only complete lines,
 and a refusal, with one line, for anything the supervisor never writes.
 """
@@ -64,12 +64,12 @@ def job_id_from_path(path: str) -> str:
 def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float) -> ParsedJournal:
     """The verdicts of one journal; JournalRefused for anything trainctl's supervisor never writes.
 
-    Each line is read by the job directory's typed reader (`jobdir.parse_event`, strict: a field
+    Each line is read by the journal's typed reader (`journal_events.parse_event`, strict: a field
     of another type than its kind's refuses the journal rather than losing the field). Only
     complete lines count: a last line without its newline is being written (or was cut) and is
     left for the next fold."""
     from trainctl.errors import UsageError
-    from trainctl.job.jobdir import JOURNAL_LINE_MAX_BYTES, Kind, parse_event
+    from trainctl.journal_events import JOURNAL_LINE_MAX_BYTES, Kind, parse_event
     from trainctl.validate import check_node_name
 
     end = data.rfind(b"\n") + 1
@@ -109,9 +109,9 @@ def _verdicts(job_id: str, events: list[tuple[int, dict]]) -> Iterable[JobEventR
     """Exclusions, detections, and the nodes that served a training step that ended well: one
     that completed, or one the watch ended (every node it did not name trained fine until then).
     A step that failed on its own names nobody: the program may be at fault. The events' fields
-    are of their kinds' types (`jobdir.EVENT_FIELDS`), or absent."""
+    are of their kinds' types (`journal_events.EVENT_FIELDS`), or absent."""
     from trainctl.errors import UsageError
-    from trainctl.job.jobdir import Kind
+    from trainctl.journal_events import Kind
     from trainctl.slurm import expand_hostlist
 
     step_nodes: list[str] = []

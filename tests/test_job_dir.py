@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from trainctl import journal_events
 from trainctl.job import jobdir
 from trainctl.job.decision import Decision, Exclusion, Reason
 from trainctl.job.jobdir import AttemptRecord, JobPaths, Kind, RetryRecord
@@ -24,7 +25,7 @@ def test_the_layout_names_every_file_of_the_directory():
 
 def test_every_journal_kind_is_described_and_every_described_kind_reads_back():
     for kind in Kind:
-        assert kind.description and kind in jobdir.EVENT_FIELDS, kind
+        assert kind.description and kind in journal_events.EVENT_FIELDS, kind
         line = json.dumps({"t": 5.0, "event": kind.value})
         event = jobdir.parse_event(line)
         assert event["event"] is kind and describe(event)
