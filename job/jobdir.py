@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from trainctl.jobdir_names import DIR_PREFIX, JOURNAL, dir_name  # noqa: F401 (re-exported)
 from trainctl.files import inside, open_regular, read_bytes, write_atomically  # noqa: F401 (open_regular: re-exported)
 # The journal's lines are owned below job/ (the fleet history reads them too); re-exported here
 # with the rest of the job directory's readers and writers.
@@ -45,10 +46,8 @@ from trainctl.progress import LISTENING_FILE
 
 # ---------------------------------------------------------------- names
 
-DIR_PREFIX = "trainctl-gate-"            # + the job id, in the submit directory
 DECISION = "decision.json"
 REPORT = "report.txt"
-JOURNAL = "journal.jsonl"
 RETRY = "retry.json"
 ATTEMPT = "attempt.json"
 CHECKPOINT_MARKER = "checkpoint.seen"   # written by the program, named by CHECKPOINT_ENV
@@ -68,10 +67,6 @@ CHECKPOINT_LISTENING = LISTENING_FILE   # in watch/: made by a rank that takes r
 PROBE_PREFIX = "alive-"                 # the retry's probe step: alive-<node>.out
 # what a gate round writes; moved to rounds/<n>/ before the gate runs again
 GATE_ROUND_FILES = (NODE_REPORTS, SNAPSHOTS, COMPUTE, FABRIC, DECISION, REPORT, GATE_STEP_STATUS)
-
-
-def dir_name(job_id: str) -> str:
-    return f"{DIR_PREFIX}{job_id}"
 
 
 def node_file_name(node: str) -> str:

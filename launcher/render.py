@@ -21,6 +21,7 @@ from pathlib import Path
 import jinja2
 
 import trainctl.templates
+from trainctl.jobdir_names import DIR_PREFIX
 from trainctl.launcher.plan import RANK_OUTPUT, JobPlan, SbatchOption
 
 TEMPLATE = "sbatch.sh.j2"
@@ -79,7 +80,8 @@ def sbatch_argv(plan: JobPlan) -> list[str]:
 def render_script(plan: JobPlan) -> str:
     directives, on_argv = split_sbatch_options(plan.sbatch_options)
     return template_environment().get_template(TEMPLATE).render(
-        plan=plan, directives=directives, on_argv=on_argv, rank_output=RANK_OUTPUT)
+        plan=plan, directives=directives, on_argv=on_argv, rank_output=RANK_OUTPUT,
+        job_dir_prefix=DIR_PREFIX)
 
 
 # ---------------------------------------------------------------- filters

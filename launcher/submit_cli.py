@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from trainctl.jobdir_names import dir_name
+
 NCCL_DEBUG_CHOICES = ("VERSION", "WARN", "INFO", "TRACE")
 
 
@@ -169,7 +171,7 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
         click.echo(submitted.job_id)
         click.echo(f"trainctl: submitted job {submitted.job_id} ({submitted.where}): {plan.nodes} nodes "
                    f"+ {plan.spare} spare on {plan.site_name}/{plan.partition}; the gate report lands in "
-                   f"trainctl-gate-{submitted.job_id}/ in the submit directory", err=True)
+                   f"{dir_name(submitted.job_id)}/ in the submit directory", err=True)
 
 
 def _lemons_to_exclude(config) -> list[str]:

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from trainctl.jobdir_names import DIR_PREFIX, JOURNAL
 from trainctl.sweep.model import JobEventRow, JobRow
 
 JOURNAL_SUFFIX = ".jsonl"
-GATE_DIR_PREFIX = "trainctl-gate-"
 JOURNAL_MAX_BYTES = 64 << 20      # a journal is a few kB; a watch's details make it tens of kB at most
 FUTURE_SLACK_S = 300.0            # clocks of the batch hosts and the sweep host may differ this much
 FOLD_BATCH_JOBS = 500             # jobs per transaction: the write lock is held for milliseconds
@@ -56,8 +56,8 @@ class ParsedJournal:
 def job_id_from_path(path: str) -> str:
     """`<drop dir>/<id>.jsonl` or `trainctl-gate-<id>/journal.jsonl` -> id (empty if neither)."""
     p = Path(path)
-    if p.parent.name.startswith(GATE_DIR_PREFIX):
-        return p.parent.name[len(GATE_DIR_PREFIX):]
+    if p.parent.name.startswith(DIR_PREFIX):
+        return p.parent.name[len(DIR_PREFIX):]
     return p.name[:-len(JOURNAL_SUFFIX)] if p.name.endswith(JOURNAL_SUFFIX) else ""
 
 
@@ -160,7 +160,7 @@ def journal_paths(journal_dir: str, extra: Iterable[str] = ()) -> list[str]:
         place = os.path.expanduser(place)
         if os.path.isdir(place):
             found += sorted(glob.glob(os.path.join(glob.escape(place), "*" + JOURNAL_SUFFIX)))
-            found += sorted(glob.glob(os.path.join(glob.escape(place), GATE_DIR_PREFIX + "*", "journal.jsonl")))
+            found += sorted(glob.glob(os.path.join(glob.escape(place), DIR_PREFIX + "*", JOURNAL)))
         else:
             found.append(place)
     return found
