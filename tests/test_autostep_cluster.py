@@ -18,7 +18,7 @@ import pytest
 
 from support.replay import write_replay
 from support.slurm_jobs import job_output, submit, wait_for_job
-from trainctl.job.journal import parse_journal
+from trainctl.job.jobdir import parse_journal
 
 pytestmark = pytest.mark.cluster
 
