@@ -126,7 +126,10 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
     saves = [int(e["note"].split()[1]) for e in hf_events if e["event"] == "checkpoint"]
     assert saves and saves[-1] >= 30, hf_events
     assert all(e["signal"] is None and e["listening"] for e in hf_events if e["event"] == "checkpoint_request")
-    assert sorted(p.name for p in (others_dir / "hf").glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-30"]
+    # the Trainer's own saves (save_steps 20, and at max_steps): a busy machine may add the watch's
+    # (a step the ranks agreed on), or one past max_steps where a restart resumed from checkpoint-30
+    # (the Trainer's behaviour on resume, not the callback's)
+    assert {"checkpoint-20", "checkpoint-30"} <= {p.name for p in (others_dir / "hf").glob("checkpoint-*")}
 
     torchrun_output = job_output(others_dir, torchrun)
     assert torchrun_record["JobState"] == "COMPLETED", torchrun_output

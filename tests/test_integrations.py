@@ -267,6 +267,10 @@ def test_a_lightning_program_saves_through_lightning_when_the_watch_asks(tmp_pat
 
 LIGHTNING_UNDER_SLURM = """
 import signal, sys
+# SIGUSR1 at its default, as a srun task's starts: Lightning installs its requeue handler only where
+# none is set (signal_connector.py, _has_already_handler), and an ignored SIGUSR1 survives exec, so
+# this process would inherit one from a test runner that ignores it (trainctl's own steps do)
+signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 import lightning as L
 sys.path.insert(0, sys.argv[1])
 from lightning_ddp import Regression
