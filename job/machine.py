@@ -259,7 +259,7 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
         return (replace(state, watch=start_watch(event.t, state.accepted_step_s)),
                 (StartAgents(state.job_nodes, len(state.chosen)), WaitStep(poll=True)))
     if phase == "train" and isinstance(event, Polled) and facts.watch is not None and state.watch is not None:
-        return _watch_poll(facts.watch, state, event)
+        return _watch_poll(facts, state, event)
     if phase == "train" and isinstance(event, StepEnded):
         return _step_ended(facts, state, event)
     if phase == "stopping" and isinstance(event, StepStopped):
@@ -314,7 +314,8 @@ def _confirm(state: JobState, gate_named: Mapping[str, str]) -> tuple[JobState, 
                    *((Drain(drains),) if drains else ()))
 
 
-def _watch_poll(watch: WatchFacts, state: JobState, event: Polled) -> tuple[JobState, Effects]:
+def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobState, Effects]:
+    watch = facts.watch
     stepped = state.watch.progress_steps >= 0
     seen = observe(watch.limits, state.watch, event.t, event.readings)
     state = replace(state, watch=seen.state)
@@ -326,6 +327,18 @@ def _watch_poll(watch: WatchFacts, state: JobState, event: Polled) -> tuple[JobS
     detection = seen.detection
     if detection is None:
         return state, (*effects, WaitStep(poll=True))
+    if detection.kind == "slow" and state.restarts >= facts.max_restarts:
+        # the gate could only run again in a successor job, and a slowdown names nobody: ending the
+        # step would stop a job that can go on (its program may not even survive the checkpoint
+        # signal), on a guess. Training goes on, and the slower step time is the new normal.
+        note = (f"not acted on: the {facts.max_restarts} restarts the site allows inside the allocation "
+                "are used up; the slower step time is the new normal")
+        accepted = float(detection.details.get("step_s", 0.0))
+        return (replace(state, accepted_step_s=accepted, watch=replace(state.watch, accepted_step_s=accepted)),
+                (*effects, Journal(Kind.DETECTION, {"kind": detection.kind, "suspects": [],
+                                                    "evidence": detection.evidence, "details": detection.details,
+                                                    "note": note}),
+                 Say(f"trainctl: watch: slow: {detection.evidence} ({note})"), WaitStep(poll=True)))
     if detection.kind == "hung":   # the stacks of the ranks whose agent still answers
         evidence: Effect = RequestStacks(tuple(n for n in state.chosen if n not in detection.suspects),
                                          watch.dump_wait_s)

@@ -252,6 +252,26 @@ def test_a_slowdown_no_gate_localises_becomes_the_new_normal_on_the_same_nodes()
     assert state.watch.accepted_step_s == state.accepted_step_s
 
 
+def test_a_slowdown_after_the_last_restart_is_noted_and_training_goes_on():
+    # the restarts are used up: a slowdown that names nobody would end a job that can go on
+    job = facts(release=False, restarts=1, successors=2, watch=WATCH)
+    state, _ = training(job)
+    state = replace(state, restarts=1)
+    seen = []
+    for t in [1001.0 + i for i in range(90)]:   # 0.5 s a step for 60 s, then 1.0 s a step
+        steps = int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0))
+        state, effects = feed(job, state, machine.Polled(t, {node: reading(node, t, steps, 0.5, (), t - 1000.0)
+                                                             for node in ("node1", "node2")}))
+        seen += effects
+    effects = tuple(seen)
+    assert state.phase == "train" and state.detection is None
+    noted = [e for e in effects if isinstance(e, machine.Journal) and e.kind == "detection"]
+    assert noted and noted[0].fields["note"].startswith("not acted on: the 1 restarts")
+    assert effects[-1] == machine.WaitStep(poll=True)
+    assert state.accepted_step_s > 0.5 and state.watch.accepted_step_s == state.accepted_step_s
+    assert not any(isinstance(e, (machine.StopStep, machine.AskForCheckpoint, machine.Retry)) for e in effects)
+
+
 def test_a_slowdown_the_gate_localises_names_the_node_the_gate_excluded():
     job = facts(release=False, restarts=1, watch=WATCH)
     state = machine.JobState(phase="gate", held=ALLOCATED, chosen=("node1", "node2"), restarts=1,

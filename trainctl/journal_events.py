@@ -122,7 +122,7 @@ EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
     Kind.TRAINING_START: {"nodes": "str", "master_addr": "str", "restart": "int"},
     Kind.FIRST_STEP: {"steps": "int"},
     Kind.CHECKPOINT: {"checkpoint_t": "time", "note": "str", "source": "str"},
-    Kind.DETECTION: {"kind": "str", "suspects": "strs", "evidence": "str", "details": "object"},
+    Kind.DETECTION: {"kind": "str", "suspects": "strs", "evidence": "str", "details": "object", "note": "str"},
     Kind.AGENT_SILENT: {"node": "str", "note": "str"},
     Kind.STACKS: {"files": "names"},
     Kind.CHECKPOINT_REQUEST: {"signal": "any", "saved": "any"},
