@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,6 +26,9 @@ def run_main(*args, env: dict[str, str] | None = None, cwd: str | os.PathLike | 
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd, saved_timeout = dict(os.environ), os.getcwd(), trainctl.ssh.SSH_CONNECT_TIMEOUT_S
+    # a command may set signal dispositions for its process (`gate node` ignores SIGUSR1/SIGUSR2);
+    # an ignored one would outlive the call and pass to every process the tests start after it
+    saved_signals = {signum: signal.getsignal(signum) for signum in (signal.SIGUSR1, signal.SIGUSR2)}
     os.environ.update(env or {})
     os.chdir(cwd or REPO)
     if ssh_timeout_s is not None:
@@ -37,4 +41,6 @@ def run_main(*args, env: dict[str, str] | None = None, cwd: str | os.PathLike | 
         os.environ.update(saved_env)
         os.chdir(saved_cwd)
         trainctl.ssh.SSH_CONNECT_TIMEOUT_S = saved_timeout
+        for signum, handler in saved_signals.items():
+            signal.signal(signum, handler)
     return Ran(code, out.getvalue(), err.getvalue())
