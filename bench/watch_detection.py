@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = REPO / "test-artifacts" / "watch-detection.tsv"
-CONDEMNS = {"a", "c", "d", "g", "h", "i", "j"}      # scenarios whose victim must be named (the rest: nobody)
+CONDEMNS = {"a", "c", "d", "g", "h", "i", "j", "k"}      # scenarios whose victim must be named (the rest: nobody)
 
 
 def spread(values: list[float]) -> str:

@@ -21,6 +21,7 @@ steps are seen by `[watch] auto_steps`, their saves by `submit --checkpoints`), 
   h  PyTorch's DDP tutorial program (multinode.py), the victim hung as in c
   i  the Lightning example without its TrainctlCallback line, the victim's link cut as in a
   j  the Transformers Trainer example without its TrainctlCallback line, an Xid as in d
+  k  as i, an Xid as in d (the watch then asks the program for a checkpoint, by signal)
 
 A 50 % CPU quota on one node (the issue's scenario b) is not among them: the 3 training nodes
 share this machine's 2 cores, so each already gets about 2/3 of a core, and a quota of 1/2 on
@@ -72,7 +73,7 @@ HEALTHY_SECONDS = float(os.environ.get("TRAINCTL_WATCH_SECONDS", "60"))
 # before the watch, a requeue around lost nodes (--retries 1)
 WATCH_OFF = os.environ.get("TRAINCTL_WATCH_OFF") == "1"
 STEP_S = 0.25
-TUTORIAL_EPOCHS = 400                   # multinode.py: 32 steps an epoch on 2 ranks
+TUTORIAL_EPOCHS = 120                   # multinode.py: 32 steps an epoch on 2 ranks, about 1 s an epoch here
 LIGHTNING_STEPS = 400                   # at STEP_S: a save every 20 steps (5 s)
 HF_STEPS = 1000                         # a save every 20 steps
 # real kernel logs (tests/fixtures/library/SOURCES.md): one with no Xid line, one with Xid 119
@@ -107,6 +108,9 @@ ALL = {s.name: s for s in (
              program="lightning"),
     Scenario("j", True, "Transformers Trainer, no callback, Xid in the victim's kernel log", fault="d", nodes=2,
              program="hf"),
+    # a probe, not a target: the watch's checkpoint request reaches a Lightning program without the
+    # callback as the job's --signal (local-demo: USR1), which Lightning's SLURMEnvironment reads as "requeue"
+    Scenario("k", True, "as i, an Xid in the victim's kernel log instead", fault="d", nodes=2, program="lightning"),
 )}
 
 
