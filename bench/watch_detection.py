@@ -3,7 +3,7 @@
 
 Runs tests/test_watch_cluster.py with TRAINCTL_WATCH_SCENARIOS and TRAINCTL_WATCH_RUNS (each run
 submits a job of 3 nodes + 1 held spare, injects the scenario's fault at step 20 by PID,
-namespace or tc, and reads the job's journal; h-j: an unmodified framework program on 2 nodes + 1
+namespace or tc, and reads the job's journal; h-k: an unmodified framework program on 2 nodes + 1
 held spare, the fault after its second save), then summarises
 test-artifacts/watch-detection.tsv: per scenario, runs, runs COMPLETED, runs in which the right
 node (and only it) was named and left out, runs in which a healthy node was left out, the
