@@ -3,7 +3,8 @@
 
 Runs tests/test_watch_cluster.py with TRAINCTL_WATCH_SCENARIOS and TRAINCTL_WATCH_RUNS (each run
 submits a job of 3 nodes + 1 held spare, injects the scenario's fault at step 20 by PID,
-namespace or tc, and reads the job's journal), then summarises
+namespace or tc, and reads the job's journal; h-k: an unmodified framework program on 2 nodes + 1
+held spare, the fault after its second save), then summarises
 test-artifacts/watch-detection.tsv: per scenario, runs, runs COMPLETED, runs in which the right
 node (and only it) was named and left out, runs in which a healthy node was left out, the
 seconds from fault to detection, from fault to decision and from decision to training again
@@ -12,6 +13,7 @@ the end and the goodput. `--watch-off` runs the same faults without the watch, w
 
     TRAINCTL_DEVCLUSTER_INSTANCE=1 .venv/bin/python -P bench/watch_detection.py --scenarios a,c,d,e --runs 10
     .venv/bin/python -P bench/watch_detection.py --scenarios f --runs 20 --seconds 180
+    TRAINCTL_DEVCLUSTER_INSTANCE=2 .venv/bin/python -P bench/watch_detection.py --scenarios h,i,j --runs 3
     .venv/bin/python -P bench/watch_detection.py --scenarios a,c --runs 3 --watch-off --keep
     .venv/bin/python -P bench/watch_detection.py --summary-only
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = REPO / "test-artifacts" / "watch-detection.tsv"
-CONDEMNS = {"a", "c", "d", "g"}      # scenarios whose victim must be named (the rest: nobody)
+CONDEMNS = {"a", "c", "d", "g", "h", "i", "j", "k"}      # scenarios whose victim must be named (the rest: nobody)
 
 
 def spread(values: list[float]) -> str:

@@ -14,6 +14,15 @@ step plus an all_reduce of `--grad-mb` MiB, so that a step is bound by the wire,
   f  healthy (TRAINCTL_WATCH_SECONDS long, 60 s unless set)
   g  as d, but the job has no spare (--spare 0): training restarts on the 2 nodes left
 
+Unmodified framework programs (examples/frameworks/, no callback, no progress API: their optimizer
+steps are seen by `[watch] auto_steps`, their saves by `submit --checkpoints`), 2 training nodes +
+1 held spare, the fault after the program's second save seen:
+
+  h  PyTorch's DDP tutorial program (multinode.py), the victim hung as in c
+  i  the Lightning example without its TrainctlCallback line, the victim's link cut as in a
+  j  the Transformers Trainer example without its TrainctlCallback line, an Xid as in d
+  k  as i, an Xid as in d (the watch then asks the program for a checkpoint, by signal)
+
 A 50 % CPU quota on one node (the issue's scenario b) is not among them: the 3 training nodes
 share this machine's 2 cores, so each already gets about 2/3 of a core, and a quota of 1/2 on
 one of them did not change the step time beyond its noise (tried: 10 and 40 256x256 matmuls a
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -37,7 +47,7 @@ from pathlib import Path
 import pytest
 
 from support.sites import site_variant
-from support.slurm_jobs import submit, wait_for_job
+from support.slurm_jobs import TRAINCTL, submit, wait_for_job
 from trainctl.devcluster import faults
 from support.replay import swap_replay, write_replay
 from trainctl.job.goodput import goodput
@@ -48,6 +58,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "examples" / "train_ddp.py")
+FRAMEWORKS = REPO / "examples" / "frameworks"
 LIBRARY = Path(__file__).resolve().parent / "fixtures" / "library"
 ARTIFACTS = REPO / "test-artifacts"
 NODES = ("node1", "node2", "node3", "node4")
@@ -62,6 +73,9 @@ HEALTHY_SECONDS = float(os.environ.get("TRAINCTL_WATCH_SECONDS", "60"))
 # before the watch, a requeue around lost nodes (--retries 1)
 WATCH_OFF = os.environ.get("TRAINCTL_WATCH_OFF") == "1"
 STEP_S = 0.25
+TUTORIAL_EPOCHS = 120                   # multinode.py: 32 steps an epoch on 2 ranks, about 1 s an epoch here
+LIGHTNING_STEPS = 400                   # at STEP_S: a save every 20 steps (5 s)
+HF_STEPS = 1000                         # a save every 20 steps
 # real kernel logs (tests/fixtures/library/SOURCES.md): one with no Xid line, one with Xid 119
 CLEAN_DMESG = LIBRARY / "kernel" / "syslog" / "imbue-dmesg-mlx5-pcie-link-degraded-x8.txt"
 XID_DMESG = next((LIBRARY / "kernel" / "xid").glob("gpud-xe9680-h100-dmesg-T-xid119*"))
@@ -74,6 +88,9 @@ class Scenario:
     condemns: bool                      # the victim must be named and left out
     what: str
     spare: int = 1                      # allocated and held through training; none: the restart runs on the nodes left
+    fault: str = ""                     # the fault of another scenario (default: its own name's)
+    nodes: int = 3                      # training nodes
+    program: str = "train_ddp"          # or an unmodified framework program: ddp_tutorial, lightning, hf
 
     def __str__(self) -> str:
         return self.name
@@ -86,6 +103,14 @@ ALL = {s.name: s for s in (
     Scenario("e", False, f"the program slows on every rank from step {FAULT_STEP}"),
     Scenario("f", False, "healthy"),
     Scenario("g", True, "as d, with no spare: training goes on on the 2 nodes left", spare=0),
+    Scenario("h", True, "DDP tutorial program, victim hung (SIGSTOP)", fault="c", nodes=2, program="ddp_tutorial"),
+    Scenario("i", True, f"Lightning, no callback, victim's link cut to {SLOW_WIRE}", fault="a", nodes=2,
+             program="lightning"),
+    Scenario("j", True, "Transformers Trainer, no callback, Xid in the victim's kernel log", fault="d", nodes=2,
+             program="hf"),
+    # a probe, not a target: the watch's checkpoint request reaches a Lightning program without the
+    # callback as the job's --signal (local-demo: USR1), which Lightning's SLURMEnvironment reads as "requeue"
+    Scenario("k", True, "as i, an Xid in the victim's kernel log instead", fault="d", nodes=2, program="lightning"),
 )}
 
 
@@ -136,6 +161,43 @@ def fault(devcluster, scenario: str, victim: str):
         yield
 
 
+# each program as its docs run it, long enough (on this machine's 2 shared cores) for the fault to
+# come mid-run; the glob its saves match, relative to the submit directory
+FRAMEWORK_SAVES = {"ddp_tutorial": "snapshot.pt", "lightning": "ck/*.ckpt", "hf": "hf/checkpoint-*/trainer_state.json"}
+WITHOUT_CALLBACK = {"lightning": ("from trainctl.integrations.lightning import TrainctlCallback\n",
+                                  ",\n                   TrainctlCallback()"),
+                    "hf": ("from trainctl.integrations.transformers import TrainctlCallback\n",
+                           ",\n                      callbacks=[TrainctlCallback()]")}
+
+
+def framework_program(scenario: Scenario, tmp_path: Path) -> list[str]:
+    if scenario.program == "ddp_tutorial":
+        return [str(FRAMEWORKS / "ddp_tutorial" / "multinode.py"), str(TUTORIAL_EPOCHS), "5"]
+    example = FRAMEWORKS / f"{scenario.program}_ddp.py" if scenario.program == "lightning" \
+        else FRAMEWORKS / "hf_trainer.py"
+    text = example.read_text()
+    for line in WITHOUT_CALLBACK[scenario.program]:
+        assert text.count(line) == 1, (example, line)
+        text = text.replace(line, "")
+    assert "trainctl" not in text.split('"""', 2)[2], example     # the program knows nothing of trainctl
+    copy = tmp_path / example.name
+    copy.write_text(text)
+    if scenario.program == "lightning":
+        return [str(copy), "--nodes", "2", "--steps", str(LIGHTNING_STEPS), "--step-time", str(STEP_S), "--dir", "ck"]
+    return [str(copy), "--steps", str(HF_STEPS), "--dir", "hf"]
+
+
+def submit_as_a_user(devcluster, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """As tests/test_frameworks_cluster.py submits: without the tests' PYTHONSAFEPATH, which sbatch
+    would pass on to the ranks (the DDP tutorial imports its datautils.py from its own folder)."""
+    env = {name: value for name, value in devcluster.client_env().items() if name != "PYTHONSAFEPATH"}
+    return subprocess.run([TRAINCTL, "submit", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+
+
+def saves_seen(gate_dir: Path) -> int:
+    return sum(e["event"] == "checkpoint" for e in journal(gate_dir))
+
+
 def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
     site = watch_site(tmp_path, scenario.spare)
     checkpoint = tmp_path / "ck.pt"
@@ -153,23 +215,33 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
                          write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})):
                 undo.callback(made.unlink, missing_ok=True)
         retries = ["--retries", "1"] if WATCH_OFF else []
-        result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", "3", "--spare", str(scenario.spare),
-                        "--min-nodes", "2", *retries, "--", *program)
+        if scenario.program == "train_ddp":
+            result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", str(scenario.nodes),
+                            "--spare", str(scenario.spare), "--min-nodes", "2", *retries, "--", *program)
+        else:   # as a user would: the nodes, a spare, where the program saves; the defaults otherwise
+            result = submit_as_a_user(devcluster, tmp_path, "--site", str(site), "--nodes", str(scenario.nodes),
+                                      "--spare", str(scenario.spare), "--checkpoints",
+                                      FRAMEWORK_SAVES[scenario.program], *retries, "--",
+                                      *framework_program(scenario, tmp_path))
         assert result.returncode == 0, result.stderr
         job_id = result.stdout.strip().splitlines()[-1]
         gate_dir = tmp_path / f"trainctl-gate-{job_id}"
-        wait_until("training reached the fault's step", lambda: steps_so_far(gate_dir) >= FAULT_STEP, 240)
+        if scenario.program == "train_ddp":
+            wait_until("training reached the fault's step", lambda: steps_so_far(gate_dir) >= FAULT_STEP, 240)
+        else:   # its steps seen (auto_steps) and its second save
+            wait_until("the program's steps and its second save", lambda: saves_seen(gate_dir) >= 2 and any(
+                e["event"] == "first_step" for e in journal(gate_dir)), 300)
         events = journal(gate_dir)
         batch_host = next(e["batch_host"] for e in events if e["event"] == "job_start")
         training = next(e for e in events if e["event"] == "training_start")
         victim = next(n for n in expand_hostlist(training["nodes"]) if n != batch_host)
         fault_t = time.time()
-        with fault(devcluster, scenario.name, victim):
+        with fault(devcluster, scenario.fault or scenario.name, victim):
             if scenario.condemns:   # the fault lasts until the watch has judged it, or the job ended
                 wait_until("a decision or the job's end", lambda: any(
                     e["event"] in ("confirmation", "job_end") for e in journal(gate_dir)), 600 if WATCH_OFF else 240)
             record = wait_for_job(devcluster, job_id, timeout_s=600)
-        if scenario.name == "c":
+        if (scenario.fault or scenario.name) == "c":
             faults.restore_node(devcluster, victim, timeout_s=120)
         chain = [journal(gate_dir)]
         successor = (json.loads((gate_dir / "retry.json").read_text()).get("successor")
@@ -238,7 +310,7 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
         assert outcome["named"] == [outcome["victim"]], outcome
         restarted_on = expand_hostlist(outcome["restart_nodes"])
         assert outcome["victim"] not in restarted_on, outcome
-        assert len(restarted_on) == (3 if scenario.spare else 2), outcome
+        assert len(restarted_on) == (scenario.nodes if scenario.spare else scenario.nodes - 1), outcome
     else:
         assert outcome["named"] == [], outcome
     # The example times its sleep as compute, outside the all_reduce: a slow wire leaves it
