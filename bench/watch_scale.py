@@ -139,7 +139,7 @@ class Agents:
                 rank = index * self.ranks + local
                 window = STEPS_PER_WRITE * self.step_s[rank]
                 datagram = RECORD.pack(VERSION, rank, 10_000 + local, self.steps, now, STEPS_PER_WRITE,
-                                       window, window / STEPS_PER_WRITE * 1.1, 0.8 * window, checkpoint)
+                                       window, window / STEPS_PER_WRITE * 1.1, 0.8 * window, checkpoint, self.steps)
                 node.ranks = agent.fold(node.ranks, decode(datagram))
         started = time.perf_counter()
         for node in self.agents:
