@@ -32,6 +32,9 @@ dist.destroy_process_group()
 
 def run_rank(tmp_path, settings):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FR_", "TORCH_NCCL_"))}
+    # torch's own level for its C++ warnings, as a rank starts with it: importing the fabric test's
+    # runner into this process (another test does) sets TORCH_CPP_LOG_LEVEL=ERROR, which hides them
+    env["TORCH_CPP_LOG_LEVEL"] = "WARNING"
     env.update(settings)
     child = subprocess.run([sys.executable, "-c", RANK, str(tmp_path / "store")], env=env,
                            capture_output=True, text=True, timeout=300)
