@@ -16,7 +16,6 @@ Assertions are about outcomes (what was journaled, which file was resumed from),
 from __future__ import annotations
 
 import subprocess
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -24,8 +23,7 @@ import pytest
 
 from support.replay import LIBRARY, swap_replay, write_replay
 from support.sites import site_variant
-from support.slurm_jobs import TRAINCTL, job_output, wait_for_job
-from trainctl.job.jobdir import parse_journal
+from support.slurm_jobs import TRAINCTL, job_output, journal, wait_for_job, wait_until
 from trainctl.slurm import expand_hostlist
 
 pytestmark = pytest.mark.cluster
@@ -38,18 +36,6 @@ XID_DMESG = next((LIBRARY / "kernel" / "xid").glob("gpud-xe9680-h100-dmesg-T-xid
 HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 LIGHTNING_STEPS = 240
 STEP_S = 0.25
-
-
-def journal(gate_dir: Path) -> list[dict]:
-    path = gate_dir / "journal.jsonl"
-    return parse_journal(path.read_text()) if path.exists() else []
-
-
-def wait_until(what: str, predicate, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.5)
 
 
 def submitted(devcluster, cwd: Path, *args: str) -> str:

@@ -11,16 +11,14 @@ on the 2-core CI machine."""
 from __future__ import annotations
 
 import json
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from support.replay import write_replay
-from support.slurm_jobs import job_output, submit, wait_for_job
+from support.slurm_jobs import job_output, journal, submit, wait_for_job, wait_until
 from trainctl.devcluster import faults
-from trainctl.job.jobdir import parse_journal
 from trainctl.slurm import expand_hostlist
 
 pytestmark = pytest.mark.cluster
@@ -33,18 +31,6 @@ NODES = ("node1", "node2", "node3", "node4")
 CLEAN_DMESG = LIBRARY / "kernel" / "syslog" / "imbue-dmesg-mlx5-pcie-link-degraded-x8.txt"
 HEALTHY_NVLINK = LIBRARY / "nvidia-smi/nvlink/h100-80gb-hbm3-1gpu-18links-26.562GBps-nvlink-s.txt"
 STEPS = 120
-
-
-def journal(gate_dir: Path) -> list[dict]:
-    path = gate_dir / "journal.jsonl"
-    return parse_journal(path.read_text()) if path.exists() else []
-
-
-def wait_until(what: str, predicate, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.5)
 
 
 def checkpointed_step(gate_dir: Path) -> int:

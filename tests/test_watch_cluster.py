@@ -47,11 +47,10 @@ from pathlib import Path
 import pytest
 
 from support.sites import site_variant
-from support.slurm_jobs import TRAINCTL, submit, wait_for_job
+from support.slurm_jobs import TRAINCTL, journal, submit, wait_for_job, wait_until
 from trainctl.devcluster import faults
 from support.replay import swap_replay, write_replay
 from trainctl.job.goodput import goodput
-from trainctl.job.jobdir import parse_journal
 from trainctl.slurm import expand_hostlist
 
 pytestmark = pytest.mark.cluster
@@ -131,18 +130,6 @@ def steps_so_far(gate_dir: Path) -> int:
     without the watch)."""
     notes = [e.get("note", "") for e in journal(gate_dir) if e["event"] == "checkpoint"]
     return max((int(note.split()[1]) for note in notes if note.startswith("step ")), default=0)
-
-
-def journal(gate_dir: Path) -> list[dict]:
-    path = gate_dir / "journal.jsonl"
-    return parse_journal(path.read_text()) if path.exists() else []
-
-
-def wait_until(what: str, predicate, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.5)
 
 
 @contextmanager

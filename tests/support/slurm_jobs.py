@@ -5,6 +5,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainctl.job.jobdir import JOURNAL, read_journal
 from trainctl.proc import run
 from trainctl.slurm import parse_scontrol_oneliner
 
@@ -39,3 +40,15 @@ def job_output(cwd: Path, job_id: str) -> str:
     """The job script's output, then each rank's own file (the site's launch.rank_output)."""
     gate_dir = cwd / f"trainctl-gate-{job_id}"
     return "".join(path.read_text() for path in [cwd / f"slurm-{job_id}.out", *sorted(gate_dir.glob("rank-*.out"))])
+
+
+def journal(gate_dir: Path) -> list[dict]:
+    """The job's events so far ([] before its journal exists)."""
+    return read_journal(gate_dir / JOURNAL)
+
+
+def wait_until(what: str, predicate, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.5)
