@@ -220,3 +220,18 @@ def test_an_agent_gone_leaving_its_socket_file_costs_the_program_nothing(tmp_pat
     env = dict(os.environ, TRAINCTL_PROGRESS_SOCKET=path, RANK="0", TRAINCTL_PROGRESS_INTERVAL_S="0")
     child = _run(MANY_STEPS, env)
     assert (child.returncode, child.stdout, _warnings(child.stderr)) == (0, "done\n", []), child.stderr
+
+
+def test_the_activity_sampler_ends_before_the_interpreter_finalizes(tmp_path):
+    # a daemon thread still running when Python finalizes is stopped mid-call, which a C++ library
+    # in the same process (torch, gloo) can turn into "terminate called without an active exception"
+    code = ("import atexit, sys\n"   # registered first, so run last (atexit runs in reverse)
+            "atexit.register(lambda: print('sampler alive at exit:',\n"
+            "                              sys.modules['trainctl.progress']._REPORTER.watcher.is_alive()))\n"
+            "import trainctl.progress as progress\n"
+            "assert progress._REPORTER.watcher.is_alive()\n")
+    env = dict(os.environ, **{progress.SOCKET_ENV: str(tmp_path / "none.sock"), "RANK": "0"})
+    env.pop(progress.OWNER_ENV, None)
+    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "sampler alive at exit: False", child.stdout + child.stderr

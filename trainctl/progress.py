@@ -30,6 +30,7 @@ that does not call step(), `trainctl.autostep` counts optimizer steps through th
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import os
@@ -59,6 +60,7 @@ ACTIVITY_LOOK_S = 0.25
 ACTIVITY_REPORT_S = 1.0
 LOOKS_A_TICK = 3
 RELOOK_S = 0.002
+STOP_WAIT_S = 1.0                    # at exit, how long the sampler gets to end
 STACK_DEPTH = 64                      # frames compared, from the innermost
 
 # One datagram: format version, rank, the sending process's pid (for the node's stack dumps),
@@ -104,6 +106,8 @@ class _Reporter:
         self.activity = 0
         self.last_sent = self.last_end
         self.lock = threading.Lock()    # the main thread's reports and the activity sampler's
+        self.stopping = threading.Event()   # set at the interpreter's exit: the sampler ends first
+        self.watcher: threading.Thread | None = None
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -162,8 +166,7 @@ class _Reporter:
         duration from that report's window; the step totals stay exact."""
         main = threading.main_thread().ident
         last = None                          # the first look is where counting starts
-        while True:
-            time.sleep(ACTIVITY_LOOK_S)
+        while not self.stopping.wait(ACTIVITY_LOOK_S):
             try:
                 for _ in range(LOOKS_A_TICK):
                     here = _stack_signature(sys._current_frames().get(main))
@@ -188,6 +191,17 @@ class _Reporter:
 
     def after_fork_in_child(self) -> None:
         self.lock = threading.Lock()         # the parent's sampler may have held it at the fork
+
+    def stop_watching(self) -> None:
+        """At the interpreter's exit (atexit): end the sampler before Python finalizes. A daemon
+        thread still running then is stopped by the interpreter mid-call, which a C++ library in
+        the same process can turn into std::terminate; a short wait, never an error."""
+        try:
+            self.stopping.set()
+            if self.watcher is not None:
+                self.watcher.join(STOP_WAIT_S)
+        except Exception:
+            pass
 
 
 def _stack_signature(frame: object) -> tuple | None:
@@ -236,8 +250,10 @@ def _reporter_from_env() -> _Reporter | None:
     if not reporter.rank_process:
         return reporter
     try:
-        threading.Thread(target=reporter.watch_main_thread, name="trainctl-progress-activity",
-                         daemon=True).start()
+        reporter.watcher = threading.Thread(target=reporter.watch_main_thread, name="trainctl-progress-activity",
+                                            daemon=True)
+        reporter.watcher.start()
+        atexit.register(reporter.stop_watching)
         os.register_at_fork(after_in_child=reporter.after_fork_in_child)
     except Exception as exc:   # RuntimeError: no thread can be started (a limit): steps still count
         _warn_once(f"cannot watch the main thread's activity ({exc})")
