@@ -28,16 +28,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import interleaved  # noqa: E402
+from timing import agent_stand_in, interleaved  # noqa: E402
 
 
 def main() -> int:
@@ -45,80 +42,59 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="trainctl-autostep-"))
-    path = str(folder / "progress.sock")
-    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    reader.bind(path)
-    reader.settimeout(0.2)
-    stop, received = threading.Event(), [0]
+    with agent_stand_in("trainctl-autostep-") as (path, received):
+        os.environ.update(TRAINCTL_PROGRESS_SOCKET=path, RANK="0")
+        os.environ.pop("TRAINCTL_PROGRESS_INTERVAL_S", None)
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    def drain() -> None:
-        while not stop.is_set():
-            try:
-                reader.recv(256)
-                received[0] += 1
-            except TimeoutError:
-                continue
+        from trainctl import progress
+        reporter = progress._REPORTER
+        parameter = torch.nn.Parameter(torch.zeros(1))
+        optimizer = torch.optim.SGD([parameter], lr=0.1)
+        step = optimizer.step
 
-    thread = threading.Thread(target=drain, daemon=True)
-    thread.start()
-    os.environ.update(TRAINCTL_PROGRESS_SOCKET=path, RANK="0")
-    os.environ.pop("TRAINCTL_PROGRESS_INTERVAL_S", None)
-    import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+        def block(mode: str) -> float:
+            handle = None
+            if mode != "no hook":
+                handle = register_optimizer_step_post_hook(progress._optimizer_step_hook(reporter))
+            reporter.own_steps = mode == "hook, own steps"
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            elapsed = time.perf_counter() - started
+            if handle is not None:
+                handle.remove()
+            return elapsed / args.steps * 1e6
 
-    from trainctl import progress
-    reporter = progress._REPORTER
-    parameter = torch.nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.SGD([parameter], lr=0.1)
-    step = optimizer.step
+        modes = ("no hook", "hook", "hook, own steps")
+        for mode in modes:   # warm-up
+            block(mode)
+        samples: dict[str, list[float]] = {mode: [] for mode in modes}
+        for mode in interleaved(modes, args.rounds):
+            samples[mode].append(block(mode))
+        hook = progress._optimizer_step_hook(reporter)
+        calls = args.steps * 10
 
-    def block(mode: str) -> float:
-        handle = None
-        if mode != "no hook":
-            handle = register_optimizer_step_post_hook(progress._optimizer_step_hook(reporter))
-        reporter.own_steps = mode == "hook, own steps"
-        started = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        elapsed = time.perf_counter() - started
-        if handle is not None:
-            handle.remove()
-        return elapsed / args.steps * 1e6
+        def call_block(mode: str) -> float:
+            reporter.own_steps = mode == "hook call, own"
+            no_args: tuple = ()
+            no_kwargs: dict = {}
+            started = time.perf_counter()
+            if mode == "call nothing":
+                for _ in range(calls):
+                    pass
+            else:
+                for _ in range(calls):
+                    hook(optimizer, no_args, no_kwargs)
+            return (time.perf_counter() - started) / calls * 1e6
 
-    modes = ("no hook", "hook", "hook, own steps")
-    for mode in modes:   # warm-up
-        block(mode)
-    samples: dict[str, list[float]] = {mode: [] for mode in modes}
-    for mode in interleaved(modes, args.rounds):
-        samples[mode].append(block(mode))
-    hook = progress._optimizer_step_hook(reporter)
-    calls = args.steps * 10
-
-    def call_block(mode: str) -> float:
-        reporter.own_steps = mode == "hook call, own"
-        no_args: tuple = ()
-        no_kwargs: dict = {}
-        started = time.perf_counter()
-        if mode == "call nothing":
-            for _ in range(calls):
-                pass
-        else:
-            for _ in range(calls):
-                hook(optimizer, no_args, no_kwargs)
-        return (time.perf_counter() - started) / calls * 1e6
-
-    call_modes = ("call nothing", "hook call", "hook call, own")
-    for mode in call_modes:
-        call_block(mode)
-    call_samples: dict[str, list[float]] = {mode: [] for mode in call_modes}
-    for mode in interleaved(call_modes, args.rounds):
-        call_samples[mode].append(call_block(mode))
-    stop.set()
-    thread.join()
-    reader.close()
-    os.unlink(path)
-    os.rmdir(folder)
+        call_modes = ("call nothing", "hook call", "hook call, own")
+        for mode in call_modes:
+            call_block(mode)
+        call_samples: dict[str, list[float]] = {mode: [] for mode in call_modes}
+        for mode in interleaved(call_modes, args.rounds):
+            call_samples[mode].append(call_block(mode))
     floor = statistics.median(samples["no hook"])
     print(f"torch {torch.__version__}: {args.steps:,} optimizer steps x {args.rounds} interleaved rounds, "
           "median per step")

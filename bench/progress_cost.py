@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import agent_stand_in  # noqa: E402
 
 CHILD = r"""
 import sys, time
@@ -41,28 +41,8 @@ print((time.perf_counter() - started) / calls * 1e6)
 """
 
 
-def drain(sock: socket.socket, stop: threading.Event, counts: list[int]) -> None:
-    sock.settimeout(0.2)
-    while not stop.is_set():
-        try:
-            sock.recv(256)
-            counts[0] += 1
-        except TimeoutError:
-            continue
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200_000)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="trainctl-progress-"))
-    path = str(folder / "progress.sock")
-    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    reader.bind(path)
-    stop, received = threading.Event(), [0]
-    thread = threading.Thread(target=drain, args=(reader, stop, received), daemon=True)
-    thread.start()
+def measure(args: argparse.Namespace, path: str) -> dict[str, list[float]]:
+    """Each mode's per-call cost, one sample a round, the modes interleaved."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TRAINCTL_PROGRESS")}
     modes = {
         "bare loop": ("bare", base),
@@ -81,11 +61,16 @@ def main() -> int:
             out = subprocess.run([sys.executable, "-P", "-c", CHILD, mode, str(args.calls)], env=env,
                                  capture_output=True, text=True, check=True, timeout=600)
             samples[name].append(float(out.stdout))
-    stop.set()
-    thread.join()
-    reader.close()
-    os.unlink(path)
-    os.rmdir(folder)
+    return samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    with agent_stand_in("trainctl-progress-") as (path, received):
+        samples = measure(args, path)
     floor = statistics.median(samples["bare loop"])
     print(f"{args.calls:,} calls x {args.rounds} interleaved rounds; median per call, the bare loop subtracted")
     print(f"{'mode':<16} {'us/call':>8} {'spread (min-max)':>18}")

@@ -7,8 +7,11 @@ medians and ratios to a named floor, never absolute targets.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import socket
+import tempfile
 import statistics
 import subprocess
 import threading
@@ -112,3 +115,34 @@ def paired_ratios(pairs: dict[str, tuple[list[str], list[str]]], rounds: int, wa
                    "ratio": statistics.median(c[0] / f[0] for f, c in runs),
                    "cpu_ratio": statistics.median(c[1] / f[1] for f, c in runs)}
             for name, runs in samples.items()}
+
+
+@contextlib.contextmanager
+def agent_stand_in(prefix: str):
+    """A Unix datagram socket standing in for the node agent, drained by a thread, for benches of
+    the progress API: yields (its path, a one-item list counting the datagrams it received)."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    path = os.path.join(folder, "progress.sock")
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.bind(path)
+    reader.settimeout(0.2)
+    stop, received = threading.Event(), [0]
+
+    def drain() -> None:
+        while not stop.is_set():
+            try:
+                reader.recv(256)
+                received[0] += 1
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    try:
+        yield path, received
+    finally:
+        stop.set()
+        thread.join()
+        reader.close()
+        os.unlink(path)
+        os.rmdir(folder)
