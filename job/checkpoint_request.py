@@ -13,8 +13,11 @@ folder, every node agent copies it beside its progress socket, and a rank that c
 `trainctl.progress.checkpoint_requested()` (the Lightning and Transformers callbacks in
 `trainctl.integrations` do) saves through its framework's own save path. Such a rank marks the
 watch folder once (`progress.LISTENING_FILE`): then no signal is sent. A program that never asks
-gets the job's --signal, as before. Slurm's own time-limit signal is untouched either way: it is
-Slurm's, not the watch's, so Lightning still saves and requeues at the time limit.
+gets the job's --signal, unless a rank said that the signal would not get a save
+(`progress.SIGNAL_REFUSED_FILE`: its default action would end the rank, or it is Lightning's
+requeue handler); then it gets nothing, and training resumes from the program's last save.
+Slurm's own time-limit signal is untouched either way: it is Slurm's, not the watch's, so
+Lightning still saves and requeues at the time limit.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from trainctl.errors import UsageError
-from trainctl.job.jobdir import CHECKPOINT_LISTENING, CHECKPOINT_REQUEST, JobPaths, Kind
+from trainctl.job.jobdir import CHECKPOINT_LISTENING, CHECKPOINT_REQUEST, JobPaths, Kind, read_signal_refusal
 from trainctl.job.watch_io import post_request
 
 POLL_S = 0.2
@@ -39,8 +42,10 @@ class SavesSeen(Protocol):
 
 def request_checkpoint(gate_dir: str, step, signum: int | None, seen: SavesSeen, journal, wait_s: float) -> None:
     """Ask the running training step for a checkpoint and wait up to `wait_s` for a save to be seen;
-    journal how it was asked (`channel`, and `signal` when one was sent) and whether it saved."""
-    folder = str(JobPaths(Path(gate_dir)).watch)
+    journal how it was asked (`listening`, `signal` when one was sent, `refused` when a rank said
+    the signal would not get a save) and whether it saved."""
+    paths = JobPaths(Path(gate_dir))
+    folder = str(paths.watch)
     before = seen.last
     channel = False
     if step.poll() is None:
@@ -50,8 +55,9 @@ def request_checkpoint(gate_dir: str, step, signum: int | None, seen: SavesSeen,
         except UsageError:   # the folder cannot be written: the signal alone, as before
             channel = False
     listening = channel and os.path.isfile(os.path.join(folder, CHECKPOINT_LISTENING))
+    refused = read_signal_refusal(paths) if signum is not None and not listening else None
     sent = None
-    if signum is not None and not listening and step.poll() is None:
+    if signum is not None and not listening and refused is None and step.poll() is None:
         step.send_signal(signum)   # srun forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES)
         sent = signum
     if listening or sent is not None:
@@ -59,4 +65,5 @@ def request_checkpoint(gate_dir: str, step, signum: int | None, seen: SavesSeen,
         while seen.last == before and time.monotonic() < deadline and step.poll() is None:
             time.sleep(POLL_S)
             seen.poll(journal)
-    journal.add(Kind.CHECKPOINT_REQUEST, signal=sent, listening=listening, saved=seen.last != before)
+    journal.add(Kind.CHECKPOINT_REQUEST, signal=sent, listening=listening, saved=seen.last != before,
+                **({"refused": refused} if refused else {}))

@@ -16,7 +16,6 @@ import time
 from datetime import datetime
 from typing import Callable
 
-from trainctl.agent_socket import WATCH_DIR_ENV
 from trainctl.errors import Stopped, TrainctlError, UsageError
 from trainctl.job import machine, slurm_actions
 from trainctl.job import jobdir
@@ -32,6 +31,7 @@ from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_no
 from trainctl.launcher.plan import JobPlan
 from trainctl.launcher.render import split_sbatch_options
 from trainctl.proc import run
+from trainctl.progress import SIGNAL_ENV, WATCH_DIR_ENV
 from trainctl.slurm import expand_hostlist, this_node_name
 
 GATE_STEP_GRACE_S = 5.0                 # the gate step ends by itself just after the decision, unless a node is lost
@@ -276,6 +276,8 @@ class JobDriver:
         env = dict(self.env, **{CHECKPOINT_ENV: str(self.paths.checkpoint_marker)})
         if self.facts.watch is not None:
             env[WATCH_DIR_ENV] = prepare_watch_dir(self.gate_dir)
+            if self.facts.watch.checkpoint_signal is not None:   # each rank judges its handler for it
+                env[SIGNAL_ENV] = str(self.facts.watch.checkpoint_signal)
         started = self.journal.add(Kind.TRAINING_START, nodes=effect.job_nodes,
                                    master_addr=effect.master_addr,
                                    **({"restart": effect.restart} if effect.restart else {}))["t"]

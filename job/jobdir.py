@@ -42,7 +42,8 @@ from trainctl.journal_events import (JOURNAL_LINE_MAX_BYTES, KINDS, MAX_DEPTH, N
                                      number, parse_event, parse_journal, read_journal, string_list)
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
-from trainctl.progress import LISTENING_FILE
+from trainctl.progress import LISTENING_FILE, SIGNAL_REFUSED_FILE
+from trainctl.text import printable
 
 # ---------------------------------------------------------------- names
 
@@ -64,6 +65,8 @@ SENTINEL_LOG = "sentinel.log"
 DUMP_REQUEST = "dump-request"           # in watch/: holds a token; each agent answers with dump-done-<node>
 CHECKPOINT_REQUEST = "checkpoint-request"   # in watch/: the watch's last checkpoint request's token
 CHECKPOINT_LISTENING = LISTENING_FILE   # in watch/: made by a rank that takes requests (trainctl.progress)
+SIGNAL_REFUSED = SIGNAL_REFUSED_FILE    # in watch/: why the job's signal would not get a save (trainctl.progress)
+SIGNAL_REFUSED_MAX_BYTES = 300
 PROBE_PREFIX = "alive-"                 # the retry's probe step: alive-<node>.out
 # what a gate round writes; moved to rounds/<n>/ before the gate runs again
 GATE_ROUND_FILES = (NODE_REPORTS, SNAPSHOTS, COMPUTE, FABRIC, DECISION, REPORT, GATE_STEP_STATUS)
@@ -184,9 +187,11 @@ LAYOUT = (
     Entry(f"{WATCH}/{DUMP_REQUEST}, {WATCH}/{dump_done_file('<node>')}, {WATCH}/{stacks_file('<node>')}",
           "the supervisor, each node's agent", "after a hang: the request for every rank's stack, "
           "and each node's answer"),
-    Entry(f"{WATCH}/{CHECKPOINT_REQUEST}, {WATCH}/{CHECKPOINT_LISTENING}", "the supervisor, a rank",
+    Entry(f"{WATCH}/{CHECKPOINT_REQUEST}, {WATCH}/{CHECKPOINT_LISTENING}, {WATCH}/{SIGNAL_REFUSED}",
+          "the supervisor, a rank",
           "the watch's request for a checkpoint, relayed by each agent to its ranks; the mark of a rank "
-          "that takes such requests (then no signal is sent)"),
+          "that takes such requests, and why the job's signal would not get a save (with either, no "
+          "signal is sent)"),
     Entry(f"{ROUNDS}/<n>/", "the supervisor", "an earlier gate round's files and the watch's evidence from "
           "the training after it, moved aside before the gate runs again"),
     Entry(CHECKPOINT_MARKER, "the program", f"written after each checkpoint, at ${CHECKPOINT_ENV}: "
@@ -225,6 +230,13 @@ def read_token(path: str | os.PathLike, cap: int, *, root: str | os.PathLike) ->
     None: no such file, or one that cannot be read. A FIFO there never blocks the reader."""
     data = _quietly(read_bytes, path, cap, root=root)
     return None if data is None else data.decode(errors="replace").strip()
+
+
+def read_signal_refusal(paths: JobPaths) -> str | None:
+    """Why a rank said the job's --signal would not get it to save (one line: "rank R: why");
+    None: no rank said so, or the file cannot be read."""
+    text = read_token(paths.watch / SIGNAL_REFUSED, SIGNAL_REFUSED_MAX_BYTES, root=paths.watch)
+    return printable(text.splitlines()[0]) if text else None
 
 
 def read_json(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None) -> dict | None:

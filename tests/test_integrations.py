@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from trainctl import progress
-from trainctl.agent_socket import WATCH_DIR_ENV
 from trainctl.integrations.shared import SaveRequests
 from trainctl.job.checkpoint_request import request_checkpoint
 from trainctl.job.jobdir import CHECKPOINT_REQUEST as REQUEST_FILE
 from trainctl.job.jobdir import CHECKPOINT_ENV
+from trainctl.progress import WATCH_DIR_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
@@ -174,6 +174,19 @@ def test_a_program_that_never_asked_gets_the_jobs_signal_as_before(tmp_path):
     assert journal.events == [("checkpoint_request", {"signal": signal.SIGUSR1, "listening": False, "saved": True})]
 
 
+def test_a_signal_a_rank_said_would_not_save_is_not_sent(tmp_path):
+    (tmp_path / "watch").mkdir()
+    (tmp_path / "watch" / progress.SIGNAL_REFUSED_FILE).write_text("rank 1: SIGUSR1 is ignored\x1b[2J\nmore\n")
+    step, journal = FakeStep(), Journal()
+    began = time.monotonic()
+    request_checkpoint(str(tmp_path), step, signal.SIGUSR1, Saves(save_on_poll=False), journal, wait_s=3600)
+    assert time.monotonic() - began < 60                 # nothing asked that could save: no wait
+    assert step.signals == []
+    event, fields = journal.events[0]
+    assert fields["signal"] is None and fields["saved"] is False
+    assert fields["refused"].startswith("rank 1: SIGUSR1 is ignored") and "\x1b" not in fields["refused"]
+
+
 def test_with_no_signal_and_no_listener_nothing_is_waited_for(tmp_path):
     (tmp_path / "watch").mkdir()
     step, journal = FakeStep(), Journal()
@@ -181,6 +194,62 @@ def test_with_no_signal_and_no_listener_nothing_is_waited_for(tmp_path):
     request_checkpoint(str(tmp_path), step, None, Saves(save_on_poll=False), journal, wait_s=3600)
     assert time.monotonic() - began < 60
     assert step.signals == [] and journal.events[0][1] == {"signal": None, "listening": False, "saved": False}
+
+
+# ---------------------------------------------------------------- would the job's signal get a save?
+
+def own_handler(signum, frame):
+    pass
+
+
+def test_a_handler_that_would_not_save_is_named_and_the_programs_own_is_not():
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
+
+    usr1 = signal.SIGUSR1
+    assert "default action" in progress.signal_refusal(usr1, signal.SIG_DFL)
+    assert "ignored" in progress.signal_refusal(usr1, signal.SIG_IGN)
+    assert "KeyboardInterrupt" in progress.signal_refusal(signal.SIGINT, signal.default_int_handler)
+    assert "Lightning" in progress.signal_refusal(usr1, _HandlersCompose([own_handler]))
+    assert progress.signal_refusal(usr1, own_handler) is None
+    assert progress.signal_refusal(usr1, None) is None          # set outside Python: cannot tell
+
+
+def test_a_rank_says_once_why_the_signal_would_not_save_and_never_while_it_handles_it(tmp_path, monkeypatch):
+    judge = progress._SignalJudge(signal.SIGUSR1, str(tmp_path))
+    monkeypatch.setattr(progress.signal, "getsignal", lambda signum: own_handler)
+    judge.look(3)
+    assert not (tmp_path / progress.SIGNAL_REFUSED_FILE).exists()
+    judge.next_look = 0.0
+    monkeypatch.setattr(progress.signal, "getsignal", lambda signum: signal.SIG_DFL)
+    judge.look(3)
+    said = (tmp_path / progress.SIGNAL_REFUSED_FILE).read_text()
+    assert said.startswith("rank 3: SIGUSR1 has its default action")
+    judge.next_look = 0.0
+    progress._SignalJudge(signal.SIGUSR1, str(tmp_path)).look(5)   # another rank: the first one's words stay
+    assert (tmp_path / progress.SIGNAL_REFUSED_FILE).read_text() == said
+
+
+PLAIN_RANK = """
+import time
+import trainctl.progress as progress
+for _ in range(400):
+    progress.step()
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("signal_env", ["10", "", "USR1", "-3"])
+def test_a_rank_that_steps_judges_the_jobs_signal_only_when_given_a_signal_number(tmp_path, signal_env):
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    env = dict(os.environ, RANK="0", **{progress.SOCKET_ENV: str(tmp_path / "agent.sock"), WATCH_DIR_ENV: str(watch),
+                                         progress.SIGNAL_ENV: signal_env})
+    subprocess.run([sys.executable, "-P", "-c", PLAIN_RANK], env=env, check=True, timeout=120)
+    refused = watch / progress.SIGNAL_REFUSED_FILE
+    if signal_env == "10":   # SIGUSR1 at its default in a plain program (4 s of steps: several looks)
+        assert refused.read_text().startswith("rank 0: SIGUSR1 has its default action")
+    else:
+        assert not refused.exists()
 
 
 # ---------------------------------------------------------------- the node agent passes it on

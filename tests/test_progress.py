@@ -165,7 +165,7 @@ def test_a_bad_interval_falls_back_to_the_default_so_reports_go_on(tmp_path, int
 # The module's code is read before the descriptors run out, then run as `import` runs it: the
 # import itself then needs no descriptor, as in a program that imported trainctl earlier.
 NO_DESCRIPTORS = """
-import __future__, collections.abc, contextlib, importlib.util, math, os, resource, socket, struct, sys
+import __future__, collections.abc, contextlib, importlib.util, math, os, resource, signal, socket, struct, sys
 import threading, time, warnings
 spec = importlib.util.find_spec("trainctl.progress")
 code = spec.loader.get_code(spec.name)

@@ -74,6 +74,7 @@ WATCH_OFF = os.environ.get("TRAINCTL_WATCH_OFF") == "1"
 STEP_S = 0.25
 TUTORIAL_EPOCHS = 120                   # multinode.py: 32 steps an epoch on 2 ranks, about 1 s an epoch here
 LIGHTNING_STEPS = 400                   # at STEP_S: a save every 20 steps (5 s)
+LIGHTNING_WIDTH = 16384                 # about GRAD_MB of gradients a step: the step waits on the wire
 HF_STEPS = 1000                         # a save every 20 steps
 # real kernel logs (tests/fixtures/library/SOURCES.md): one with no Xid line, one with Xid 119
 CLEAN_DMESG = LIBRARY / "kernel" / "syslog" / "imbue-dmesg-mlx5-pcie-link-degraded-x8.txt"
@@ -107,8 +108,7 @@ ALL = {s.name: s for s in (
              program="lightning"),
     Scenario("j", True, "Transformers Trainer, no callback, Xid in the victim's kernel log", fault="d", nodes=2,
              program="hf"),
-    # a probe, not a target: the watch's checkpoint request reaches a Lightning program without the
-    # callback as the job's --signal (local-demo: USR1), which Lightning's SLURMEnvironment reads as "requeue"
+    # the job's --signal (local-demo: USR1) is Lightning's requeue signal: the watch must not send it
     Scenario("k", True, "as i, an Xid in the victim's kernel log instead", fault="d", nodes=2, program="lightning"),
 )}
 
@@ -170,7 +170,8 @@ def framework_program(scenario: Scenario, tmp_path: Path) -> list[str]:
     copy = tmp_path / example.name
     copy.write_text(text)
     if scenario.program == "lightning":
-        return [str(copy), "--nodes", "2", "--steps", str(LIGHTNING_STEPS), "--step-time", str(STEP_S), "--dir", "ck"]
+        return [str(copy), "--nodes", "2", "--steps", str(LIGHTNING_STEPS), "--step-time", str(STEP_S),
+                "--width", str(LIGHTNING_WIDTH), "--dir", "ck"]
     return [str(copy), "--steps", str(HF_STEPS), "--dir", "hf"]
 
 

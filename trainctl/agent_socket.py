@@ -11,10 +11,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 
-from trainctl.progress import SOCKET_ENV
-
-# Set by the supervisor for the training step: the ranks of that step report their progress.
-WATCH_DIR_ENV = "TRAINCTL_WATCH_DIR"
+from trainctl.progress import SOCKET_ENV, WATCH_DIR_ENV
 # sockaddr_un's sun_path holds 108 bytes on Linux, the terminating NUL included (unix(7)).
 MAX_SOCKET_PATH_BYTES = 107
 FALLBACK_DIR = "/tmp"

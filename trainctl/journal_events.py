@@ -125,7 +125,7 @@ EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
     Kind.DETECTION: {"kind": "str", "suspects": "strs", "evidence": "str", "details": "object", "note": "str"},
     Kind.AGENT_SILENT: {"node": "str", "note": "str"},
     Kind.STACKS: {"files": "names"},
-    Kind.CHECKPOINT_REQUEST: {"signal": "any", "saved": "any"},
+    Kind.CHECKPOINT_REQUEST: {"signal": "any", "listening": "any", "refused": "str", "saved": "any"},
     Kind.STEP_END: {"status": "int", "cause": "str", "training_start_t": "time", "last_checkpoint_t": "time"},
     Kind.RETRY: {"retry": "any", "reason": "str", "successor": "str", "bad_nodes": "strs", "exclude": "strs"},
     Kind.JOB_END: {"status": "int", "cause": "str"},

@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import math
 import os
+import signal
 import socket
 import stat
 import struct
@@ -44,12 +45,15 @@ import warnings
 from collections.abc import Iterator
 
 SOCKET_ENV = "TRAINCTL_PROGRESS_SOCKET"
+WATCH_DIR_ENV = "TRAINCTL_WATCH_DIR"     # set by the supervisor for the training step it watches
 INTERVAL_ENV = "TRAINCTL_PROGRESS_INTERVAL_S"
 RANK_ENV = "RANK"
 # The pid of the rank's own process: the first under the job to import this module. Its child
 # processes (data loader or compile workers, started with spawn) inherit the variable and see
 # that they are not it: they report neither activity nor optimizer steps in the rank's name.
 OWNER_ENV = "TRAINCTL_PROGRESS_OWNER"
+# The signal the job's program is asked to checkpoint on (the job's --signal), when it has one.
+SIGNAL_ENV = "TRAINCTL_CHECKPOINT_SIGNAL"
 DEFAULT_INTERVAL_S = 0.05
 # A longer interval would leave the watch without news for longer than its hang floors allow.
 MAX_INTERVAL_S = 10.0
@@ -108,6 +112,7 @@ class _Reporter:
         self.lock = threading.Lock()    # the main thread's reports and the activity sampler's
         self.stopping = threading.Event()   # set at the interpreter's exit: the sampler ends first
         self.watcher: threading.Thread | None = None
+        self.signal_judge: _SignalJudge | None = None
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -168,6 +173,8 @@ class _Reporter:
         last = None                          # the first look is where counting starts
         while not self.stopping.wait(ACTIVITY_LOOK_S):
             try:
+                if self.signal_judge is not None and self.steps:
+                    self.signal_judge.look(self.rank)
                 for _ in range(LOOKS_A_TICK):
                     here = _stack_signature(sys._current_frames().get(main))
                     if here != last:
@@ -411,12 +418,80 @@ def _read_small(path: str) -> str:
         os.close(fd)
 
 
+# The job's --signal is what a plain program checkpoints on, but a program may not handle it: by
+# default SIGUSR1 ends the process (signal(7)), so the watch's request would end training without
+# a save, and Lightning's handler for it requeues the whole job. The rank's own process judges
+# the handler it has now (signal.getsignal, from the activity sampler once the rank steps) and,
+# when sending the signal would not get a save, says why once in the watch folder: then the
+# supervisor asks over its channel only, and sends no signal.
+SIGNAL_REFUSED_FILE = "checkpoint-signal-refused"   # in the watch folder: why the signal would not save
+SIGNAL_LOOK_S = 1.0                                   # a rank looks at its handler at most this often
+LIGHTNING_MODULES = ("lightning.", "pytorch_lightning.")
+
+
+def signal_refusal(signum: int, handler: object) -> str | None:
+    """Why sending `signum` to a process whose handler for it is `handler` (signal.getsignal's
+    answer) would not get a checkpoint; None where the program handles it itself, or where the
+    handler was not set from Python (None: cannot tell)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if handler == signal.SIG_DFL:
+        return f"{name} has its default action (the rank would end, or go on, without a save)"
+    if handler == signal.SIG_IGN:
+        return f"{name} is ignored"
+    if handler is signal.default_int_handler:
+        return f"{name} raises KeyboardInterrupt"
+    owner = getattr(handler, "__module__", None) or ""
+    if owner.startswith(LIGHTNING_MODULES):
+        return (f"{name} is Lightning's (its SLURMEnvironment saves and requeues the whole job on it, "
+                "the bad node included)")
+    return None
+
+
+class _SignalJudge:
+    def __init__(self, signum: int, watch_dir: str):
+        self.signum = signum
+        self.watch_dir = watch_dir
+        self.next_look = 0.0
+        self.said = False
+
+    def look(self, rank: int) -> None:
+        now = time.monotonic()
+        if self.said or now < self.next_look:
+            return
+        self.next_look = now + SIGNAL_LOOK_S
+        reason = signal_refusal(self.signum, signal.getsignal(self.signum))
+        if reason is None:
+            return
+        self.said = True
+        with contextlib.suppress(OSError):   # the first rank to judge says why; the supervisor reads one line
+            fd = os.open(os.path.join(self.watch_dir, SIGNAL_REFUSED_FILE),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, f"rank {rank}: {reason}\n".encode("ascii", "replace"))
+            finally:
+                os.close(fd)
+
+
+def _signal_judge_from_env() -> _SignalJudge | None:
+    watch_dir = os.environ.get(WATCH_DIR_ENV)
+    try:
+        signum = int(os.environ.get(SIGNAL_ENV, ""))
+    except ValueError:
+        return None
+    return _SignalJudge(signum, watch_dir) if watch_dir and signum > 0 else None
+
+
 def _request_reader_from_env() -> _RequestReader | None:
     path = os.environ.get(SOCKET_ENV)
-    return _RequestReader(request_path(path), os.environ.get("TRAINCTL_WATCH_DIR")) if path else None
+    return _RequestReader(request_path(path), os.environ.get(WATCH_DIR_ENV)) if path else None
 
 
 _REQUESTS = _request_reader_from_env()
+if _REPORTER is not None and _REPORTER.rank_process:
+    _REPORTER.signal_judge = _signal_judge_from_env()
 
 
 def checkpoint_requested() -> bool:

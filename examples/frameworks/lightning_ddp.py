@@ -6,7 +6,8 @@ SLURMEnvironment from srun's variables, one process per task.
     trainctl submit --nodes 2 --spare 1 -- .venv/bin/python examples/frameworks/lightning_ddp.py --nodes 2
 
 `--step-time` stands for a real model's compute (each step sleeps that long), so a CPU demo runs
-long enough for the watch to see it. Tests: tests/test_integrations.py, tests/test_frameworks_cluster.py.
+long enough for the watch to see it; `--width`, the hidden layer's size, sets what each step sends
+over the network (4 bytes a parameter: about 2 MiB at 16384). Tests: tests/test_integrations.py, tests/test_frameworks_cluster.py.
 """
 
 import argparse
@@ -21,10 +22,10 @@ from trainctl.integrations.lightning import TrainctlCallback
 
 
 class Regression(L.LightningModule):
-    def __init__(self, step_time: float):
+    def __init__(self, step_time: float, width: int = 64):
         super().__init__()
         self.step_time = step_time
-        self.layer = torch.nn.Linear(32, 1)
+        self.layer = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--step-time", type=float, default=0.0)
+    parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--dir", default="checkpoints")
     args = parser.parse_args()
 
@@ -54,7 +56,7 @@ def main() -> None:
         callbacks=[ModelCheckpoint(dirpath=args.dir, save_last=True, every_n_train_steps=20),
                    TrainctlCallback()],
         enable_progress_bar=False, logger=False)
-    trainer.fit(Regression(args.step_time), DataLoader(data, batch_size=32), ckpt_path="last")
+    trainer.fit(Regression(args.step_time, args.width), DataLoader(data, batch_size=32), ckpt_path="last")
 
 
 if __name__ == "__main__":
