@@ -2,7 +2,9 @@
 the channel (`trainctl.progress.checkpoint_requested`), the supervisor's (`request_checkpoint`:
 no signal to a program that listens), the node agent passing a request on, the ranks agreeing on a
 step, and a real Lightning and Hugging Face Trainer program (one CPU process each) saving through
-their own save path when asked, with Lightning's own requeue handler for Slurm's signal still in place."""
+their own save path when asked, with Lightning's own requeue handler for Slurm's signal still in place;
+and a rank judging whether the job's signal would get a save (without the callback, Lightning's
+SIGUSR1 would requeue the job: the rank says so, and the supervisor does not send it)."""
 
 from __future__ import annotations
 
@@ -371,6 +373,47 @@ def test_with_the_callback_lightning_still_handles_slurms_signal_itself(tmp_path
     assert out.returncode == 0, out.stderr
     seen = [line for line in out.stdout.splitlines() if line.startswith("seen:")]
     assert seen == ["seen: SLURMEnvironment _slurm_sigusr_handler_fn"], out.stdout
+
+
+LIGHTNING_WITHOUT_CALLBACK = """
+import os, signal, sys, time
+signal.signal(signal.SIGUSR1, signal.SIG_DFL)      # as a srun task's starts (see LIGHTNING_UNDER_SLURM)
+import lightning as L
+sys.path.insert(0, sys.argv[1])
+from lightning_ddp import Regression
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+class WaitForTheRanksWord(L.Callback):             # the test's probe, not trainctl: it only waits
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        said = os.path.join(os.environ["TRAINCTL_WATCH_DIR"], sys.argv[2])
+        deadline = time.monotonic() + 120
+        while batch_idx >= 2 and not os.path.exists(said) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, callbacks=[WaitForTheRanksWord()],
+                    enable_progress_bar=False, logger=False, enable_checkpointing=False,
+                    enable_model_summary=False)
+trainer.fit(Regression(0.0), DataLoader(TensorDataset(torch.randn(64, 32), torch.randn(64, 1)), batch_size=8))
+"""
+
+
+def test_a_lightning_rank_without_the_callback_says_the_jobs_signal_is_lightnings(tmp_path):
+    """Unmodified Lightning under srun with the job's --signal USR1: the rank (trainctl loaded by
+    rank-exec's bootstrap, its optimizer steps counted) says that SIGUSR1 is Lightning's requeue
+    handler, so the watch never sends it."""
+    from trainctl.launcher.rank_exec import BOOTSTRAP_DIR
+
+    env = single_process_env(tmp_path, with_request=False)
+    env.update(SLURM_NTASKS="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="77", SLURM_PROCID="0", SLURM_LOCALID="0",
+               SLURM_NODEID="0", SLURM_NODELIST="localhost", PYTHONPATH=BOOTSTRAP_DIR,
+               **{progress.SIGNAL_ENV: str(int(signal.SIGUSR1))})
+    out = subprocess.run([sys.executable, "-P", "-c", LIGHTNING_WITHOUT_CALLBACK, str(PROGRAMS),
+                          progress.SIGNAL_REFUSED_FILE], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    said = (tmp_path / "watch" / progress.SIGNAL_REFUSED_FILE).read_text()
+    assert said.startswith("rank 0: SIGUSR1 is Lightning's"), said
 
 
 def test_a_transformers_trainer_saves_when_the_watch_asks(tmp_path):

@@ -19,9 +19,13 @@ steps are seen by `[watch] auto_steps`, their saves by `submit --checkpoints`), 
 1 held spare, the fault after the program's second save seen:
 
   h  PyTorch's DDP tutorial program (multinode.py), the victim hung as in c
-  i  the Lightning example without its TrainctlCallback line, the victim's link cut as in a
+  i  the Lightning example without its TrainctlCallback line, the victim's link cut as in a (its
+     --width makes about GRAD_MB of gradients a step, so that its step waits on the wire too)
   j  the Transformers Trainer example without its TrainctlCallback line, an Xid as in d
-  k  as i, an Xid as in d (the watch then asks the program for a checkpoint, by signal)
+  k  as i, an Xid as in d: the job's --signal (USR1) is Lightning's requeue signal, so the watch
+     must ask for a checkpoint without it (no requeue: the job's Restarts stay 0)
+  l  as h, healthy
+  m  as j, healthy
 
 A 50 % CPU quota on one node (the issue's scenario b) is not among them: the 3 training nodes
 share this machine's 2 cores, so each already gets about 2/3 of a core, and a quota of 1/2 on
@@ -110,6 +114,8 @@ ALL = {s.name: s for s in (
              program="hf"),
     # the job's --signal (local-demo: USR1) is Lightning's requeue signal: the watch must not send it
     Scenario("k", True, "as i, an Xid in the victim's kernel log instead", fault="d", nodes=2, program="lightning"),
+    Scenario("l", False, "DDP tutorial program, healthy", fault="f", nodes=2, program="ddp_tutorial"),
+    Scenario("m", False, "Transformers Trainer, no callback, healthy", fault="f", nodes=2, program="hf"),
 )}
 
 
@@ -240,7 +246,8 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
     outcome = summarise(chain[0], victim, fault_t)
     wall = goodput(chain, time.time())
     outcome.update(job_id=job_id, state=record["JobState"], victim=victim, gate_dir=str(gate_dir),
-                   jobs=len(chain), wall_s=wall.wall_s, goodput=wall.ratio)
+                   jobs=len(chain), wall_s=wall.wall_s, goodput=wall.ratio, requeues=record.get("Restarts"),
+                   signals_sent=[e.get("signal") for e in chain[0] if e["event"] == "checkpoint_request"])
     return outcome
 
 
@@ -256,8 +263,15 @@ def summarise(events: list[dict], victim: str, fault_t: float) -> dict:
     decided = next((e for e in events if (e["event"] == "detection" and e.get("suspects"))
                     or (e["event"] == "confirmation" and e.get("named"))), None)
     restart_after = next((r for r in restarts if decided and r["t"] >= decided["t"]), None)
+    def confirmed(detection: dict) -> list[str]:
+        """A slowdown names nobody itself: the nodes the gate's confirmation after it named."""
+        if detection["suspects"] or detection["kind"] != "slow":
+            return detection["suspects"]
+        after = next((c for c in confirmations if c["t"] >= detection["t"]), None)
+        return sorted(after.get("named", {})) if after else []
+
     return {
-        "detections": [(d["kind"], d["suspects"]) for d in detections],
+        "detections": [(d["kind"], confirmed(d)) for d in detections],
         "evidence": [d["evidence"] for d in detections],
         "named": named,
         "right": named == [victim],
@@ -299,6 +313,9 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
         restarted_on = expand_hostlist(outcome["restart_nodes"])
         assert outcome["victim"] not in restarted_on, outcome
         assert len(restarted_on) == (scenario.nodes if scenario.spare else scenario.nodes - 1), outcome
+    if scenario.program == "lightning":   # USR1 is Lightning's requeue signal: never sent by the watch
+        assert outcome["signals_sent"] and set(outcome["signals_sent"]) == {None}, outcome
+        assert outcome["requeues"] == "0", outcome
     else:
         assert outcome["named"] == [], outcome
     # The example times its sleep as compute, outside the all_reduce: a slow wire leaves it
