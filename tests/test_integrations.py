@@ -215,6 +215,14 @@ def test_a_handler_that_would_not_save_is_named_and_the_programs_own_is_not():
     assert progress.signal_refusal(usr1, own_handler) is None
     assert progress.signal_refusal(usr1, None) is None          # set outside Python: cannot tell
 
+    class OddModule:                                            # a callable whose __module__ is no name
+        __module__ = 7
+
+        def __call__(self, signum, frame):
+            pass
+
+    assert progress.signal_refusal(usr1, OddModule()) is None
+
 
 def test_a_rank_says_once_why_the_signal_would_not_save_and_never_while_it_handles_it(tmp_path, monkeypatch):
     judge = progress._SignalJudge(signal.SIGUSR1, str(tmp_path))

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 
 from trainctl.progress import SOCKET_ENV, WATCH_DIR_ENV
+
 # sockaddr_un's sun_path holds 108 bytes on Linux, the terminating NUL included (unix(7)).
 MAX_SOCKET_PATH_BYTES = 107
 FALLBACK_DIR = "/tmp"

@@ -174,7 +174,8 @@ class _Reporter:
         while not self.stopping.wait(ACTIVITY_LOOK_S):
             try:
                 if self.signal_judge is not None and self.steps:
-                    self.signal_judge.look(self.rank)
+                    with contextlib.suppress(Exception):   # a judge that fails says nothing; activity goes on
+                        self.signal_judge.look(self.rank)
                 for _ in range(LOOKS_A_TICK):
                     here = _stack_signature(sys._current_frames().get(main))
                     if here != last:
@@ -443,8 +444,8 @@ def signal_refusal(signum: int, handler: object) -> str | None:
         return f"{name} is ignored"
     if handler is signal.default_int_handler:
         return f"{name} raises KeyboardInterrupt"
-    owner = getattr(handler, "__module__", None) or ""
-    if owner.startswith(LIGHTNING_MODULES):
+    owner = getattr(handler, "__module__", None)
+    if isinstance(owner, str) and owner.startswith(LIGHTNING_MODULES):
         return (f"{name} is Lightning's (its SLURMEnvironment saves and requeues the whole job on it, "
                 "the bad node included)")
     return None
