@@ -11,9 +11,9 @@ import contextlib
 import os
 import random
 import socket
-import tempfile
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 

@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trainctl.jobdir_names import DIR_PREFIX, JOURNAL, dir_name  # noqa: F401 (re-exported)
+from trainctl.jobdir_names import JOURNAL, dir_name
 from trainctl.files import inside, open_regular, read_bytes, write_atomically  # noqa: F401 (open_regular: re-exported)
 # The journal's lines are owned below job/ (the fleet history reads them too); re-exported here
 # with the rest of the job directory's readers and writers.
-from trainctl.journal_events import (JOURNAL_LINE_MAX_BYTES, KINDS, MAX_DEPTH, NUMBER_LIMIT,  # noqa: F401
-                                     Journal, Kind, all_strings, clean, integer, iter_journal, job_ended, loads,
-                                     number, parse_event, parse_journal, read_journal, string_list)
+from trainctl.journal_events import (KINDS, NUMBER_LIMIT, Journal, Kind, all_strings, clean,  # noqa: F401
+                                     integer, job_ended, loads, number, parse_event, parse_journal, read_journal,
+                                     string_list)
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.progress import LISTENING_FILE, SIGNAL_REFUSED_FILE
@@ -226,7 +226,8 @@ def _quietly(read, *args, **kwargs):
 
 
 def read_token(path: str | os.PathLike, cap: int, *, root: str | os.PathLike) -> str | None:
-    """A request's or an answer's token in the watch folder (its first `cap` bytes, stripped);
+    """A short token file of the job directory (a watch request, an answer, the batch host's beat):
+    its first `cap` bytes, stripped;
     None: no such file, or one that cannot be read. A FIFO there never blocks the reader."""
     data = _quietly(read_bytes, path, cap, root=root)
     return None if data is None else data.decode(errors="replace").strip()

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.job.jobdir import BATCH_HOST_BEAT   # a counter the job script rewrites every 2 s
-from trainctl.job.jobdir import read_bytes
+from trainctl.job.jobdir import read_token
 
 SENTINEL_POLL_S = 1.0
+BEAT_MAX_BYTES = 64
 CANCEL_ATTEMPTS = 10
 CANCEL_RETRY_S = 5.0
 
@@ -53,7 +54,9 @@ def watch_batch_host(gate_dir: Path, silence_s: float, log_file: Path | None) ->
     ignore_checkpoint_signals()
     say(f"trainctl: sentinel of job {job_id}: watching {beat_file} (silent after {silence_s:g} s)")
     watch = BeatWatch(silence_s)
-    while not watch.silent(_read_text(beat_file), time.monotonic()):
+    # read_token opens the file each poll (an NFS client revalidates its cached attributes) and
+    # never waits on a FIFO put there
+    while not watch.silent(read_token(beat_file, BEAT_MAX_BYTES, root=gate_dir), time.monotonic()):
         time.sleep(SENTINEL_POLL_S)
     why = f"trainctl: batch host lost: no heartbeat in {beat_file} for {silence_s:g} s; job cancelled"
     say(why)
@@ -98,10 +101,3 @@ def cancel_job(job_id: str, why: str) -> int:
             time.sleep(CANCEL_RETRY_S)
     return 4
 
-
-def _read_text(path: Path) -> str | None:
-    try:   # open() revalidates an NFS client's cached attributes; a FIFO there is never waited on
-        data = read_bytes(path, 64)
-    except OSError:
-        return None
-    return None if data is None else data.decode(errors="replace")

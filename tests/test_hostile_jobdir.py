@@ -137,6 +137,29 @@ def test_a_checkpoint_marker_that_is_no_file_is_no_checkpoint_and_never_blocks_t
     assert seen is None and not paths.journal.exists()
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory", "link out", "huge", "control characters"])
+def test_a_ranks_word_on_the_jobs_signal_is_one_printable_line_or_nothing_and_never_blocks(tmp_path, kind):
+    """The watch folder is the ranks' to write: what the supervisor reads back from the signal's
+    refusal file is its first line, cut short and printable; anything but a regular file inside the
+    folder is no refusal (the signal is sent, as without one)."""
+    from trainctl.job.jobdir import SIGNAL_REFUSED, SIGNAL_REFUSED_MAX_BYTES, JobPaths, read_signal_refusal
+
+    paths = JobPaths(tmp_path / "trainctl-gate-9")
+    paths.watch.mkdir(parents=True)
+    said = paths.watch / SIGNAL_REFUSED
+    outside = tmp_path / "elsewhere"
+    outside.write_text("secret\n")
+    {"fifo": lambda: os.mkfifo(said), "directory": said.mkdir, "link out": lambda: said.symlink_to(outside),
+     "huge": lambda: said.write_text("rank 0: " + "x" * 10_000_000 + "\nsecond line\n"),
+     "control characters": lambda: said.write_text("rank 0: \x1b]0;owned\x07SIGUSR1\r\n")}[kind]()
+    line = finishes(read_signal_refusal, paths)
+    if kind in ("fifo", "directory", "link out"):
+        assert line is None
+    else:
+        assert line.startswith("rank 0: ") and len(line) <= SIGNAL_REFUSED_MAX_BYTES * 4
+        assert "\x1b" not in line and "\x07" not in line and "\n" not in line and "\r" not in line
+
+
 def test_a_journal_of_any_size_is_read_whole_and_the_jobs_end_comes_from_the_events(tmp_path):
     """A 4,096-node job's gate rounds write megabytes: the end is still read."""
     gate = tmp_path / "trainctl-gate-9"

@@ -9,6 +9,7 @@ and `read_bytes`: a regular file only, never blocking, at most so many bytes.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -40,7 +41,7 @@ def open_regular(path: str | os.PathLike, root: str | os.PathLike | None = None)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
-        if exc.errno in (40, 6):    # ELOOP, ENXIO
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
             return None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
