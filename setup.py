@@ -17,6 +17,7 @@ ROOTS = {
     "trainctl.health": "health",
     "trainctl.sweep": "sweep",
     "trainctl.job": "job",
+    "trainctl.guest": "guest",
     "trainctl.templates": "templates",
     "trainctl.site_configs": "site-configs",
     "trainctl.contrib": "contrib",

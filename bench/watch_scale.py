@@ -54,7 +54,7 @@ from trainctl.job import agent, watch  # noqa: E402
 from trainctl.job.driver import WATCH_SHARE  # noqa: E402
 from trainctl.job.jobdir import JobPaths  # noqa: E402
 from trainctl.job.watch_io import prepare_watch_dir, read_node_files  # noqa: E402
-from trainctl.progress import RECORD, VERSION, decode  # noqa: E402
+from trainctl.guest.wire import RECORD, VERSION, decode  # noqa: E402
 from trainctl.site import WatchConfig  # noqa: E402
 
 STEP_S = 0.5                   # the simulated training step

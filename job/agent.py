@@ -18,7 +18,7 @@ dumps, GATE_DIR/nccl-trace-rank-RANK, adds what it asked and what was dumped to 
 then writes the token into watch/dump-done-NODE.
 
 When watch/checkpoint-request holds a token it has not passed on, it copies it beside its socket
-(`trainctl.progress.request_path`), where the ranks' `progress.checkpoint_requested()` looks
+(`trainctl.guest.wire.request_path`), where the ranks' `progress.checkpoint_requested()` looks
 (`trainctl.job.checkpoint_request`).
 
 The pure part (folding reports, judging a run against the baseline, the node file) is apart
@@ -53,7 +53,7 @@ from trainctl.health.status import CheckResult, Status
 from trainctl.job import jobdir
 from trainctl.job.jobdir import CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
-from trainctl.progress import decode, request_path
+from trainctl.guest.wire import claims_prefix, decode, request_path
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept
 SELECT_S = 0.2                         # longest wait for a report before the loop looks at its clocks
@@ -70,7 +70,7 @@ BASELINE_WINDOW = "since the agent's first check run"
 # ---------------------------------------------------------------- the ranks' progress (pure)
 
 def fold(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[int, RankProgress]:
-    """`ranks` with one decoded report (`trainctl.progress.decode`) added. Steps come as a total;
+    """`ranks` with one decoded report (`trainctl.guest.wire.decode`) added. Steps come as a total;
     durations come per report and are summed. A report from another pid for a rank is a new
     process (a restart): its counts start again."""
     rank = int(record["rank"])
@@ -323,6 +323,7 @@ class Agent:
         sock = self._bind()
         with contextlib.suppress(OSError):
             os.unlink(self.request_path)   # left by an agent that was killed: no request of this step
+        self._remove_rank_claims()         # likewise: a rank of this step claims itself anew
         try:
             self._say(f"reading {self.socket_path}, writing {self.node_path}"
                       + (f", checks {','.join(self.watch.checks)} every {self.watch.check_interval_s:g} s"
@@ -333,6 +334,16 @@ class Agent:
             for path in (self.socket_path, self.request_path):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+            self._remove_rank_claims()
+
+    def _remove_rank_claims(self) -> None:
+        """The ranks' claims beside the socket (`trainctl.guest.wire.claim_path`: empty directories)."""
+        folder, start = os.path.split(claims_prefix(self.socket_path))
+        with contextlib.suppress(OSError):
+            for name in os.listdir(folder):
+                if name.startswith(start):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(folder, name))
 
     def _bind(self) -> socket.socket:
         path = self.socket_path

@@ -12,9 +12,9 @@ So a request goes over trainctl's own channel first: this module writes a token 
 folder, every node agent copies it beside its progress socket, and a rank that calls
 `trainctl.progress.checkpoint_requested()` (the Lightning and Transformers callbacks in
 `trainctl.integrations` do) saves through its framework's own save path. Such a rank marks the
-watch folder once (`progress.LISTENING_FILE`): then no signal is sent. A program that never asks
+watch folder once (`trainctl.guest.wire.LISTENING_FILE`): then no signal is sent. A program that never asks
 gets the job's --signal, unless a rank said that the signal would not get a save
-(`progress.SIGNAL_REFUSED_FILE`: its default action would end the rank, or it is Lightning's
+(`trainctl.guest.wire.SIGNAL_REFUSED_FILE`: its default action would end the rank, or it is Lightning's
 requeue handler); then it gets nothing, and training resumes from the program's last save.
 Slurm's own time-limit signal is untouched either way: it is Slurm's, not the watch's, so
 Lightning still saves and requeues at the time limit.

@@ -31,7 +31,7 @@ from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_no
 from trainctl.launcher.plan import JobPlan
 from trainctl.launcher.render import split_sbatch_options
 from trainctl.proc import run
-from trainctl.progress import SIGNAL_ENV, WATCH_DIR_ENV
+from trainctl.guest.wire import SIGNAL_ENV, WATCH_DIR_ENV
 from trainctl.slurm import expand_hostlist, this_node_name
 
 GATE_STEP_GRACE_S = 5.0                 # the gate step ends by itself just after the decision, unless a node is lost

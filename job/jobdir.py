@@ -42,7 +42,8 @@ from trainctl.journal_events import (KINDS, NUMBER_LIMIT, Journal, Kind, all_str
                                      string_list)
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
-from trainctl.progress import LISTENING_FILE, SIGNAL_REFUSED_FILE
+from trainctl.guest import wire as guest_wire
+from trainctl.guest.wire import LISTENING_FILE, SIGNAL_REFUSED_FILE
 from trainctl.text import printable
 
 # ---------------------------------------------------------------- names
@@ -52,7 +53,7 @@ REPORT = "report.txt"
 RETRY = "retry.json"
 ATTEMPT = "attempt.json"
 CHECKPOINT_MARKER = "checkpoint.seen"   # written by the program, named by CHECKPOINT_ENV
-CHECKPOINT_ENV = "TRAINCTL_CHECKPOINT_FILE"
+CHECKPOINT_ENV = guest_wire.CHECKPOINT_ENV
 WATCH = "watch"
 ROUNDS = "rounds"
 NODE_REPORTS = "nodes"                  # the gate's per-node reports
@@ -64,8 +65,8 @@ BATCH_HOST_BEAT = "batch-host.beat"
 SENTINEL_LOG = "sentinel.log"
 DUMP_REQUEST = "dump-request"           # in watch/: holds a token; each agent answers with dump-done-<node>
 CHECKPOINT_REQUEST = "checkpoint-request"   # in watch/: the watch's last checkpoint request's token
-CHECKPOINT_LISTENING = LISTENING_FILE   # in watch/: made by a rank that takes requests (trainctl.progress)
-SIGNAL_REFUSED = SIGNAL_REFUSED_FILE    # in watch/: why the job's signal would not get a save (trainctl.progress)
+CHECKPOINT_LISTENING = LISTENING_FILE   # in watch/: made by a rank that takes requests (trainctl.guest)
+SIGNAL_REFUSED = SIGNAL_REFUSED_FILE    # in watch/: why the job's signal would not get a save (trainctl.guest)
 SIGNAL_REFUSED_MAX_BYTES = 300
 PROBE_PREFIX = "alive-"                 # the retry's probe step: alive-<node>.out
 # what a gate round writes; moved to rounds/<n>/ before the gate runs again

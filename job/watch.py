@@ -33,7 +33,7 @@ A node's agent is silent when its file, once written, has not changed for `agent
 Silence while the job still makes progress is not a detection: training goes on, and the
 journal says so once. An agent that never wrote names nobody (it may simply not have started).
 A Python rank's optimizer steps count as its steps where it does not call `trainctl.progress`
-itself (`trainctl.autostep`). A program that reports no steps at all (not Python, or the hook
+itself (`trainctl.guest.hook`). A program that reports no steps at all (not Python, or the hook
 turned off): then only a node whose agent has been silent for the hang floor is detected
 (hung), and slowdowns are not seen.
 """

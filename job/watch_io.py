@@ -19,17 +19,21 @@ from pathlib import Path
 
 from trainctl.files import write_atomically
 from trainctl.job import jobdir
-from trainctl.job.jobdir import JobPaths, NodeReading
+from trainctl.job.jobdir import CHECKPOINT_LISTENING, SIGNAL_REFUSED, JobPaths, NodeReading
 
 TOKEN_BYTES = 64
 
 
+RANKS_SAY = (CHECKPOINT_LISTENING, SIGNAL_REFUSED)
+
+
 def prepare_watch_dir(gate_dir: str) -> str:
-    """`watch/`, emptied of an earlier training step's node files and stack requests."""
+    """`watch/`, emptied of an earlier training step's node files, stack requests and what its
+    ranks said of themselves (a listener, a signal refusal): the new step's ranks say it again."""
     path = JobPaths(Path(gate_dir)).watch
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(path):
-        if name.endswith(".json") or name.startswith(("dump-", "stacks-")):
+        if name.endswith(".json") or name.startswith(("dump-", "stacks-")) or name in RANKS_SAY:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(path, name))
     return str(path)

@@ -16,7 +16,7 @@ Run by the job script as `srun ... trainctl rank-exec --site S --partition P --m
    TRAINCTL_PROGRESS_SOCKET, the node agent's socket (`trainctl.progress`), and, unless the site
    (`watch.auto_steps`) or the job (TRAINCTL_AUTO_STEPS=0) turns it off, puts trainctl's
    bootstrap folder first on PYTHONPATH, so that a Python program's optimizer steps count as its
-   training steps with no change to it (`trainctl.autostep`);
+   training steps with no change to it (`trainctl.guest.hook`);
 5. replaces itself with PROGRAM (os.execvpe: no shell, no extra process; `submit` hands it
    the path its pre-submit check resolved, so no PATH search picks another file).
 
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import trainctl.bootstrap
+import trainctl.guest.bootstrap
 from trainctl.agent_socket import progress_environment
-from trainctl.autostep import AUTO_STEPS_ENV
 from trainctl.errors import ParseError, UsageError
+from trainctl.guest.wire import AUTO_STEPS_ENV, SOCKET_ENV
 from trainctl.health.parse.cpu_siblings import SIBLINGS_GLOB, Cores
 from trainctl.launcher.binding import RankBinding, format_cpu_list, node_nccl_hcas, rank_bindings
 from trainctl.launcher.plan import nccl_ib_hca
@@ -185,7 +185,7 @@ def rank_environment(environ: Mapping[str, str], placement: RankPlacement, maste
     return env
 
 
-BOOTSTRAP_DIR = os.path.dirname(os.path.abspath(trainctl.bootstrap.__file__))
+BOOTSTRAP_DIR = os.path.dirname(os.path.abspath(trainctl.guest.bootstrap.__file__))
 OFF_WORDS = ("0", "false", "no", "off")
 
 
@@ -193,8 +193,6 @@ def auto_steps_environment(environ: Mapping[str, str], progress_env: Mapping[str
                            site_default: bool) -> dict[str, str]:
     """PYTHONPATH with the bootstrap folder first, in a watched step (the progress socket set)
     where neither the job (TRAINCTL_AUTO_STEPS=0|false|no|off) nor the site turns it off."""
-    from trainctl.progress import SOCKET_ENV
-
     if SOCKET_ENV not in progress_env:
         return {}
     choice = environ.get(AUTO_STEPS_ENV, "").strip().lower()

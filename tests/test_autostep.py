@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 
-from trainctl import progress
+from trainctl.guest import wire
 from trainctl.launcher.rank_exec import BOOTSTRAP_DIR
 
 # A plain loop, as PyTorch's docs write one: no trainctl anywhere. It prints what the bootstrap
@@ -56,7 +56,7 @@ def run(tmp_path, code, *args, bootstrap=True, extra_path=None):
     def drain():
         while True:
             try:
-                reports.append(progress.decode(reader.recv(256)))
+                reports.append(wire.decode(reader.recv(256)))
             except TimeoutError:
                 if done.is_set():
                     return
@@ -113,9 +113,10 @@ def test_steps_the_program_reports_itself_win(tmp_path):
 BUSY = """
 import time
 import torch
-import trainctl.progress
-reporter = trainctl.progress._REPORTER
+from trainctl.guest.rank import the_rank
 model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(4)]).eval()
+torch.optim.SGD(model.parameters(), lr=0.1).step()      # the first step: the sampler starts
+reporter = the_rank()
 mark, give_up = None, time.monotonic() + 120
 with torch.no_grad():
     while time.monotonic() < give_up:
@@ -127,42 +128,54 @@ with torch.no_grad():
 """
 BLOCKED = """
 import time
-import trainctl.progress
-time.sleep(3.2 * trainctl.progress.ACTIVITY_REPORT_S)
+import torch
+from trainctl.guest import activity
+torch.optim.SGD(torch.nn.Linear(4, 1).parameters(), lr=0.1).step()
+time.sleep(3.2 * activity.REPORT_S)
 """
 
 
 def test_a_rank_busy_without_steps_reports_activity_and_a_blocked_one_does_not(tmp_path):
-    _, busy = run(tmp_path, BUSY, bootstrap=False)
-    _, blocked = run(tmp_path, BLOCKED, bootstrap=False)
+    _, busy = run(tmp_path, BUSY)
+    _, blocked = run(tmp_path, BLOCKED)
     assert busy and max(r["activity"] for r in busy) >= 2     # seen to move, and said so
-    # at most the step from its import into the sleep; never again
+    # at most the step from the first step into the sleep; never again
     assert all(r["activity"] <= 1 for r in blocked), blocked
-    assert {r["steps"] for r in busy + blocked} == {0}
+    assert {r["steps"] for r in busy + blocked} == {1}
 
 
-# The rank's program starts another Python (a spawned data loader or compile worker), which
-# inherits the environment, the bootstrap included, and is busy for a while.
+# The rank's program starts other Pythons, which inherit the environment, the bootstrap included:
+# a spawned worker that imports torch and runs a model but steps no optimizer (a data loader or
+# compile worker), started before the rank's first step; and, after it, a forked child that steps
+# (Hogwild) in the rank's memory.
 PARENT = """
 import os, subprocess, sys
-import trainctl.progress
-child = '''
+import torch
+worker = '''
 import time
 import torch
 model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(4)]).eval()
-end = time.monotonic() + 3.2
+end = time.monotonic() + 1.2
 with torch.no_grad():
     while time.monotonic() < end:
         model(torch.ones(4, 16))
+'''
+subprocess.run([sys.executable, "-c", worker], check=True)
+model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 opt.step()
-'''
-subprocess.run([sys.executable, "-c", child], check=True)
+child = os.fork()
+if child == 0:
+    for _ in range(20):
+        opt.step()
+    os._exit(0)
+os.waitpid(child, 0)
+opt.step()
 print(os.getpid())
 """
 
 
 def test_a_process_the_rank_starts_reports_nothing_in_its_name(tmp_path):
     parent, reports = run(tmp_path, PARENT)
-    assert {r["pid"] for r in reports} <= {int(parent.stdout)}, reports
-    assert all(r["steps"] == 0 for r in reports)
+    assert {r["pid"] for r in reports} == {int(parent.stdout)}, reports
+    assert max(r["steps"] for r in reports) == 2

@@ -22,7 +22,7 @@ from trainctl.sweep.db import History
 REPO = Path(__file__).resolve().parents[1]
 # folder -> the name it is installed under (setup.py's ROOTS, the Python packages)
 FOLDERS = {"trainctl": "trainctl", "health": "trainctl.health", "sweep": "trainctl.sweep",
-           "launcher": "trainctl.launcher", "job": "trainctl.job"}
+           "launcher": "trainctl.launcher", "job": "trainctl.job", "guest": "trainctl.guest"}
 
 
 def folder_of(module: str) -> str | None:
@@ -66,6 +66,11 @@ def test_imports_are_read_from_lazy_imports_too(tmp_path):
 @pytest.mark.parametrize("folder", ["health", "sweep", "launcher", "trainctl"])
 def test_nothing_below_the_job_room_imports_it(folder):
     assert "job" not in folder_graph()[folder], folder_graph()[folder].get("job")
+
+
+def test_the_guest_room_is_the_lowest_floor():
+    # its code runs inside the user's program: it may use nothing of trainctl's outside itself
+    assert folder_graph()["guest"] == {}
 
 
 def test_health_imports_neither_sweep_nor_launcher():

@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 
 from trainctl import progress
+from trainctl.guest import requests as guest_requests
+from trainctl.guest import signal_judge, wire
 from trainctl.integrations.shared import SaveRequests
 from trainctl.job.checkpoint_request import request_checkpoint
 from trainctl.job.jobdir import CHECKPOINT_REQUEST as REQUEST_FILE
 from trainctl.job.jobdir import CHECKPOINT_ENV
-from trainctl.progress import WATCH_DIR_ENV
+from trainctl.guest.wire import WATCH_DIR_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
@@ -32,14 +34,14 @@ PROGRAMS = REPO / "examples" / "frameworks"
 
 # ---------------------------------------------------------------- the rank's side
 
-def reader(tmp_path: Path, watch: Path | None = None) -> progress._RequestReader:
-    return progress._RequestReader(progress.request_path(str(tmp_path / "agent.sock")), str(watch) if watch else None)
+def reader(tmp_path: Path, watch: Path | None = None) -> guest_requests.RequestReader:
+    return guest_requests.RequestReader(wire.request_path(str(tmp_path / "agent.sock")), str(watch) if watch else None)
 
 
 def test_a_request_is_seen_once_and_a_new_token_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(progress, "REQUEST_POLL_S", 0.0)
+    monkeypatch.setattr(guest_requests, "POLL_S", 0.0)
     ranks = reader(tmp_path)
-    path = Path(progress.request_path(str(tmp_path / "agent.sock")))
+    path = Path(wire.request_path(str(tmp_path / "agent.sock")))
     assert not ranks.requested()                       # no request yet
     path.write_text("a1\n")
     assert ranks.requested() and not ranks.requested()
@@ -50,10 +52,10 @@ def test_a_request_is_seen_once_and_a_new_token_again(tmp_path, monkeypatch):
 
 
 def test_a_rank_looks_at_the_file_at_most_every_poll_interval(tmp_path, monkeypatch):
-    monkeypatch.setattr(progress, "REQUEST_POLL_S", 3600.0)
+    monkeypatch.setattr(guest_requests, "POLL_S", 3600.0)
     ranks = reader(tmp_path)
     assert not ranks.requested()
-    Path(progress.request_path(str(tmp_path / "agent.sock"))).write_text("a1\n")
+    Path(wire.request_path(str(tmp_path / "agent.sock"))).write_text("a1\n")
     assert not ranks.requested()                       # looked a moment ago: not again before the interval
 
 
@@ -61,34 +63,37 @@ def test_asking_marks_the_watch_folder_once_as_a_listener(tmp_path):
     watch = tmp_path / "watch"
     watch.mkdir()
     reader(tmp_path, watch).requested()
-    assert (watch / progress.LISTENING_FILE).is_file()
+    assert (watch / wire.LISTENING_FILE).is_file()
     reader(tmp_path, tmp_path / "no-such-folder").requested()   # a folder it cannot write: no error
 
 
-@pytest.mark.parametrize("what", ["directory", "fifo", "symlink"])
+@pytest.mark.parametrize("what", ["directory", "fifo", "symlink", "another-users"])
 def test_a_request_file_that_is_not_a_regular_file_is_no_request_and_never_blocks(tmp_path, monkeypatch, what):
-    monkeypatch.setattr(progress, "REQUEST_POLL_S", 0.0)
-    path = Path(progress.request_path(str(tmp_path / "agent.sock")))
+    monkeypatch.setattr(guest_requests, "POLL_S", 0.0)
+    path = Path(wire.request_path(str(tmp_path / "agent.sock")))
     if what == "directory":
         path.mkdir()
     elif what == "fifo":
         os.mkfifo(path)
-    else:
+    elif what == "symlink":
         (tmp_path / "target").write_text("a1\n")
         path.symlink_to(tmp_path / "target")
+    else:                                      # made by another user: a forged request
+        path.write_text("a1\n")
+        os.chown(path, 65534, 65534)
     assert not reader(tmp_path).requested()
 
 
 def test_outside_a_watched_job_nothing_is_requested():
-    code = "import trainctl.progress as p; print(p.checkpoint_requested(), p._REQUESTS)"
-    env = {k: v for k, v in os.environ.items() if k != progress.SOCKET_ENV}
+    code = "import trainctl.progress as p; from trainctl.guest import rank; print(p.checkpoint_requested(), rank.requests())"
+    env = {k: v for k, v in os.environ.items() if k != wire.SOCKET_ENV}
     out = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "None"]
 
 
 def test_the_progress_module_names_the_watch_folder_variable_of_the_agent_socket_module():
-    code = f"import os, trainctl.progress as p; print(p._REQUESTS.watch_dir)"
-    env = dict(os.environ, **{progress.SOCKET_ENV: "/nonexistent/s.sock", WATCH_DIR_ENV: "/nonexistent/watch"})
+    code = "import trainctl.progress as p; from trainctl.guest import rank; print(rank.requests().watch_dir)"
+    env = dict(os.environ, **{wire.SOCKET_ENV: "/nonexistent/s.sock", WATCH_DIR_ENV: "/nonexistent/watch"})
     out = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "/nonexistent/watch"
 
@@ -160,7 +165,7 @@ class Journal:
 
 def test_a_program_that_listens_gets_the_request_and_no_signal(tmp_path):
     (tmp_path / "watch").mkdir()
-    (tmp_path / "watch" / progress.LISTENING_FILE).touch()
+    (tmp_path / "watch" / wire.LISTENING_FILE).touch()
     step, journal = FakeStep(), Journal()
     request_checkpoint(str(tmp_path), step, signal.SIGUSR1, Saves(save_on_poll=True), journal, wait_s=5)
     assert step.signals == []
@@ -178,7 +183,7 @@ def test_a_program_that_never_asked_gets_the_jobs_signal_as_before(tmp_path):
 
 def test_a_signal_a_rank_said_would_not_save_is_not_sent(tmp_path):
     (tmp_path / "watch").mkdir()
-    (tmp_path / "watch" / progress.SIGNAL_REFUSED_FILE).write_text("rank 1: SIGUSR1 is ignored\x1b[2J\nmore\n")
+    (tmp_path / "watch" / wire.SIGNAL_REFUSED_FILE).write_text("rank 1: SIGUSR1 is ignored\x1b[2J\nmore\n")
     step, journal = FakeStep(), Journal()
     began = time.monotonic()
     request_checkpoint(str(tmp_path), step, signal.SIGUSR1, Saves(save_on_poll=False), journal, wait_s=3600)
@@ -208,12 +213,12 @@ def test_a_handler_that_would_not_save_is_named_and_the_programs_own_is_not():
     from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
 
     usr1 = signal.SIGUSR1
-    assert "default action" in progress.signal_refusal(usr1, signal.SIG_DFL)
-    assert "ignored" in progress.signal_refusal(usr1, signal.SIG_IGN)
-    assert "KeyboardInterrupt" in progress.signal_refusal(signal.SIGINT, signal.default_int_handler)
-    assert "Lightning" in progress.signal_refusal(usr1, _HandlersCompose([own_handler]))
-    assert progress.signal_refusal(usr1, own_handler) is None
-    assert progress.signal_refusal(usr1, None) is None          # set outside Python: cannot tell
+    assert "default action" in signal_judge.signal_refusal(usr1, signal.SIG_DFL)
+    assert "ignored" in signal_judge.signal_refusal(usr1, signal.SIG_IGN)
+    assert "KeyboardInterrupt" in signal_judge.signal_refusal(signal.SIGINT, signal.default_int_handler)
+    assert "Lightning" in signal_judge.signal_refusal(usr1, _HandlersCompose([own_handler]))
+    assert signal_judge.signal_refusal(usr1, own_handler) is None
+    assert signal_judge.signal_refusal(usr1, None) is None          # set outside Python: cannot tell
 
     class OddModule:                                            # a callable whose __module__ is no name
         __module__ = 7
@@ -221,22 +226,29 @@ def test_a_handler_that_would_not_save_is_named_and_the_programs_own_is_not():
         def __call__(self, signum, frame):
             pass
 
-    assert progress.signal_refusal(usr1, OddModule()) is None
+    assert signal_judge.signal_refusal(usr1, OddModule()) is None
 
 
-def test_a_rank_says_once_why_the_signal_would_not_save_and_never_while_it_handles_it(tmp_path, monkeypatch):
-    judge = progress._SignalJudge(signal.SIGUSR1, str(tmp_path))
-    monkeypatch.setattr(progress.signal, "getsignal", lambda signum: own_handler)
-    judge.look(3)
-    assert not (tmp_path / progress.SIGNAL_REFUSED_FILE).exists()
-    judge.next_look = 0.0
-    monkeypatch.setattr(progress.signal, "getsignal", lambda signum: signal.SIG_DFL)
-    judge.look(3)
-    said = (tmp_path / progress.SIGNAL_REFUSED_FILE).read_text()
+def test_a_rank_says_why_the_signal_would_not_save_and_takes_it_back_when_it_handles_it(tmp_path, monkeypatch):
+    judge = signal_judge.SignalJudge(signal.SIGUSR1, str(tmp_path), 3)
+    refused = tmp_path / wire.SIGNAL_REFUSED_FILE
+    monkeypatch.setattr(signal_judge._signal, "getsignal", lambda signum: own_handler)
+    judge.look(1.0)
+    assert not refused.exists()
+    monkeypatch.setattr(signal_judge._signal, "getsignal", lambda signum: signal.SIG_DFL)
+    judge.look(1.5)                                             # within a second of the last look: not judged
+    assert not refused.exists()
+    judge.look(2.0)
+    said = refused.read_text()
     assert said.startswith("rank 3: SIGUSR1 has its default action")
-    judge.next_look = 0.0
-    progress._SignalJudge(signal.SIGUSR1, str(tmp_path)).look(5)   # another rank: the first one's words stay
-    assert (tmp_path / progress.SIGNAL_REFUSED_FILE).read_text() == said
+    other = signal_judge.SignalJudge(signal.SIGUSR1, str(tmp_path), 5)
+    other.look(2.0)                                             # another rank: the first one's words stay
+    assert refused.read_text() == said
+    monkeypatch.setattr(signal_judge._signal, "getsignal", lambda signum: own_handler)
+    other.look(3.0)                                             # rank 5 handles it now: rank 3's words stay
+    assert refused.read_text() == said
+    judge.look(3.0)                                             # rank 3 handles it now: taken back
+    assert not refused.exists()
 
 
 PLAIN_RANK = """
@@ -252,10 +264,10 @@ for _ in range(400):
 def test_a_rank_that_steps_judges_the_jobs_signal_only_when_given_a_signal_number(tmp_path, signal_env):
     watch = tmp_path / "watch"
     watch.mkdir()
-    env = dict(os.environ, RANK="0", **{progress.SOCKET_ENV: str(tmp_path / "agent.sock"), WATCH_DIR_ENV: str(watch),
-                                         progress.SIGNAL_ENV: signal_env})
+    env = dict(os.environ, RANK="0", **{wire.SOCKET_ENV: str(tmp_path / "agent.sock"), WATCH_DIR_ENV: str(watch),
+                                         wire.SIGNAL_ENV: signal_env})
     subprocess.run([sys.executable, "-P", "-c", PLAIN_RANK], env=env, check=True, timeout=120)
-    refused = watch / progress.SIGNAL_REFUSED_FILE
+    refused = watch / wire.SIGNAL_REFUSED_FILE
     if signal_env == "10":   # SIGUSR1 at its default in a plain program (4 s of steps: several looks)
         assert refused.read_text().startswith("rank 0: SIGUSR1 has its default action")
     else:
@@ -267,7 +279,8 @@ def test_a_rank_that_steps_judges_the_jobs_signal_only_when_given_a_signal_numbe
 RANK = """
 import sys, time
 import trainctl.progress as progress
-progress.REQUEST_POLL_S = 0.05
+from trainctl.guest import requests
+requests.POLL_S = 0.05
 deadline = time.monotonic() + 120
 seen = 0
 while time.monotonic() < deadline and seen < 2:
@@ -296,9 +309,9 @@ def test_a_request_reaches_a_listening_rank_through_the_node_agent_once_per_requ
             assert time.monotonic() < deadline and agent.poll() is None, "the agent did not bind its socket"
             time.sleep(0.1)
         rank = subprocess.Popen([sys.executable, "-P", "-c", RANK], stdout=subprocess.PIPE, text=True,
-                                env=dict(env, RANK="0", **{progress.SOCKET_ENV: socket_path,
+                                env=dict(env, RANK="0", **{wire.SOCKET_ENV: socket_path,
                                                            WATCH_DIR_ENV: str(gate / "watch")}))
-        while not (gate / "watch" / progress.LISTENING_FILE).exists():
+        while not (gate / "watch" / wire.LISTENING_FILE).exists():
             assert time.monotonic() < deadline, "the rank did not say it listens"
             time.sleep(0.1)
         for token in ("first", "second"):
@@ -310,7 +323,7 @@ def test_a_request_reaches_a_listening_rank_through_the_node_agent_once_per_requ
             rank.kill()
         agent.terminate()
         agent.communicate(timeout=30)
-    assert not os.path.exists(progress.request_path(socket_path))   # the agent takes its copy away
+    assert not os.path.exists(wire.request_path(socket_path))   # the agent takes its copy away
 
 
 # ---------------------------------------------------------------- real framework programs, one process
@@ -320,8 +333,8 @@ def single_process_env(tmp_path: Path, with_request: bool) -> dict[str, str]:
     socket_path = str(tmp_path / "agent.sock")
     (tmp_path / "watch").mkdir(exist_ok=True)
     if with_request:
-        Path(progress.request_path(socket_path)).write_text("token\n")
-    env = dict(os.environ, RANK="0", **{progress.SOCKET_ENV: socket_path, WATCH_DIR_ENV: str(tmp_path / "watch"),
+        Path(wire.request_path(socket_path)).write_text("token\n")
+    env = dict(os.environ, RANK="0", **{wire.SOCKET_ENV: socket_path, WATCH_DIR_ENV: str(tmp_path / "watch"),
                                          CHECKPOINT_ENV: str(tmp_path / "checkpoint.seen")})
     for name in [name for name in env if name.startswith("SLURM_")]:
         del env[name]
@@ -341,7 +354,7 @@ def test_a_lightning_program_saves_through_lightning_when_the_watch_asks(tmp_pat
     assert sorted(path.name for path in (tmp_path / "ck").iterdir()) == [
         "epoch=0-step=20.ckpt", "last-trainctl.ckpt", "last.ckpt"]
     assert (tmp_path / "checkpoint.seen").read_text() == "step 20\n"   # then ModelCheckpoint's own save, seen too
-    assert (tmp_path / "watch" / progress.LISTENING_FILE).exists()
+    assert (tmp_path / "watch" / wire.LISTENING_FILE).exists()
 
 
 LIGHTNING_UNDER_SLURM = """
@@ -415,12 +428,12 @@ def test_a_lightning_rank_without_the_callback_says_the_jobs_signal_is_lightning
     env = single_process_env(tmp_path, with_request=False)
     env.update(SLURM_NTASKS="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="77", SLURM_PROCID="0", SLURM_LOCALID="0",
                SLURM_NODEID="0", SLURM_NODELIST="localhost", PYTHONPATH=BOOTSTRAP_DIR,
-               **{progress.SIGNAL_ENV: str(int(signal.SIGUSR1))})
+               **{wire.SIGNAL_ENV: str(int(signal.SIGUSR1))})
     out = subprocess.run([sys.executable, "-P", "-c", LIGHTNING_WITHOUT_CALLBACK, str(PROGRAMS),
-                          progress.SIGNAL_REFUSED_FILE], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          wire.SIGNAL_REFUSED_FILE], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
-    said = (tmp_path / "watch" / progress.SIGNAL_REFUSED_FILE).read_text()
+    said = (tmp_path / "watch" / wire.SIGNAL_REFUSED_FILE).read_text()
     assert said.startswith("rank 0: SIGUSR1 is Lightning's"), said
 
 

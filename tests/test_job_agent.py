@@ -347,7 +347,7 @@ def test_the_example_reports_each_step_and_checkpoint(tmp_path):
     """examples/train_ddp.py as one gloo rank, with the watch scenarios' options on."""
     import socket
 
-    from trainctl.progress import decode
+    from trainctl.guest.wire import decode
 
     path = str(tmp_path / "p.sock")
     reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -17,7 +17,7 @@ import trainctl
 REPO = Path(__file__).resolve().parents[1]
 # The folders the wheel maps into the `trainctl` namespace (setup.py's ROOTS).
 ROOTS = {"trainctl": "trainctl", "launcher": "trainctl/launcher", "health": "trainctl/health",
-         "sweep": "trainctl/sweep", "job": "trainctl/job",
+         "sweep": "trainctl/sweep", "job": "trainctl/job", "guest": "trainctl/guest",
          "templates": "trainctl/templates", "site-configs": "trainctl/site_configs",
          "contrib": "trainctl/contrib"}
 

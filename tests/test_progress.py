@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from trainctl import progress
+from trainctl.guest import wire
 
 REPORTING = """
 import os, sys, time
@@ -30,7 +31,7 @@ def test_each_report_carries_the_ranks_pid_running_totals_and_checkpoint(tmp_pat
     env = dict(os.environ, TRAINCTL_PROGRESS_SOCKET=path, RANK="5", TRAINCTL_PROGRESS_INTERVAL_S="0")
     child = subprocess.run([sys.executable, "-c", REPORTING], env=env, capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr
-    records = [progress.decode(reader.recv(256)) for _ in range(4)]   # 3 steps, then the checkpoint
+    records = [wire.decode(reader.recv(256)) for _ in range(4)]   # 3 steps, then the checkpoint
     reader.close()
     assert {r["pid"] for r in records} == {int(child.stdout)}
     assert {r["rank"] for r in records} == {5}
@@ -44,7 +45,7 @@ def test_each_report_carries_the_ranks_pid_running_totals_and_checkpoint(tmp_pat
 def test_without_the_socket_variable_nothing_is_set_up():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINCTL_PROGRESS")}
     code = ("import trainctl.progress as p; p.step(); p.checkpoint(1)\n"
-            "with p.compute(): pass\nprint(p._REPORTER)")
+            "with p.compute(): pass\nfrom trainctl.guest import rank; print(rank.the_rank())")
     child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert (child.returncode, child.stdout) == (0, "None\n"), child.stderr
 
@@ -58,10 +59,10 @@ def test_no_reader_loses_the_report_without_raising(tmp_path):
 
 def test_decode_refuses_what_is_not_a_report_of_this_version():
     with pytest.raises(ValueError, match="bytes"):
-        progress.decode(b"\x01" * 10)
-    older = struct.pack(progress.RECORD.format, progress.VERSION - 1, 0, 1, 1, 0.0, 1, 0.0, 0.0, 0.0, -1, 0)
+        wire.decode(b"\x01" * 10)
+    older = struct.pack(wire.RECORD.format, wire.VERSION - 1, 0, 1, 1, 0.0, 1, 0.0, 0.0, 0.0, -1, 0)
     with pytest.raises(ValueError, match="version"):
-        progress.decode(older)
+        wire.decode(older)
 
 
 # ---------------------------------------------------------------- never raises, never blocks
@@ -86,7 +87,7 @@ def _received(reader):
     records = []
     while True:
         try:
-            record = progress.decode(reader.recv(256))
+            record = wire.decode(reader.recv(256))
         except BlockingIOError:
             return records
         totals = (record["steps"], record["checkpoint_step"])
@@ -96,7 +97,7 @@ def _received(reader):
 
 
 def _warnings(stderr):
-    return [line for line in stderr.splitlines() if "trainctl.progress:" in line]
+    return [line for line in stderr.splitlines() if "trainctl:" in line]
 
 
 BAD_CHECKPOINTS = """
@@ -146,8 +147,9 @@ def test_a_rank_beyond_what_a_report_holds_reports_nothing_and_warns_once(tmp_pa
 SPACED_STEPS = """
 import time
 import trainctl.progress as progress
+from trainctl.guest import wire
 for _ in range(3):
-    time.sleep(progress.DEFAULT_INTERVAL_S * 1.2)   # longer than the default interval: one report each
+    time.sleep(wire.DEFAULT_INTERVAL_S * 1.2)   # longer than the default interval: one report each
     progress.step()
 """
 
@@ -167,6 +169,7 @@ def test_a_bad_interval_falls_back_to_the_default_so_reports_go_on(tmp_path, int
 NO_DESCRIPTORS = """
 import __future__, collections.abc, contextlib, importlib.util, math, os, resource, signal, socket, struct, sys
 import threading, time, warnings
+import trainctl.guest.rank, trainctl.guest.saves   # the guest room: imported earlier, as the program's hook does
 spec = importlib.util.find_spec("trainctl.progress")
 code = spec.loader.get_code(spec.name)
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
@@ -226,12 +229,12 @@ def test_the_activity_sampler_ends_before_the_interpreter_finalizes(tmp_path):
     # a daemon thread still running when Python finalizes is stopped mid-call, which a C++ library
     # in the same process (torch, gloo) can turn into "terminate called without an active exception"
     code = ("import atexit, sys\n"   # registered first, so run last (atexit runs in reverse)
-            "atexit.register(lambda: print('sampler alive at exit:',\n"
-            "                              sys.modules['trainctl.progress']._REPORTER.watcher.is_alive()))\n"
+            "atexit.register(lambda: print('sampler running at exit:',\n"
+            "                              sys.modules['trainctl.guest.rank']._sampler.running))\n"
             "import trainctl.progress as progress\n"
-            "assert progress._REPORTER.watcher.is_alive()\n")
-    env = dict(os.environ, **{progress.SOCKET_ENV: str(tmp_path / "none.sock"), "RANK": "0"})
-    env.pop(progress.OWNER_ENV, None)
+            "progress.step()\n"
+            "assert sys.modules['trainctl.guest.rank']._sampler.running\n")
+    env = dict(os.environ, **{wire.SOCKET_ENV: str(tmp_path / "none.sock"), "RANK": "0"})
     child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr
-    assert child.stdout.strip() == "sampler alive at exit: False", child.stdout + child.stderr
+    assert child.stdout.strip() == "sampler running at exit: False", child.stdout + child.stderr

@@ -11,7 +11,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 
-from trainctl.progress import SOCKET_ENV, WATCH_DIR_ENV
+from trainctl.guest.wire import SOCKET_ENV, WATCH_DIR_ENV
 
 # sockaddr_un's sun_path holds 108 bytes on Linux, the terminating NUL included (unix(7)).
 MAX_SOCKET_PATH_BYTES = 107
