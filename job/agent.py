@@ -52,12 +52,12 @@ from typing import Any
 from trainctl.agent_socket import agent_socket_path
 from trainctl.errors import UsageError
 from trainctl.files import write_atomically
-from trainctl.private_dir import ensure, write_file
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.status import CheckResult, Status
 from trainctl.job import jobdir
 from trainctl.job.jobdir import CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
+from trainctl.private_dir import ensure, write_file
 from trainctl.progress import decode, request_path
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept

@@ -185,11 +185,14 @@ def test_another_user_on_the_nodes_can_neither_forge_requests_nor_turn_the_watch
                                          rank=tmp_path / "rank.py"))
     env = {**devcluster.client_env(), "TMPDIR": str(tmpdir)}
 
-    def node_file(node):
+    def read_json(path: Path):
         try:
-            return json.loads((gate / "watch" / f"{node}.json").read_text())
+            return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+
+    def node_file(node):
+        return read_json(gate / "watch" / f"{node}.json")
 
     mounted, job, record = [], None, None
     try:
@@ -218,7 +221,7 @@ def test_another_user_on_the_nodes_can_neither_forge_requests_nor_turn_the_watch
         asked_t = time.time()
         token = post_request(str(gate), CHECKPOINT_REQUEST)
         wait_until("node2's rank seeing the request",
-                   lambda: json.loads((gate / "seen-node2.json").read_text())["seen"] == [token], 30)
+                   lambda: (read_json(gate / "seen-node2.json") or {}).get("seen") == [token], 30)
         wait_until("node1's and node3's agents writing on after the request",
                    lambda: all(node_file(n)["t"] > asked_t for n in ("node1", "node3")), 30)
         assert all(node_file(n)["ranks"] == {} for n in ("node1", "node3"))

@@ -69,7 +69,7 @@ def ensure(path: str, uid: int | None = None) -> None:
     try:
         found = os.lstat(path)
     except OSError as exc:   # removed again meanwhile: only its owner or root can, in a sticky /tmp
-        raise UnsafeDir(f"{path} cannot be looked at: {exc.strerror or exc}") from None
+        raise UnsafeDir(f"{path} went away as it was made ({exc.strerror or exc}): start the step again") from None
     wrong = problem(found, uid)
     if wrong:
         raise UnsafeDir(f"{path} {wrong}: {REMOVE}")
