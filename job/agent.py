@@ -21,6 +21,10 @@ When watch/checkpoint-request holds a token it has not passed on, it copies it b
 (`trainctl.guest.wire.request_path`), where the ranks' `progress.checkpoint_requested()` looks
 (`trainctl.job.checkpoint_request`).
 
+The socket and the request file lie in the user's private directory on the node
+(`trainctl.private_dir`). Where that directory is not the user's alone, the agent says so in one
+line and watches on without them: it runs its checks and writes its node file, with no ranks in it.
+
 The pure part (folding reports, judging a run against the baseline, the node file) is apart
 from the I/O loop (`run_agent`), so it is tested without sockets or probes.
 """
@@ -54,6 +58,7 @@ from trainctl.job import jobdir
 from trainctl.job.jobdir import CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
 from trainctl.guest.wire import claims_prefix, decode, request_path
+from trainctl.private_dir import ensure, write_file
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept
 SELECT_S = 0.2                         # longest wait for a report before the loop looks at its clocks
@@ -65,6 +70,9 @@ ASK_LINE = b"dump\n"                   # what a rank's flight recorder pipe gets
 NO_PIPE = "no pipe: not an NCCL job, or its flight recorder is off"
 NO_READER = "its pipe has no reader: no NCCL process group reads it now"
 BASELINE_WINDOW = "since the agent's first check run"
+NO_SOCKET = "no progress socket for this node"
+WATCH_GOES_ON = ("; the watch goes on with this node's checks and node file, without its ranks' steps "
+                 "or checkpoint requests")
 
 
 # ---------------------------------------------------------------- the ranks' progress (pure)
@@ -314,26 +322,25 @@ class Agent:
         self.checks = ChecksState()
         self.answered = _read_token(self.folder / dump_done_file(node))   # a restarted agent does not dump again
         self.request_path = request_path(self.socket_path)   # the watch's checkpoint requests, for the ranks
+        self.sock: socket.socket | None = None
         self.relayed = _read_token(self.folder / CHECKPOINT_REQUEST)   # one from before this step is no request
         self.dumping: threading.Thread | None = None
         self.last_write_error = ""
 
     def run(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        sock = self._bind()
-        with contextlib.suppress(OSError):
-            os.unlink(self.request_path)   # left by an agent that was killed: no request of this step
-        self._remove_rank_claims()         # likewise: a rank of this step claims itself anew
+        self.sock = self._bind()
+        checks = (f", checks {','.join(self.watch.checks)} every {self.watch.check_interval_s:g} s"
+                  if self.runner else ", no checks (watch.checks is empty)")
         try:
-            self._say(f"reading {self.socket_path}, writing {self.node_path}"
-                      + (f", checks {','.join(self.watch.checks)} every {self.watch.check_interval_s:g} s"
-                         if self.runner else ", no checks (watch.checks is empty)"))
-            self._loop(sock)
+            self._say((f"reading {self.socket_path}, " if self.sock else "") + f"writing {self.node_path}" + checks)
+            self._loop()
         finally:
-            sock.close()
-            for path in (self.socket_path, self.request_path):
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+            if self.sock is not None:
+                self.sock.close()
+                for path in (self.socket_path, self.request_path):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
             self._remove_rank_claims()
 
     def _remove_rank_claims(self) -> None:
@@ -345,34 +352,44 @@ class Agent:
                     with contextlib.suppress(OSError):
                         os.rmdir(os.path.join(folder, name))
 
-    def _bind(self) -> socket.socket:
+    def _bind(self) -> socket.socket | None:
+        """The progress socket, bound in the user's private directory; None, said in one line,
+        when that directory is not the user's alone or the bind fails: the watch goes on."""
         path = self.socket_path
-        if os.path.lexists(path):
-            found = os.lstat(path)
-            if not stat.S_ISSOCK(found.st_mode):
-                raise UsageError(f"cannot bind the progress socket {path}: something that is not a socket is there")
-            try:
-                os.unlink(path)   # left by an agent that was killed
-            except OSError as exc:   # another user's, in a sticky /tmp: not ours to remove
-                raise UsageError(f"cannot bind the progress socket {path}: a socket of uid {found.st_uid} is "
-                                 f"there and cannot be removed: {exc.strerror or exc}") from None
+        try:
+            ensure(os.path.dirname(path))
+        except UsageError as exc:
+            self._say(f"{NO_SOCKET}: {exc}{WATCH_GOES_ON}")
+            return None
+        # Only this user can have put anything in that directory: a socket or request file of an
+        # agent that was killed, no request of this step.
+        for stale in (path, self.request_path):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
+        self._remove_rank_claims()   # likewise: a rank of this step claims itself anew
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(path)
-        except OSError as exc:
+        except OSError as exc:   # a directory of ours in its place (EADDRINUSE), no room
             sock.close()
-            raise UsageError(f"cannot bind the progress socket {path}: {exc.strerror or exc}") from exc
+            self._say(f"{NO_SOCKET}: cannot bind {path}: {exc.strerror or exc}{WATCH_GOES_ON}")
+            return None
         sock.setblocking(False)
         return sock
 
-    def _loop(self, sock: socket.socket) -> None:
+    def _loop(self) -> None:
         next_write = next_check = time.monotonic()
         while True:
             now = time.monotonic()
-            readable, _, _ = select.select([sock], [], [], max(0.0, min(SELECT_S, next_write - now)))
+            wait_s = max(0.0, min(SELECT_S, next_write - now))
+            if self.sock is None:
+                time.sleep(wait_s)
+                readable = []
+            else:
+                readable, _, _ = select.select([self.sock], [], [], wait_s)
             for _ in range(DATAGRAMS_PER_PASS if readable else 0):
                 try:
-                    datagram = sock.recv(256)
+                    datagram = self.sock.recv(256)
                 except BlockingIOError:
                     break
                 try:
@@ -422,15 +439,19 @@ class Agent:
     def _relay_checkpoint_request(self) -> None:
         """Copy a new checkpoint request of the watch beside the progress socket, where the ranks
         look (`trainctl.progress.checkpoint_requested`): node-local, so they never poll the shared
-        filesystem."""
+        filesystem. Only into the private directory, checked again for this write; without a
+        socket there is no rank to tell (the agent said why when it started)."""
         token = _read_token(self.folder / CHECKPOINT_REQUEST)
         if not token or token == self.relayed:
             return
+        self.relayed = token
+        if self.sock is None:
+            return
+        directory, name = os.path.split(self.request_path)
         try:
-            write_atomically(self.request_path, token + "\n")
+            write_file(directory, name, token + "\n")
         except UsageError as exc:
             self._say(f"checkpoint request not passed on: {exc}")
-        self.relayed = token
 
     def _dump(self, token: str, pids: dict[int, int]) -> None:
         # The flight recorders first: their dumps are written meanwhile, by the ranks' own threads.

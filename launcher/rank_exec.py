@@ -16,7 +16,8 @@ Run by the job script as `srun ... trainctl rank-exec --site S --partition P --m
    TRAINCTL_PROGRESS_SOCKET, the node agent's socket (`trainctl.progress`), and, unless the site
    (`watch.auto_steps`) or the job (TRAINCTL_AUTO_STEPS=0) turns it off, puts trainctl's
    bootstrap folder first on PYTHONPATH, so that a Python program's optimizer steps count as its
-   training steps with no change to it (`trainctl.guest.hook`);
+   training steps with no change to it (`trainctl.guest.hook`); neither where the socket's
+   directory is not the user's alone (`trainctl.private_dir`): local rank 0 says why;
 5. replaces itself with PROGRAM (os.execvpe: no shell, no extra process; `submit` hands it
    the path its pre-submit check resolved, so no PATH search picks another file).
 
@@ -368,7 +369,10 @@ def rank_exec(*, site_ref: str, partition_name: str | None, master_addr: str, ga
         _say(speaks, f"{host}: ranks run unbound: {setup.why_unbound}" if setup.why_unbound
              else describe_node(host, setup))
     env = rank_environment(environ, placement, master_addr, setup)
-    progress_env = progress_environment(environ, host)   # the node agent's socket, in a watched step
+    progress_env, refused = progress_environment(environ, host)   # the node agent's socket, in a watched step
+    if refused:
+        _say(speaks, f"{host}: the ranks report no progress (no TRAINCTL_PROGRESS_SOCKET, no automatic step "
+                     f"counting): {refused}")
     env.update(progress_env)
     env.update(auto_steps_environment(environ, progress_env, site.watch.auto_steps))
 

@@ -446,6 +446,55 @@ def _flight_recorder_section(tmp_path: Path) -> str:
     return flight_recorder_text("node2", {0: "", 1: ""}, {0, 1})
 
 
+def _another_users_directory(tmp_path: Path) -> Path:
+    # the node directory of uid 1000 (this job's user here), made first by uid 1001 (as root: chown)
+    import os
+
+    taken = tmp_path / "trainctl-1000"
+    taken.mkdir(mode=0o700)
+    os.chown(taken, 1001, 1001)
+    return taken
+
+
+def _agent_refusing(tmp_path: Path) -> str:
+    # the node agent's bind, as uid 1000, where uid 1001 made its directory first
+    import contextlib
+    import io
+    from unittest import mock
+
+    from trainctl.agent_socket import agent_socket_path
+    from trainctl.job.agent import Agent
+
+    _another_users_directory(tmp_path)
+    agent = Agent.__new__(Agent)
+    agent.node = "node1"
+    agent.socket_path = agent_socket_path("7", "node1", {"TMPDIR": str(tmp_path)}, uid=1000)
+    agent.request_path = agent.socket_path + ".checkpoint-request"
+    said = io.StringIO()
+    with mock.patch("os.geteuid", return_value=1000), contextlib.redirect_stderr(said):
+        assert agent._bind() is None
+    return said.getvalue()
+
+
+def _rank_exec_refusing(tmp_path: Path) -> str:
+    # rank-exec as srun starts it in a watched step, as uid 1000, where uid 1001 made its directory first
+    import os
+    import subprocess
+    import sys
+
+    from test_rank_exec import slurm_task
+
+    _another_users_directory(tmp_path)
+    as_uid_1000 = ("import os, sys; os.geteuid = lambda: 1000; from trainctl.cli import main; "
+                   "sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, **slurm_task(rank=0, local=0, node=0, world=1, layout="1"), "SLURMD_NODENAME": "node1",
+           "TMPDIR": str(tmp_path), "TRAINCTL_WATCH_DIR": str(tmp_path / "watch")}
+    out = subprocess.run([sys.executable, "-P", "-c", as_uid_1000, "rank-exec", "--site", "local-demo",
+                          "--master-addr", "h", "--no-bind", "--", "true"], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=tmp_path)
+    return out.stdout + out.stderr
+
+
 # Where each sample comes from: a command or function run here on real or recorded input; or
 # `recorded PATH`, the recorded output of a real run under tests/fixtures/ (each recording's
 # README or header names the command that made it).
@@ -458,6 +507,8 @@ SAMPLES = {
     "job show of a retried job": _retry_chain,
     "the job cannot go on": _cannot_go_on,
     "the agent's flight recorder section": _flight_recorder_section,
+    "the agent refusing another user's directory": _agent_refusing,
+    "rank-exec refusing another user's directory": _rank_exec_refusing,
 }
 # A diagram is no output: `<!-- sample: none, a diagram -->`.
 NOT_OUTPUT = "none, a diagram"

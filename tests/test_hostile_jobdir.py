@@ -281,18 +281,19 @@ def world_readable_dir():
 
 
 @needs_root
-def test_the_agent_is_one_line_when_another_users_socket_holds_its_path(world_readable_dir):
-    """/tmp is sticky: a socket another user left at the agent's predictable path cannot be
-    removed. The agent says so in one line (exit 2), not exit 70."""
-    from trainctl.errors import UsageError
+def test_the_agent_is_one_line_and_binds_nothing_when_another_user_holds_its_directory(world_readable_dir):
+    """/tmp is sticky: another user may make the agent's private directory first, with a socket at
+    the agent's path. The agent (nobody here) binds nothing, says so in one line and goes on."""
+    from trainctl.agent_socket import agent_socket_path
     from trainctl.job.agent import Agent
 
     sticky = world_readable_dir / "tmp"
     sticky.mkdir()
     sticky.chmod(0o1777)
-    path = sticky / "trainctl-progress-9-node1.sock"
+    path = agent_socket_path("9", "node1", {"TMPDIR": str(sticky)}, uid=65534)
+    os.mkdir(os.path.dirname(path), 0o700)    # root's: the agent below runs as nobody
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    squatter.bind(str(path))     # root's: the agent below runs as nobody
+    squatter.bind(path)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -301,11 +302,11 @@ def test_the_agent_is_one_line_when_another_users_socket_holds_its_path(world_re
             os.setgid(65534)
             os.setuid(65534)
             agent = Agent.__new__(Agent)
-            agent.socket_path = str(path)
-            agent._bind().close()
-            said = "bound"
-        except UsageError as exc:
-            said = f"usage: {exc}"
+            agent.socket_path, agent.request_path = path, path + ".checkpoint-request"
+            lines = []
+            agent._say = lines.append
+            bound = agent._bind()
+            said = "bound" if bound is not None else "\n".join(lines)
         except BaseException as exc:
             said = f"bug: {type(exc).__name__}: {exc}"
         os.write(write_end, said.encode())
@@ -315,4 +316,6 @@ def test_the_agent_is_one_line_when_another_users_socket_holds_its_path(world_re
         said = pipe.read().decode()
     os.waitpid(pid, 0)
     squatter.close()
-    assert said.startswith(f"usage: cannot bind the progress socket {path}: a socket of uid 0 is there"), said
+    assert said == (f"no progress socket for this node: {os.path.dirname(path)} belongs to uid 0, not to uid 65534 "
+                    "(this job's user): remove it (another user may have put it there); the watch goes on with "
+                    "this node's checks and node file, without its ranks' steps or checkpoint requests"), said

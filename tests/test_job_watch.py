@@ -247,6 +247,35 @@ def test_an_agent_that_never_wrote_names_nobody():
     assert notes == []
 
 
+
+def test_a_node_whose_ranks_report_nothing_is_never_taken_for_hung_or_behind():
+    """A node whose private directory was refused (trainctl.private_dir): its agent writes its file,
+    with no ranks in it, while the other nodes' ranks step. It neither holds the job's progress
+    back nor is named when the others hang; it is treated as a program without progress is."""
+    job = Job()
+    for _ in range(600):
+        job.t += 1
+        job.steps += 4
+        readings = {n: w.NodeReading(n, job.t, (w.RankProgress(i, int(job.steps), job.steps * 0.25, job.t),))
+                    for i, n in enumerate(NODES[:3])}
+        readings["node4"] = w.NodeReading("node4", job.t)
+        observation = w.observe(LIMITS, job.state, job.t, readings)
+        job.state = observation.state
+        assert observation.detection is None and observation.silent_while_progressing == ()
+    stalled_t = job.t
+    while True:   # the three others stop at the same step: a hang, naming nobody (node4 is not behind)
+        job.t += 1
+        readings = {n: w.NodeReading(n, job.t, (w.RankProgress(i, int(job.steps), job.steps * 0.25, stalled_t),))
+                    for i, n in enumerate(NODES[:3])}
+        readings["node4"] = w.NodeReading("node4", job.t)
+        observation = w.observe(LIMITS, job.state, job.t, readings)
+        job.state = observation.state
+        if observation.detection or job.t - stalled_t > 60:
+            break
+    assert observation.detection.kind == "hung" and observation.detection.suspects == ()
+    assert 30 <= job.t - stalled_t <= 31
+
+
 # ---------------------------------------------------------------- phases without steps
 
 def test_an_evaluation_much_longer_than_the_hang_timeout_is_no_hang_while_the_ranks_move():
