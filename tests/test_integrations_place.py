@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "examples" / "frameworks"
 CANNOT_SAVE = "cannot save when trainctl's watch asks for a checkpoint"
 
-# What every program below shares: the test's probes, not trainctl. `AskAgain` makes a second request
-# (a new token, as the node agent writes one) at step 12, so that the ranks agree on a request at step 10
-# and again at step 20; `said` lists what trainctl warned.
+# What every program below shares: the test's probes, not trainctl. `ask_again` makes a new request (a
+# new token, as the node agent writes one); `AskAgain` does at step 12, so that the ranks agree on a
+# request at step 10 and again at step 20; `said` lists what trainctl warned.
 PROBES = """
 import json, os, sys, warnings
 warnings.simplefilter("always")
@@ -32,12 +32,15 @@ caught = WARNINGS.__enter__()
 import trainctl.progress as progress
 progress.REQUEST_POLL_S = 0.0          # a rank looks at the request file at every step
 
+ASKED = []
+
 def ask_again():
     socket_path = os.environ.get(progress.SOCKET_ENV)
     if socket_path:
+        ASKED.append(1)
         path = progress.request_path(socket_path)
         with open(path + ".new", "w") as out:
-            out.write("second\\n")
+            out.write(f"again-{len(ASKED)}\\n")
         os.replace(path + ".new", path)
 
 def said():
@@ -122,32 +125,35 @@ LIGHTNING_MODEL_CHECKPOINT = LIGHTNING_PROBES + """
 from lightning.pytorch.callbacks import ModelCheckpoint
 from trainctl.integrations.lightning import TrainctlCallback
 
-folder = sys.argv[2]
-checkpoints = [ModelCheckpoint(dirpath=folder, every_n_train_steps=1000)]   # saves no file of its own in 25 steps
-if sys.argv[3] == "after-one-that-saves-nothing":
-    checkpoints.insert(0, ModelCheckpoint(dirpath=folder + "-nothing", save_top_k=0))
-trainer = L.Trainer(callbacks=[*checkpoints, TrainctlCallback(), AskAgain()], **QUIET)
-trainer.fit(Regression(0.0), data())
+for index, layout in enumerate(sys.argv[2:]):
+    if index:
+        ask_again()                    # a request for this run, as for the first
+    folder = os.path.join("..", layout)
+    checkpoints = [ModelCheckpoint(dirpath=folder, every_n_train_steps=1000)]   # no file of its own in 25 steps
+    if layout == "after-one-that-saves-nothing":
+        checkpoints.insert(0, ModelCheckpoint(dirpath=folder + "-nothing", save_top_k=0))
+    trainer = L.Trainer(callbacks=[*checkpoints, TrainctlCallback(), AskAgain()], **QUIET)
+    trainer.fit(Regression(0.0), data())
 print(json.dumps({"said": said()}))
 """
 
 
 def test_lightning_saves_on_request_only_into_its_model_checkpoints_folder(tmp_path):
     """Beside the files of the ModelCheckpoint that saves (`fit(ckpt_path="last")` finds it there), and
-    never into one that saves nothing, nor into the working folder."""
+    never into one that saves nothing, nor into the working folder (Lightning's default_root_dir)."""
     import torch
 
-    for layout in ("alone", "after-one-that-saves-nothing"):
-        root = tmp_path / layout
-        work = root / "work"
-        work.mkdir(parents=True)
-        out = run(LIGHTNING_MODEL_CHECKPOINT, job_env(root, with_request=True), work, str(PROGRAMS),
-                  str(root / "ck"), layout)
-        assert out["said"] == []
-        assert files_under(root) == ["agent.sock.checkpoint-request", "checkpoint.seen", "ck/last-trainctl.ckpt",
-                                     f"watch/{progress.LISTENING_FILE}"], layout
-        assert torch.load(root / "ck" / "last-trainctl.ckpt", weights_only=False)["global_step"] == 20
-        assert (root / "checkpoint.seen").read_text() == "step 20\n"
+    layouts = ("alone", "after-one-that-saves-nothing")
+    work = tmp_path / "work"
+    work.mkdir()
+    out = run(LIGHTNING_MODEL_CHECKPOINT, job_env(tmp_path, with_request=True), work, str(PROGRAMS), *layouts)
+    assert out["said"] == []
+    assert files_under(tmp_path) == ["after-one-that-saves-nothing/last-trainctl.ckpt", "agent.sock.checkpoint-request",
+                                     "alone/last-trainctl.ckpt", "checkpoint.seen",
+                                     f"watch/{progress.LISTENING_FILE}"]
+    for layout in layouts:
+        assert torch.load(tmp_path / layout / "last-trainctl.ckpt", weights_only=False)["global_step"] == 20
+    assert (tmp_path / "checkpoint.seen").read_text() == "step 20\n"
 
 
 # ---------------------------------------------------------------- outside a watched job
