@@ -116,7 +116,8 @@ def test_lightning_that_keeps_no_checkpoints_gets_no_save_on_request_and_is_told
     out = run(LIGHTNING_NO_CHECKPOINTS, job_env(tmp_path, with_request=True), work, str(PROGRAMS))
     assert out["steps"] == 25
     assert files_under(work) == []
-    assert files_under(tmp_path) == ["agent.sock.checkpoint-request", f"watch/{progress.LISTENING_FILE}"]   # no save told
+    # nothing saved, and no save told (checkpoint.seen)
+    assert files_under(tmp_path) == ["agent.sock.checkpoint-request", f"watch/{progress.LISTENING_FILE}"]
     assert len(out["said"]) == 1 and CANNOT_SAVE in out["said"][0], out["said"]   # asked twice, said once
     assert "ModelCheckpoint" in out["said"][0]
 
@@ -129,7 +130,7 @@ for index, layout in enumerate(sys.argv[2:]):
     if index:
         ask_again()                    # a request for this run, as for the first
     folder = os.path.join("..", layout)
-    checkpoints = [ModelCheckpoint(dirpath=folder, every_n_train_steps=1000)]   # no file of its own in 25 steps
+    checkpoints = [ModelCheckpoint(dirpath=folder, every_n_train_steps=1000)]   # none of its own in 25 steps
     if layout == "after-one-that-saves-nothing":
         checkpoints.insert(0, ModelCheckpoint(dirpath=folder + "-nothing", save_top_k=0))
     trainer = L.Trainer(callbacks=[*checkpoints, TrainctlCallback(), AskAgain()], **QUIET)
@@ -148,9 +149,9 @@ def test_lightning_saves_on_request_only_into_its_model_checkpoints_folder(tmp_p
     work.mkdir()
     out = run(LIGHTNING_MODEL_CHECKPOINT, job_env(tmp_path, with_request=True), work, str(PROGRAMS), *layouts)
     assert out["said"] == []
-    assert files_under(tmp_path) == ["after-one-that-saves-nothing/last-trainctl.ckpt", "agent.sock.checkpoint-request",
-                                     "alone/last-trainctl.ckpt", "checkpoint.seen",
-                                     f"watch/{progress.LISTENING_FILE}"]
+    assert files_under(tmp_path) == ["after-one-that-saves-nothing/last-trainctl.ckpt",
+                                     "agent.sock.checkpoint-request", "alone/last-trainctl.ckpt",
+                                     "checkpoint.seen", f"watch/{progress.LISTENING_FILE}"]
     for layout in layouts:
         assert torch.load(tmp_path / layout / "last-trainctl.ckpt", weights_only=False)["global_step"] == 20
     assert (tmp_path / "checkpoint.seen").read_text() == "step 20\n"
@@ -187,7 +188,8 @@ group = Group()
 trainer = L.Trainer(callbacks=[TrainctlCallback(every_n_steps=5), group], strategy="ddp",
                     enable_checkpointing=False, **QUIET)
 trainer.fit(Regression(0.0), data())
-print(json.dumps({"said": said(), "world": group.size, "all_reduce": len(ALL_REDUCE), "steps": trainer.global_step}))
+print(json.dumps({"said": said(), "world": group.size, "all_reduce": len(ALL_REDUCE),
+                  "steps": trainer.global_step}))
 """
 
 TRANSFORMERS_OUTSIDE = PROBES + """
@@ -259,9 +261,11 @@ class AskAgain(TrainerCallback):
             ask_again()
 
 config = GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=1, n_head=2)
-training = TrainingArguments(output_dir="out", max_steps=25, per_device_train_batch_size=8, save_strategy="no",
-                             logging_strategy="no", use_cpu=True, report_to=[], dataloader_num_workers=0)
-trainer = Trainer(model=GPT2LMHeadModel(config), args=training, train_dataset=Tokens(256, 32, config.vocab_size),
+training = TrainingArguments(output_dir="out", max_steps=25, per_device_train_batch_size=8,
+                             save_strategy="no", logging_strategy="no", use_cpu=True, report_to=[],
+                             dataloader_num_workers=0)
+trainer = Trainer(model=GPT2LMHeadModel(config), args=training,
+                  train_dataset=Tokens(256, 32, config.vocab_size),
                   callbacks=[TrainctlCallback(), AskAgain()])
 trainer.train()
 print(json.dumps({"said": said(), "steps": trainer.state.global_step}))
@@ -270,11 +274,44 @@ print(json.dumps({"said": said(), "steps": trainer.state.global_step}))
 
 def test_a_transformers_trainer_with_save_strategy_no_gets_no_save_on_request_and_is_told_once(tmp_path):
     """The Trainer saves `checkpoint-<step>` on `control.should_save` whatever its save_strategy
-    (trainer.py, _maybe_log_save_evaluate): with "no" the program keeps no checkpoints, so none is asked for."""
+    (trainer.py, _maybe_log_save_evaluate): with "no" the program keeps no checkpoints, so none is
+    asked for."""
     work = tmp_path / "work"
     work.mkdir()
     out = run(TRANSFORMERS_NO_CHECKPOINTS, job_env(tmp_path, with_request=True), work, str(PROGRAMS))
     assert out["steps"] == 25
-    assert files_under(tmp_path) == ["agent.sock.checkpoint-request", f"watch/{progress.LISTENING_FILE}"]   # no save told
+    # nothing saved, and no save told (checkpoint.seen)
+    assert files_under(tmp_path) == ["agent.sock.checkpoint-request", f"watch/{progress.LISTENING_FILE}"]
     assert len(out["said"]) == 1 and CANNOT_SAVE in out["said"][0], out["said"]   # asked twice, said once
     assert 'save_strategy="no"' in out["said"][0]
+
+
+# ---------------------------------------------------------------- what the callbacks read, and say
+
+def test_a_watched_step_is_one_with_the_agents_socket_and_the_watch_folder():
+    from trainctl.integrations.shared import reports_saves, watched_job
+
+    socket, watch = {progress.SOCKET_ENV: "/run/a.sock"}, {WATCH_DIR_ENV: "/gate/watch"}
+    assert watched_job({**socket, **watch})
+    assert not watched_job(socket) and not watched_job(watch) and not watched_job({})
+    assert not watched_job({progress.SOCKET_ENV: "", WATCH_DIR_ENV: ""})
+    assert reports_saves({CHECKPOINT_ENV: "/job/checkpoint.seen"})   # a step trainctl runs, not watched
+    assert not reports_saves({})
+
+
+def test_what_a_callback_says_it_says_once_and_never_as_an_exception():
+    import warnings
+
+    from trainctl.integrations.shared import Notice, steps_between
+
+    notice = Notice()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        notice.say("first")
+        notice.say("second")
+    assert [str(w.message) for w in caught] == ["first"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # a program that turns warnings into errors
+        Notice().say("not raised")
+    values = (5, 0, -3, "7", "x", None, float("inf"))
+    assert [steps_between(value) for value in values] == [5, 1, 1, 7, 10, 10, 10]

@@ -37,8 +37,8 @@ except ImportError:   # the older package name of the same code
     from pytorch_lightning import Callback
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-from trainctl.integrations.shared import (EVERY_N_STEPS, Notice, SaveRequests, no_place, report_saved, report_step,
-                                          reports_saves, watched_job)
+from trainctl.integrations.shared import (EVERY_N_STEPS, Notice, SaveRequests, no_place, report_saved,
+                                          report_step, reports_saves, watched_job)
 
 REQUESTED_NAME = "trainctl"     # last-trainctl.ckpt
 NO_CHECKPOINTS = "the Trainer has no ModelCheckpoint that saves into a folder"
@@ -120,7 +120,7 @@ def requested_path(trainer) -> str | None:
     for callback in getattr(trainer, "checkpoint_callbacks", None) or ():
         if not isinstance(callback, ModelCheckpoint) or not callback.dirpath:
             continue
-        if "{" in callback.CHECKPOINT_NAME_LAST:   # a formatted name: fit(ckpt_path="last") would not find ours
+        if "{" in callback.CHECKPOINT_NAME_LAST:   # formatted: fit(ckpt_path="last") might not find ours
             continue
         if callback.save_top_k == 0 and not callback.save_last:   # it saves nothing
             continue

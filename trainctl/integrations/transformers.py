@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from trainctl.integrations.shared import (EVERY_N_STEPS, Notice, SaveRequests, no_place, report_saved, report_step,
-                                          reports_saves, watched_job)
+from trainctl.integrations.shared import (EVERY_N_STEPS, Notice, SaveRequests, no_place, report_saved,
+                                          report_step, reports_saves, watched_job)
 
 NO_CHECKPOINTS = 'TrainingArguments(save_strategy="no")'
 
