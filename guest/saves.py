@@ -1,6 +1,7 @@
-"""Telling trainctl that a checkpoint now holds a step: the rank's report (the node agent), and on
-global rank 0 the file the supervisor watches, TRAINCTL_CHECKPOINT_FILE (its mtime is the save's
-time; it holds the step). What the framework integrations call after each save."""
+"""Telling trainctl that a checkpoint now holds a step (`trainctl.progress.checkpoint`): the rank's
+report to its node's agent, and on global rank 0 the file the supervisor watches in every
+training step it runs, TRAINCTL_CHECKPOINT_FILE (its mtime is the save's time; it holds the step),
+written without following a link or blocking."""
 
 import os
 import time
@@ -11,23 +12,16 @@ from .warn import warn_once
 from .wire import CHECKPOINT_ENV, RANK_ENV
 
 
-def report_checkpoint(step_number: object) -> None:
-    """The progress API's checkpoint(): the step a checkpoint now holds, reported at once."""
-    reporter = the_rank()
-    if reporter is None:
-        return
+def saved(step_number: object) -> None:
     steps = whole_steps(step_number)
     if steps is None:
         warn_once(f"checkpoint({str(step_number)[:40]}) is not a step number (a whole number, 0 or more): "
                   f"it is dropped")
         return
-    reporter.checkpoint_step = steps
-    reporter.send(time.monotonic())
-
-
-def saved(step: int) -> None:
-    """A save of `step` has completed: report it, and mark it for the supervisor on rank 0."""
-    report_checkpoint(step)
+    reporter = the_rank()
+    if reporter is not None:
+        reporter.checkpoint_step = steps
+        reporter.send(time.monotonic())
     path = os.environ.get(CHECKPOINT_ENV)
     if not path or os.environ.get(RANK_ENV, "0") != "0":
         return
@@ -35,9 +29,8 @@ def saved(step: int) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                      0o644)
         try:
-            os.write(fd, b"step %d\n" % int(step))
+            os.write(fd, b"step %d\n" % steps)
         finally:
             os.close(fd)
-    except (OSError, ValueError, TypeError):
+    except OSError:
         pass
-

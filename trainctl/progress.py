@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 
 from trainctl.guest.rank import requests, the_rank
-from trainctl.guest.saves import report_checkpoint
+from trainctl.guest.saves import saved
 
 
 def step() -> None:
@@ -44,12 +44,13 @@ def step() -> None:
 
 
 def checkpoint(step_number: int) -> None:
-    """Say that a checkpoint now holds the state after `step_number` steps (reported at once).
+    """Say that a checkpoint now holds the state after `step_number` steps (reported at once; on
+    global rank 0 also to the supervisor's TRAINCTL_CHECKPOINT_FILE, in any step trainctl runs).
 
     Any whole number of steps, 0 or more, counts (an int, or a float, numpy or torch scalar that
     holds one); anything else is dropped with one warning."""
     try:
-        report_checkpoint(step_number)
+        saved(step_number)
     except Exception:
         pass
 

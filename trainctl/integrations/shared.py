@@ -19,9 +19,9 @@ import warnings
 from collections.abc import Callable, Mapping
 
 from trainctl import progress
+from trainctl.guest.wire import CHECKPOINT_ENV, SOCKET_ENV, WATCH_DIR_ENV
 
 EVERY_N_STEPS = 10
-CHECKPOINT_ENV = "TRAINCTL_CHECKPOINT_FILE"   # trainctl.job.jobdir.CHECKPOINT_ENV: the supervisor's view of saves
 
 
 def watched_job(environ: Mapping[str, str] = os.environ) -> bool:
@@ -29,7 +29,7 @@ def watched_job(environ: Mapping[str, str] = os.environ) -> bool:
     supervisor names the step's watch folder (TRAINCTL_WATCH_DIR) and rank-exec the node agent's
     socket (TRAINCTL_PROGRESS_SOCKET), beside which a request reaches the rank. Read once, when a
     callback is made."""
-    return bool(environ.get(progress.SOCKET_ENV)) and bool(environ.get(progress.WATCH_DIR_ENV))
+    return bool(environ.get(SOCKET_ENV)) and bool(environ.get(WATCH_DIR_ENV))
 
 
 def reports_saves(environ: Mapping[str, str] = os.environ) -> bool:
@@ -108,21 +108,5 @@ def report_step() -> None:
 
 
 def report_saved(step: int) -> None:
-    """Tell trainctl that a checkpoint now holds `step`: the progress API (the node agent), and on
-    global rank 0 the file the supervisor watches, TRAINCTL_CHECKPOINT_FILE (its mtime is the save's
-    time; it holds the step)."""
-    try:
-        progress.checkpoint(int(step))
-    except Exception:
-        pass
-    path = os.environ.get(CHECKPOINT_ENV)
-    if not path or os.environ.get("RANK", "0") != "0":
-        return
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, f"step {int(step)}\n".encode())
-        finally:
-            os.close(fd)
-    except (OSError, ValueError):
-        pass
+    """Tell trainctl that a checkpoint now holds `step` (`trainctl.progress.checkpoint`)."""
+    progress.checkpoint(step)
