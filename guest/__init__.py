@@ -19,7 +19,7 @@ That code lives in someone else's program. Its rules, each guarded by a test
 5. The environment is read, never written. The thread is invisible to `threading` (started
    with `_thread`), paused around `os.fork()` and ended at the interpreter's exit.
 6. Nothing another user can reach: files the room reads or writes on the node lie in the job
-   user's private directory (trainctl.agent_socket) and are opened without following links or
+   user's private directory (trainctl.private_dir) and are opened without following links or
    blocking, and refused when another user owns them.
 7. Measured: a rank's start-up, a step and the sampler each have a bench (docs/performance.md).
 
