@@ -68,17 +68,22 @@ def test_a_directory_others_may_enter_is_refused_and_left_as_it_is(tmp_path, mod
     assert os.stat(path).st_mode & 0o7777 == mode    # refused, never repaired
 
 
+def refused_both_ways(path: str, line: str) -> None:
+    """Neither making nor opening the directory takes `path`: each says `line`."""
+    with pytest.raises(UnsafeDir) as refused:
+        ensure(path)
+    assert str(refused.value) == line
+    with pytest.raises(UnsafeDir) as refused:
+        os.close(open_checked(path))
+    assert str(refused.value) == line
+
+
 def test_a_link_is_refused_even_to_a_fit_directory(tmp_path):
     fit = tmp_path / "elsewhere"
     fit.mkdir(mode=0o700)
     path = mine(tmp_path)
     os.symlink(fit, path)
-    with pytest.raises(UnsafeDir) as refused:
-        ensure(path)
-    assert str(refused.value) == f"{path} is a symbolic link, not a directory: {REMOVE}"
-    with pytest.raises(UnsafeDir) as refused:
-        os.close(open_checked(path))
-    assert str(refused.value) == f"{path} is a symbolic link, not a directory: {REMOVE}"
+    refused_both_ways(path, f"{path} is a symbolic link, not a directory: {REMOVE}")
 
 
 @pytest.mark.parametrize("kind", ["a regular file", "a FIFO", "a socket"])
@@ -91,12 +96,7 @@ def test_something_that_is_not_a_directory_is_refused_without_blocking(tmp_path,
     else:
         held = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         held.bind(path)
-    with pytest.raises(UnsafeDir) as refused:
-        ensure(path)
-    assert str(refused.value) == f"{path} is {kind}, not a directory: {REMOVE}"
-    with pytest.raises(UnsafeDir) as refused:
-        os.close(open_checked(path))
-    assert str(refused.value) == f"{path} is {kind}, not a directory: {REMOVE}"
+    refused_both_ways(path, f"{path} is {kind}, not a directory: {REMOVE}")
 
 
 def test_a_place_where_the_directory_cannot_be_made_says_what_to_do(tmp_path):
