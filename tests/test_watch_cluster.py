@@ -123,6 +123,10 @@ def watch_site(tmp_path: Path, spare: int) -> Path:
     return site_variant(tmp_path, "local-demo", {
         "watch.enabled": not WATCH_OFF,
         "watch.hold_spares": spare,
+        # a slowdown no node is named for is weighed against the allocation's time left (watch.pay_factor):
+        # a few minutes here, never worth a restart. These runs measure whether the gate names the slow
+        # node, so every slowdown goes to the gate (pay_factor 0: any gain pays)
+        "watch.pay_factor": 0.0,
         # the gate again after a detection must take seconds: one size, 6 iterations a pair
         # (about 0.1 s each at WIRE, 0.3 s at SLOW_WIRE), so it confirms within about 15 s
         "gate.fabric_sizes": ["1M"],
