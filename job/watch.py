@@ -5,12 +5,14 @@ one detection.
 
 The evidence is relative to the job itself, never to a fixed figure:
 
-- **slow**: the job's step time over the last `slow_window_s` (the median of the samples in it)
-  is above `slow_factor` x its own baseline (the median of the samples before that window,
-  at most `baseline_window_s` of them, after `warmup_s`). In synchronous data-parallel training
-  every rank waits for the slowest, so the step time says *that* the job slowed, not *who*: a
-  slow detection names nobody, and the gate's fabric and compute tests, re-run on the job's
-  nodes, decide who (or "slowdown not localised"). Where the ranks time their compute section
+- **slow**: the job's step time over the last `slow_window_s` (the median step of the samples
+  in it, each sample weighing the steps it covers) is above `slow_factor` x its own baseline
+  (the same median of the samples before that window, at most `baseline_window_s` of them,
+  after `warmup_s`). In synchronous data-parallel training every rank waits for the slowest, so
+  the step time says *that* the job slowed, not *who*: a slow detection names nobody. The
+  machine weighs it (`weigh`: the gate's gain over the time left against a restart's price) and
+  lets training go on, or stops for the gate, whose fabric and compute tests, re-run on the
+  job's nodes, decide who (or "slowdown not localised"). Where the ranks time their compute section
   (`trainctl.progress.compute()`), the evidence says on which nodes that time rose the same way:
   on some (those nodes compute slower), on every node (the program itself), or on none (the time
   goes to waiting: the wire, the input). It narrows what to look at; the gate still decides.
@@ -20,12 +22,15 @@ The evidence is relative to the job itself, never to a fixed figure:
   `hang_floor_s`, or `hang_steps` x the baseline step time when that is longer. It names the
   nodes whose agent fell silent (a hung node stops everything on it), else the nodes whose ranks
   are behind the others; when neither, nobody.
+  Before the first step: no rank reached it within the start-up bound (`startup_s`), where the
+  program reports steps at all; it names nobody.
 
 A phase without steps is not a hang while a rank's main thread moves (`activity`: each rank
 looks at it once a second, `trainctl.progress`): evaluation, a long save, warm-up, compilation.
 Nor is it a slowdown: the steps that end a phase without steps longer than the hang timeout
 measure that phase, not the training speed, so that poll adds no step-time sample; a shorter
-phase adds one long sample, which the median over the slow window outweighs. A rank stuck in one
+phase adds one long sample covering one step, which the median step over the slow window
+outweighs however few polls the phase left in it. A rank stuck in one
 call (a collective that never completes) does not move; a rank spinning in Python code that
 never ends its step does, and hides a hang.
 
