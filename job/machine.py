@@ -1,6 +1,9 @@
 """The life of a job, as a pure state machine: gate -> release unused nodes -> training step ->
 done, a successor job around bad nodes, or the end. While training runs, the watch
-(`trainctl.job.watch`) may find the job slow, a node sick or the job hung: the machine asks for
+(`trainctl.job.watch`) may find the job slow, a node sick or the job hung. A slowdown no evidence
+names a node for is weighed first (`trainctl.job.watch.weigh`): training goes on at the slower
+step time unless the gate's gain over the time left pays `watch.pay_factor` times a restart's
+price. Otherwise the machine asks for
 evidence (a checkpoint, or the ranks' stacks), stops the step, and the gate runs again on the
 nodes the job holds, less those the detection named; what the gate says confirms the detection,
 and training restarts from its checkpoint on the nodes it chooses (a held spare included), down

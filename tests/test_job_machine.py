@@ -698,3 +698,14 @@ def test_the_start_up_bound_holds_for_a_restart_of_a_program_that_reported_steps
     for t in [1001.0 + i for i in range(120)]:
         fresh, effects = feed(job, fresh, machine.Polled(t, {node: NodeReading(node, t) for node in ("node1", "node2")}))
         assert fresh.phase == "train", effects
+
+
+def test_the_driver_reads_the_allocations_end_and_whether_steps_are_counted_from_the_jobs_environment():
+    from trainctl.job.driver import allocation_end, steps_counted
+
+    assert allocation_end({"SLURM_JOB_START_TIME": "1000", "SLURM_JOB_END_TIME": "4600"}) == 4600.0
+    assert allocation_end({}) is None and allocation_end({"SLURM_JOB_END_TIME": "soon"}) is None
+    # no time limit: Slurm's end lies years away, which says nothing of the time left
+    assert allocation_end({"SLURM_JOB_START_TIME": "1000", "SLURM_JOB_END_TIME": str(1000 + 400 * 86400)}) is None
+    assert steps_counted(True, {}) and not steps_counted(False, {})
+    assert not steps_counted(True, {"TRAINCTL_AUTO_STEPS": "0"}) and steps_counted(False, {"TRAINCTL_AUTO_STEPS": "1"})
