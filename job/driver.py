@@ -13,8 +13,9 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
-from typing import Callable
+from typing import Callable, Mapping
 
 from trainctl.errors import Stopped, TrainctlError, UsageError
 from trainctl.job import machine, slurm_actions
@@ -29,9 +30,10 @@ from trainctl.job.retry import (ENV_ATTEMPT, ENV_EXCLUDE, gate_bad_nodes, retry_
                                 summary_line)
 from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_node_files, request_stacks
 from trainctl.launcher.plan import JobPlan
+from trainctl.launcher.rank_exec import OFF_WORDS
 from trainctl.launcher.render import split_sbatch_options
 from trainctl.proc import run
-from trainctl.guest.wire import SIGNAL_ENV, WATCH_DIR_ENV
+from trainctl.guest.wire import AUTO_STEPS_ENV, SIGNAL_ENV, WATCH_DIR_ENV
 from trainctl.slurm import expand_hostlist, this_node_name
 
 GATE_STEP_GRACE_S = 5.0                 # the gate step ends by itself just after the decision, unless a node is lost
@@ -40,6 +42,7 @@ STEP_POLL_S = 2.0                       # how often the training step's checkpoi
 # The watch's polls take at most this share of the batch host's core (a training node's): a
 # poll's cost grows with the job's nodes (bench/watch_scale.py), so large jobs poll less often.
 WATCH_SHARE = 0.05
+YEAR_S = 365 * 86400.0                  # an allocation end further than this from its start: no time limit
 
 
 def say(line: str, *, err: bool = False) -> None:
@@ -66,7 +69,7 @@ class JobDriver:
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
         self.facts = job_facts(plan, self.policy, allocated, this_node_name(env),
-                               slurm_actions.binds_tasks(env))
+                               slurm_actions.binds_tasks(env), env)
         self.state = machine.JobState()
         # the training step now: its srun, when it started, the checkpoints seen, the last poll's cost
         self.step: subprocess.Popen | None = None
@@ -306,7 +309,7 @@ class JobDriver:
             except subprocess.TimeoutExpired:
                 self.checkpoints.poll(self.journal, self.readings.values())
                 if effect.poll:
-                    return self._poll(machine.Polled)
+                    return self._poll(lambda t, readings: machine.Polled(t, readings, self.checkpoints.last))
                 continue
             status = 128 - status if status < 0 else status
             return self._poll(lambda t, readings: machine.StepEnded(status, t, readings)) if effect.poll \
@@ -361,15 +364,37 @@ class JobDriver:
         return machine.RetryHandled()
 
 
+def steps_counted(site_auto_steps: bool, env: Mapping[str, str]) -> bool:
+    """Whether each Python rank's optimizer steps count as steps without the program's help: the
+    site's watch.auto_steps, unless the job turned it off (TRAINCTL_AUTO_STEPS, as rank-exec reads it)."""
+    choice = env.get(AUTO_STEPS_ENV, "").strip().lower()
+    return choice not in OFF_WORDS if choice else site_auto_steps
+
+
+def allocation_end(env: Mapping[str, str]) -> float | None:
+    """The allocation's end as Slurm exports it (SLURM_JOB_END_TIME, Unix seconds); None where it
+    is not set, not a number, or more than a year after the job's start (no time limit)."""
+    end, begun = env.get("SLURM_JOB_END_TIME", ""), env.get("SLURM_JOB_START_TIME", "")
+    if not end.isdigit() or int(end) <= 0:
+        return None
+    if begun.isdigit() and int(end) - int(begun) > YEAR_S:
+        return None
+    return float(end)
+
+
 def job_facts(plan: JobPlan, policy: GatePolicy, allocated: tuple[str, ...], batch_host: str,
-              binds_tasks: bool = True) -> machine.JobFacts:
+              binds_tasks: bool = True, env: Mapping[str, str] | None = None) -> machine.JobFacts:
     """What the machine decides with: the plan's choices, and the site's `[watch]` settings where
     the plan watches. The plan's choice (submit --watch/--no-watch, else the site's watch.enabled
     when it was submitted) wins over the site's enabled now: a job keeps what it was submitted with."""
     watch = policy.watch
     watched = watch.enabled if plan.watch is None else plan.watch
-    watching = machine.WatchFacts(policy.watch_limits, machine.checkpoint_signal(plan.signal),
-                                  watch.checkpoint_wait_s, watch.dump_wait_s, watch.end_grace_s) if watched else None
+    env = env or {}
+    limits = replace(policy.watch_limits, startup_s=policy.startup_s(plan.nodes),
+                     steps_expected=steps_counted(watch.auto_steps, env))
+    watching = machine.WatchFacts(limits, machine.checkpoint_signal(plan.signal), watch.checkpoint_wait_s,
+                                  watch.dump_wait_s, watch.end_grace_s, watch.pay_factor, watch.restart_cost_s,
+                                  allocation_end(env)) if watched else None
     return machine.JobFacts(allocated, batch_host, plan.release_unused, plan.retries,
                             watch.max_restarts if watched else 0, watch.hold_spares if watched else 0,
                             plan.min_nodes, watch.max_successors if watched else 0, watching, binds_tasks)

@@ -30,6 +30,8 @@ def describe(event: dict) -> str:
     if kind == Kind.DETECTION:
         suspects = ",".join(event.get("suspects") or []) or "no node named yet"
         return f"watch: {event.get('kind')} ({suspects}): {event.get('evidence')}"
+    if kind == Kind.WEIGHED:
+        return weighed_line(event)
     if kind == Kind.CONFIRMATION:
         named = event.get("named") or {}
         if not named:
@@ -42,6 +44,21 @@ def describe(event: dict) -> str:
     if detail:
         text += ": " + ", ".join(f"{key} {_value(value)}" for key, value in detail.items())
     return text
+
+
+def weighed_line(event: dict) -> str:
+    """A slowdown nobody was named for, and why the watch stopped for the gate or let training go on."""
+    def seconds(key: str) -> str:
+        value = event.get(key)
+        return f"{value:.0f} s" if isinstance(value, (int, float)) else "?"
+    gate = event.get("action") == "gate"
+    factor = event.get("pay_factor")
+    factor = f"{factor:g}" if isinstance(factor, (int, float)) else "?"
+    return (f"watch: {event.get('kind', 'slow')}, no node named: {event.get('evidence', '')}; "
+            f"{'stopped for the gate' if gate else 'training goes on'}: gain {seconds('gain_s')} over "
+            f"{seconds('left_s')} left ({event.get('left_basis', '?')}) {'>' if gate else 'not >'} {factor} x price "
+            f"{seconds('price_s')} (restart {seconds('restart_s')}, {event.get('restart_basis', '?')}; "
+            f"{seconds('lost_work_s')} of work since the last checkpoint)")
 
 
 def _value(value) -> str:

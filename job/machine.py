@@ -1,6 +1,9 @@
 """The life of a job, as a pure state machine: gate -> release unused nodes -> training step ->
 done, a successor job around bad nodes, or the end. While training runs, the watch
-(`trainctl.job.watch`) may find the job slow, a node sick or the job hung: the machine asks for
+(`trainctl.job.watch`) may find the job slow, a node sick or the job hung. A slowdown no evidence
+names a node for is weighed first (`trainctl.job.watch.weigh`): training goes on at the slower
+step time unless the gate's gain over the time left pays `watch.pay_factor` times a restart's
+price. Otherwise the machine asks for
 evidence (a checkpoint, or the ranks' stacks), stops the step, and the gate runs again on the
 nodes the job holds, less those the detection named; what the gate says confirms the detection,
 and training restarts from its checkpoint on the nodes it chooses (a held spare included), down
@@ -21,9 +24,10 @@ import signal as signals
 from dataclasses import dataclass, replace
 from typing import Literal, Mapping, NamedTuple, Union
 
+from trainctl.job.journal import weighed_line
 from trainctl.job.jobdir import AGENT_LOG_PATTERN, GATE_LOG_PATTERN, SENTINEL_LOG, SENTINEL_OUT, Kind
 from trainctl.job.watch import (Detection, NodeReading, WatchLimits, WatchState, confirm, observe, silent_nodes,
-                                start as start_watch)
+                                start as start_watch, weigh)
 from trainctl.launcher.plan import RANK_OUTPUT, JobPlan
 from trainctl.slurm import fold_hostlist
 from trainctl.validate import SLURM_SIGNAL
@@ -45,6 +49,9 @@ class WatchFacts:
     checkpoint_wait_s: float
     dump_wait_s: float
     end_grace_s: float
+    pay_factor: float              # a slowdown nobody is named for stops the job when gain > this x price
+    restart_cost_s: float          # a restart's price before the job has measured one of its own
+    end_t: float | None = None     # the allocation's end (Slurm's SLURM_JOB_END_TIME); None: unknown
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,11 @@ class JobState:
     detection: Detection | None = None   # the last detection, until the gate after it has judged
     accepted_step_s: float = 0.0   # a slowdown the gate could not localise: the watch's new normal
     watch: WatchState | None = None  # the watch over the training step running now
+    trained_since: float = 0.0     # the first training step's start (0: none yet)
+    stopped_t: float = 0.0         # when the watch last decided to stop the step, until training again
+    restart_s: float | None = None   # the job's last restart, from that decision to its first step again
+    stepped: bool = False          # a training step of this job has reported a step
+    startup_missed: bool = False   # a training step reached no first step within the start-up bound
     # the job's environment as scontrol's resize script rewrote it: (name, value); value None: unset
     env_changes: tuple[tuple[str, str | None], ...] = ()
 
@@ -115,9 +127,11 @@ class TrainingStarted(NamedTuple):
 
 
 class Polled(NamedTuple):
-    """The watch's poll: each training node's agent file (None: none yet), read at `t`."""
+    """The watch's poll: each training node's agent file (None: none yet), read at `t`; the
+    training step's last checkpoint seen (None: none yet)."""
     t: float
     readings: Mapping[str, NodeReading | None]
+    saved_t: float | None = None
 
 
 class StepEnded(NamedTuple):
@@ -254,9 +268,14 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
         return _train(replace(state, held=held, releasing=(), env_changes=state.env_changes + changes),
                       event.node_count)
     if phase == "train" and isinstance(event, TrainingStarted):
+        state = replace(state, trained_since=state.trained_since or event.t)
         if facts.watch is None:
             return state, (WaitStep(poll=False),)
-        return (replace(state, watch=start_watch(event.t, state.accepted_step_s)),
+        # after a start-up hang in a job that never reported a step, the bound is not judged again:
+        # the program may simply report none, and the gate found every node healthy
+        watching = start_watch(event.t, state.accepted_step_s, startup=state.stepped or not state.startup_missed,
+                               stepped_before=state.stepped)
+        return (replace(state, watch=watching),
                 (StartAgents(state.job_nodes, len(state.chosen)), WaitStep(poll=True)))
     if phase == "train" and isinstance(event, Polled) and facts.watch is not None and state.watch is not None:
         return _watch_poll(facts, state, event)
@@ -322,6 +341,9 @@ def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobSta
     effects: list[Effect] = []
     if not stepped and seen.state.progress_steps >= 0:   # training again: the restart's cost ends here
         effects.append(Journal(Kind.FIRST_STEP, {"steps": seen.state.progress_steps}))
+        state = replace(state, stepped=True)
+        if state.stopped_t:
+            state = replace(state, restart_s=event.t - state.stopped_t, stopped_t=0.0)
     effects += [Journal(Kind.AGENT_SILENT, {"node": node, "note": "training goes on: not a detection"})
                 for node in seen.silent_while_progressing]
     detection = seen.detection
@@ -339,12 +361,25 @@ def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobSta
                                                     "evidence": detection.evidence, "details": detection.details,
                                                     "note": note}),
                  Say(f"trainctl: watch: slow: {detection.evidence} ({note})"), WaitStep(poll=True)))
+    if detection.kind == "slow" and not detection.suspects:
+        # nobody is named: stopping for the gate is a bet, taken only where it pays several times over
+        weighed = weigh(detection, event.t, watch.pay_factor, state.restart_s, watch.restart_cost_s,
+                        max(event.saved_t or 0.0, state.watch.started_t), watch.end_t,
+                        event.t - (state.trained_since or state.watch.started_t))
+        fields = {"kind": detection.kind, "evidence": detection.evidence, "details": detection.details,
+                  **weighed.fields()}
+        effects += [Journal(Kind.WEIGHED, fields), Say(f"trainctl: {weighed_line(fields)}")]
+        if not weighed.act:   # the slower step time is the new normal: the same slowdown is not weighed again
+            accepted = weighed.step_s
+            return (replace(state, accepted_step_s=accepted, watch=replace(state.watch, accepted_step_s=accepted)),
+                    (*effects, WaitStep(poll=True)))
     if detection.kind == "hung":   # the stacks of the ranks whose agent still answers
         evidence: Effect = RequestStacks(tuple(n for n in state.chosen if n not in detection.suspects),
                                          watch.dump_wait_s)
     else:
         evidence = AskForCheckpoint(watch.checkpoint_signal, watch.checkpoint_wait_s)
-    return (replace(state, phase="stopping", detection=detection),
+    missed = state.startup_missed or "startup_s" in detection.details
+    return (replace(state, phase="stopping", detection=detection, stopped_t=event.t, startup_missed=missed),
             (*effects, *_detected(detection), evidence, StopStep(watch.end_grace_s)))
 
 
@@ -367,8 +402,8 @@ def _step_ended(facts: JobFacts, state: JobState, event: StepEnded) -> tuple[Job
                         f"{', '.join(silent)} fell silent")
             detection = Detection("hung", silent, evidence, {"silent": list(silent)})
             over = StepOver(event.status, f"ended by the watch ({detection.kind})", True)
-            state, effects = _after_detection(facts, replace(state, watch=None, detection=detection), detection,
-                                              event.status)
+            state, effects = _after_detection(facts, replace(state, watch=None, detection=detection,
+                                                             stopped_t=event.t), detection, event.status)
             return state, (*_detected(detection), over, *effects)
     over = StepOver(event.status, "completed" if event.status == 0 else f"exit status {event.status}", watching)
     state = replace(state, watch=None)

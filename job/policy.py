@@ -35,6 +35,11 @@ class GatePolicy:
         return WatchLimits(w.slow_factor, w.slow_window_s, w.baseline_window_s, w.warmup_s, w.hang_floor_s,
                            w.hang_steps, w.agent_silence_s)
 
+    def startup_s(self, nodes: int) -> float:
+        """The start-up bound of a training step on `nodes` nodes (0: none)."""
+        w = self.watch
+        return w.startup_s + w.startup_per_node_s * nodes if w.startup_s > 0 else 0.0
+
     @property
     def fabric(self) -> FabricPolicy:
         return FabricPolicy(self.gate, self.partition)

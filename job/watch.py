@@ -5,12 +5,14 @@ one detection.
 
 The evidence is relative to the job itself, never to a fixed figure:
 
-- **slow**: the job's step time over the last `slow_window_s` (the median of the samples in it)
-  is above `slow_factor` x its own baseline (the median of the samples before that window,
-  at most `baseline_window_s` of them, after `warmup_s`). In synchronous data-parallel training
-  every rank waits for the slowest, so the step time says *that* the job slowed, not *who*: a
-  slow detection names nobody, and the gate's fabric and compute tests, re-run on the job's
-  nodes, decide who (or "slowdown not localised"). Where the ranks time their compute section
+- **slow**: the job's step time over the last `slow_window_s` (the median step of the samples
+  in it, each sample weighing the steps it covers) is above `slow_factor` x its own baseline
+  (the same median of the samples before that window, at most `baseline_window_s` of them,
+  after `warmup_s`). In synchronous data-parallel training every rank waits for the slowest, so
+  the step time says *that* the job slowed, not *who*: a slow detection names nobody. The
+  machine weighs it (`weigh`: the gate's gain over the time left against a restart's price) and
+  lets training go on, or stops for the gate, whose fabric and compute tests, re-run on the
+  job's nodes, decide who (or "slowdown not localised"). Where the ranks time their compute section
   (`trainctl.progress.compute()`), the evidence says on which nodes that time rose the same way:
   on some (those nodes compute slower), on every node (the program itself), or on none (the time
   goes to waiting: the wire, the input). It narrows what to look at; the gate still decides.
@@ -20,12 +22,15 @@ The evidence is relative to the job itself, never to a fixed figure:
   `hang_floor_s`, or `hang_steps` x the baseline step time when that is longer. It names the
   nodes whose agent fell silent (a hung node stops everything on it), else the nodes whose ranks
   are behind the others; when neither, nobody.
+  Before the first step: no rank reached it within the start-up bound (`startup_s`), where the
+  program reports steps at all; it names nobody.
 
 A phase without steps is not a hang while a rank's main thread moves (`activity`: each rank
 looks at it once a second, `trainctl.progress`): evaluation, a long save, warm-up, compilation.
 Nor is it a slowdown: the steps that end a phase without steps longer than the hang timeout
 measure that phase, not the training speed, so that poll adds no step-time sample; a shorter
-phase adds one long sample, which the median over the slow window outweighs. A rank stuck in one
+phase adds one long sample covering one step, which the median step over the slow window
+outweighs however few polls the phase left in it. A rank stuck in one
 call (a collective that never completes) does not move; a rank spinning in Python code that
 never ends its step does, and hides a hang.
 
@@ -64,6 +69,8 @@ class WatchLimits:
     hang_floor_s: float
     hang_steps: float
     agent_silence_s: float
+    startup_s: float = 0.0               # the job's start-up bound (site startup_s + per node); 0: none
+    steps_expected: bool = False         # the ranks count steps without the program's help (auto_steps on)
 
     def hang_timeout_s(self, baseline_step_s: float | None) -> float:
         return max(self.hang_floor_s, self.hang_steps * baseline_step_s if baseline_step_s else 0.0)
@@ -81,6 +88,7 @@ class Detection:
 class Sample:
     t: float
     step_s: float
+    steps: int = 1                       # the steps it covers (a rank's, the median over ranks): its weight
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,8 @@ class WatchState:
     heard: Mapping[str, float] = field(default_factory=dict)   # node -> its agent's latest file time
     # node -> its compute time per step, over the baseline and slow windows only (bounded)
     compute: Mapping[str, tuple[ComputeSample, ...]] = field(default_factory=dict)
+    startup: bool = True                 # judge the start-up bound in this training step
+    stepped_before: bool = False         # an earlier training step of the job reported steps
 
 
 @dataclass(frozen=True)
@@ -137,8 +147,9 @@ def confirm(detection: Detection, gate_named: Mapping[str, str], training_nodes:
     return Confirmation(detection.kind, {}, "nobody named", accepted_step_s)
 
 
-def start(now: float, accepted_step_s: float = 0.0) -> WatchState:
-    return WatchState(started_t=now, accepted_step_s=accepted_step_s, progress_t=now)
+def start(now: float, accepted_step_s: float = 0.0, startup: bool = True, stepped_before: bool = False) -> WatchState:
+    return WatchState(started_t=now, accepted_step_s=accepted_step_s, progress_t=now, startup=startup,
+                      stepped_before=stepped_before)
 
 
 def observe(limits: WatchLimits, state: WatchState, now: float,
@@ -168,6 +179,9 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
             return Observation(state, Detection(
                 "hung", gone, f"the agent of {', '.join(gone)} fell silent {limits.hang_floor_s:.0f} s ago "
                               "(no rank reports steps: no progress to judge)", {"silent": list(gone)}))
+        startup = _startup_hang(limits, state, now, ranks)
+        if startup:
+            return Observation(state, startup)
         return _quiet(limits, state, ())
     stalled_s = now - max(state.progress_t, state.active_t)
     hang_after = limits.hang_timeout_s(baseline)
@@ -179,6 +193,23 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
         return Observation(state, slow)
 
     return _quiet(limits, state, silent)
+
+
+def _startup_hang(limits: WatchLimits, state: WatchState, now: float,
+                  ranks: list[RankProgress]) -> Detection | None:
+    """No rank reached its first step within the start-up bound: a hang (a rendezvous that never
+    completes, a rank stuck loading). Judged only where the program reports steps at all: they are
+    counted without its help (`steps_expected`), a rank has reported something, or an earlier
+    training step of the job reported steps; and not again after a start-up hang the gate named
+    nobody for, in a job that never reported a step (`startup` off: it may simply not step)."""
+    waited = now - state.started_t
+    if not limits.startup_s or waited < limits.startup_s or not state.startup:
+        return None
+    if not (limits.steps_expected or ranks or state.last or state.stepped_before):
+        return None
+    return Detection("hung", (), f"no rank reached its first step in {waited:.0f} s "
+                                 f"(start-up bound {limits.startup_s:.0f} s)",
+                     {"startup_s": limits.startup_s, "waited_s": round(waited, 1)})
 
 
 def silent_nodes(limits: WatchLimits, state: WatchState, now: float) -> tuple[str, ...]:
@@ -201,14 +232,16 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
     (added step seconds / added steps). Ranks that finished no step add nothing; nor does any
     rank when the poll ends a phase without steps (`ends_pause`)."""
     before = state.last
-    step_times = []
+    step_times, step_counts = [], []
     for rank in ranks:
         steps, seconds, _ = before.get(rank.rank, (rank.steps, rank.step_seconds, rank.compute_seconds))
         if rank.steps > steps and rank.step_seconds >= seconds:
             step_times.append((rank.step_seconds - seconds) / (rank.steps - steps))
+            step_counts.append(rank.steps - steps)
     samples = state.samples
     if step_times and not ends_pause:
-        samples = (samples + (Sample(now, statistics.median(step_times)),))[-MAX_SAMPLES:]
+        sample = Sample(now, statistics.median(step_times), max(1, int(statistics.median(step_counts))))
+        samples = (samples + (sample,))[-MAX_SAMPLES:]
     # progress: any rank finished a step since the last poll (a rank whose agent fell silent
     # keeps its old count, so it neither counts as progress nor holds the others back)
     progressed = any(rank.steps > before.get(rank.rank, (0, 0.0, 0.0))[0] for rank in ranks)
@@ -256,18 +289,35 @@ def _compute_samples(limits: WatchLimits, state: WatchState, now: float,
 
 def _baseline(limits: WatchLimits, state: WatchState, now: float) -> float | None:
     since = max(state.started_t + limits.warmup_s, now - limits.slow_window_s - limits.baseline_window_s)
-    before = [s.step_s for s in state.samples if since <= s.t <= now - limits.slow_window_s]
-    return statistics.median(before) if len(before) >= MIN_BASELINE_SAMPLES else None
+    before = [s for s in state.samples if since <= s.t <= now - limits.slow_window_s]
+    return step_median(before) if len(before) >= MIN_BASELINE_SAMPLES else None
+
+
+def step_median(samples: list[Sample]) -> float:
+    """The median step's time: each sample weighs as many steps as it covers. A pause (an
+    evaluation, a save, a stall, a collection) is one long step however long it lasts, and the
+    polls during it add no sample, so it must not weigh as much as the polls of steady training
+    around it: judged by the samples alone, a pause that fills most of the window would leave a
+    few samples, two of them long, and their median would be a slowdown."""
+    ordered = sorted((s.step_s, s.steps) for s in samples)
+    half, seen = sum(steps for _, steps in ordered) / 2, 0
+    for index, (step_s, steps) in enumerate(ordered):
+        seen += steps
+        if seen > half:
+            return step_s
+        if seen == half:
+            return (step_s + ordered[index + 1][0]) / 2
+    return ordered[-1][0]
 
 
 def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | None) -> Detection | None:
     if baseline is None:
         return None
-    recent = [s.step_s for s in state.samples if s.t > now - limits.slow_window_s]
+    recent = [s for s in state.samples if s.t > now - limits.slow_window_s]
     if len(recent) < MIN_RECENT_SAMPLES:
         return None
     normal = max(baseline, state.accepted_step_s)
-    current = statistics.median(recent)
+    current = step_median(recent)
     if current <= limits.slow_factor * normal:
         return None
     evidence = (f"step time {current:.3g} s over the last {limits.slow_window_s:g} s, "
@@ -323,3 +373,50 @@ def _hung(state: WatchState, readings: Mapping[str, NodeReading | None], silent:
                          {"steps": steps})
     return Detection("hung", (), f"{head}; every rank is at the same step and every agent answers",
                      {"steps": steps})
+
+
+@dataclass(frozen=True)
+class Weighing:
+    """Whether to stop a job for a slowdown no evidence pins on a node, so the gate can look:
+    the price is what a restart costs (its own time, and the work since the last checkpoint),
+    the gain the time the slowdown would cost over the time left, were the gate to remove it."""
+
+    act: bool
+    gain_s: float
+    price_s: float
+    restart_s: float
+    restart_basis: str                   # "measured" (the job's last restart) or "site default"
+    lost_work_s: float
+    left_s: float
+    left_basis: str                      # to the allocation's end, or the elapsed training standing in
+    pay_factor: float
+    step_s: float
+    baseline_s: float
+
+    def fields(self) -> dict:
+        """The journal's `weighed` event."""
+        return {"action": "gate" if self.act else "go on", "gain_s": round(self.gain_s, 1),
+                "price_s": round(self.price_s, 1), "restart_s": round(self.restart_s, 1),
+                "restart_basis": self.restart_basis, "lost_work_s": round(self.lost_work_s, 1),
+                "left_s": round(self.left_s, 1), "left_basis": self.left_basis, "pay_factor": self.pay_factor,
+                "step_s": round(self.step_s, 4), "baseline_s": round(self.baseline_s, 4)}
+
+
+def weigh(detection: Detection, now: float, pay_factor: float, restart_s: float | None, default_restart_s: float,
+          saved_t: float, end_t: float | None, trained_s: float) -> Weighing:
+    """`restart_s`: the job's last restart, from the stop decision to its first step again (None:
+    none yet, the site's `default_restart_s`); `saved_t`: the last checkpoint seen, else the
+    training step's start; `end_t`: the allocation's end (None: unknown, the job's own elapsed
+    training time `trained_s` stands in for the time left)."""
+    step_s = float(detection.details.get("step_s", 0.0))
+    baseline_s = float(detection.details.get("baseline_s", 0.0))
+    restart, restart_basis = (restart_s, "measured") if restart_s is not None else (default_restart_s, "site default")
+    lost = max(0.0, now - saved_t)
+    if end_t is not None:
+        left, left_basis = max(0.0, end_t - now), "to the allocation's end"
+    else:
+        left, left_basis = max(0.0, trained_s), "the training so far: the allocation's end is unknown"
+    gain = (step_s - baseline_s) / step_s * left if step_s > 0 else 0.0
+    price = restart + lost
+    return Weighing(gain > pay_factor * price, gain, price, restart, restart_basis, lost, left, left_basis,
+                    pay_factor, step_s, baseline_s)

@@ -421,7 +421,8 @@ def _cannot_go_on(tmp_path: Path) -> str:
     from trainctl.job.policy import load_gate_policy
 
     policy = load_gate_policy("local-demo", None)
-    watch = machine.WatchFacts(policy.watch_limits, None, 1.0, 1.0, 1.0)
+    watch = machine.WatchFacts(policy.watch_limits, None, 1.0, 1.0, 1.0, policy.watch.pay_factor,
+                               policy.watch.restart_cost_s)
     facts = machine.JobFacts(("node1", "node2"), "node1", True, 0, max_restarts=3, min_nodes=2, successors=0,
                              watch=watch)
     state = machine.JobState()
@@ -437,6 +438,39 @@ def _cannot_go_on(tmp_path: Path) -> str:
     with contextlib.redirect_stderr(said):
         driver.carry_out(effects[-1])
     return said.getvalue()
+
+
+def _slowdown_weighed(tmp_path: Path) -> str:
+    # the job's machine on the local-demo site's settings, its journal written by the job's own
+    # Journal, and `job show`'s timeline of it: a job of --nodes 2 stepping at 0.5 s, whose program
+    # slows to 1 s a step after 80 s of training with no node named; its last save at 1060 s
+    from trainctl.job import machine
+    from trainctl.job.driver import JobDriver
+    from trainctl.job.jobdir import Journal, NodeReading, RankProgress, read_journal
+    from trainctl.job.journal import timeline_lines
+    from trainctl.job.policy import load_gate_policy
+
+    policy = load_gate_policy("local-demo", None)
+    watch = machine.WatchFacts(policy.watch_limits, 10, 1.0, 1.0, 1.0, policy.watch.pay_factor,
+                               policy.watch.restart_cost_s)
+    facts = machine.JobFacts(("node1", "node2"), "node1", False, 0, max_restarts=3, min_nodes=2, watch=watch)
+    clock = [1000.0]
+    driver = JobDriver.__new__(JobDriver)
+    driver.journal = Journal(tmp_path / "journal.jsonl", clock=lambda: clock[0])
+    state, _ = machine.advance(facts, machine.JobState(), machine.Started())
+    state, _ = machine.advance(facts, state, machine.GateDecided("node[1-2]", ("node1", "node2"), "10.0.0.1"))
+    state, _ = machine.advance(facts, state, machine.TrainingStarted(1000.0))
+    for second in range(1, 121):
+        t = 1000.0 + second
+        steps = int(min(second, 80) * 2 + max(second - 80, 0))
+        readings = {node: NodeReading(node, t, (RankProgress(rank, steps, float(second), t),), ())
+                    for rank, node in enumerate(("node1", "node2"))}
+        clock[0] = t
+        state, effects = machine.advance(facts, state, machine.Polled(t, readings, 1060.0))
+        for effect in effects:
+            if isinstance(effect, machine.Journal) and effect.kind == "weighed":
+                driver.carry_out(effect)
+    return "\n".join(timeline_lines([("1", read_journal(tmp_path / "journal.jsonl"))], 1000.0)) + "\n"
 
 
 def _flight_recorder_section(tmp_path: Path) -> str:
@@ -506,6 +540,7 @@ SAMPLES = {
     "a night's sweep, then report": _sweep_report,
     "job show of a retried job": _retry_chain,
     "the job cannot go on": _cannot_go_on,
+    "a slowdown weighed": _slowdown_weighed,
     "the agent's flight recorder section": _flight_recorder_section,
     "the agent refusing another user's directory": _agent_refusing,
     "rank-exec refusing another user's directory": _rank_exec_refusing,

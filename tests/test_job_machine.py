@@ -17,7 +17,8 @@ from trainctl.site import load_site
 ALLOCATED = ("node1", "node2", "node3", "node4")
 LIMITS = WatchLimits(slow_factor=1.5, slow_window_s=10.0, baseline_window_s=120.0, warmup_s=0.0, hang_floor_s=20.0,
                      hang_steps=20.0, agent_silence_s=10.0)
-WATCH = machine.WatchFacts(LIMITS, checkpoint_signal=10, checkpoint_wait_s=15.0, dump_wait_s=5.0, end_grace_s=3.0)
+WATCH = machine.WatchFacts(LIMITS, checkpoint_signal=10, checkpoint_wait_s=15.0, dump_wait_s=5.0, end_grace_s=3.0,
+                           pay_factor=3.0, restart_cost_s=600.0)
 
 
 def facts(*, release=True, retries=0, batch_host="node1", restarts=0, spares=0, min_nodes=1, successors=0,
@@ -211,7 +212,7 @@ def test_a_sick_node_asks_for_a_checkpoint_stops_the_step_and_restarts_on_the_he
 
 
 def test_without_a_checkpoint_signal_the_request_is_still_one_effect():
-    job = facts(spares=1, restarts=2, watch=machine.WatchFacts(LIMITS, None, 15.0, 5.0, 3.0))
+    job = facts(spares=1, restarts=2, watch=machine.WatchFacts(LIMITS, None, 15.0, 5.0, 3.0, 3.0, 600.0))
     assert sick_detected(job)[1][2] == machine.AskForCheckpoint(None, 15.0)
 
 
@@ -231,15 +232,68 @@ def test_a_hung_node_gets_the_others_stacks_and_is_named_by_its_silent_agent():
     assert effects[-1] == machine.RunGate(("node1", "node3"), archive=1)
 
 
-def test_a_slowdown_no_gate_localises_becomes_the_new_normal_on_the_same_nodes():
-    job = facts(release=False, restarts=1, watch=WATCH)
+def slowing(job, state, times, saved_t=None):
+    """0.5 s a step for 60 s from 1000, then 1.0 s a step; Polled until the phase changes.
+    Returns (state, every effect)."""
+    seen = []
+    for t in times:
+        steps = int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0))
+        state, effects = feed(job, state, machine.Polled(t, {node: reading(node, t, steps, 0.5, (), t - 1000.0)
+                                                             for node in ("node1", "node2")}, saved_t))
+        seen += effects
+        if state.phase != "train":
+            break
+    return state, tuple(seen)
+
+
+def weighed(effects):
+    return [e for e in effects if isinstance(e, machine.Journal) and e.kind == "weighed"]
+
+
+def test_a_slowdown_no_evidence_pins_on_a_node_is_weighed_and_training_goes_on_when_the_gate_would_not_pay():
+    # the allocation ends in an hour: halving the step time over it gains about 30 min, under 3 x (the
+    # site's 600 s restart price + the work since the last checkpoint)
+    job = facts(release=False, restarts=3, watch=replace(WATCH, end_t=1065.0 + 3600.0))
     state, _ = training(job)
-    # 0.5 s a step for 60 s, then 1.0 s a step: two steps a poll, then one
-    state, effects = polls(job, state, ("node1", "node2"), [1001.0 + i for i in range(90)],
-                           lambda node, t: int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0)),
-                           seconds_at=lambda node, t: t - 1000.0)
+    state, effects = slowing(job, state, [1001.0 + i for i in range(90)], saved_t=1050.0)
+    assert state.phase == "train" and state.detection is None
+    assert not any(isinstance(e, (machine.StopStep, machine.AskForCheckpoint, machine.RunGate)) for e in effects)
+    [decision] = weighed(effects)
+    fields = decision.fields
+    assert fields["action"] == "go on" and fields["kind"] == "slow" and fields["restart_basis"] == "site default"
+    assert fields["restart_s"] == 600.0 and fields["left_basis"] == "to the allocation's end"
+    assert fields["price_s"] == fields["restart_s"] + fields["lost_work_s"]
+    assert fields["gain_s"] <= fields["pay_factor"] * fields["price_s"]
+    assert fields["gain_s"] == pytest.approx((fields["step_s"] - fields["baseline_s"]) / fields["step_s"]
+                                             * fields["left_s"], abs=0.2)
+    said = [e for e in effects if isinstance(e, machine.Say)]
+    assert said and "training goes on" in said[0].line
+    # the slower step time is the new normal: the same slowdown is not weighed again
+    assert state.accepted_step_s > 0.5 and state.watch.accepted_step_s == state.accepted_step_s
+    state, effects = slowing(job, state, [1091.0 + i for i in range(120)], saved_t=1050.0)
+    assert weighed(effects) == [] and state.phase == "train"
+
+
+def test_without_the_allocations_end_the_elapsed_training_stands_in_for_the_time_left():
+    job = facts(release=False, restarts=3, watch=WATCH)
+    state, _ = training(job)
+    _, effects = slowing(job, state, [1001.0 + i for i in range(90)])
+    [decision] = weighed(effects)
+    assert decision.fields["left_basis"].startswith("the training so far") and decision.fields["action"] == "go on"
+    assert 60.0 < decision.fields["left_s"] < 90.0    # the training since 1000
+    # no checkpoint seen: the work since the training step's start is what a restart loses
+    assert decision.fields["lost_work_s"] == decision.fields["left_s"]
+
+
+def test_a_slowdown_worth_the_gate_stops_for_it_and_one_the_gate_does_not_localise_is_the_new_normal():
+    job = facts(release=False, restarts=1, watch=replace(WATCH, end_t=1000.0 + 10 * 86400.0))
+    state, _ = training(job)
+    state, effects = slowing(job, state, [1001.0 + i for i in range(90)], saved_t=1060.0)
     assert state.phase == "stopping" and state.detection.kind == "slow" and state.detection.suspects == ()
+    [decision] = weighed(effects)
+    assert decision.fields["action"] == "gate" and decision.fields["gain_s"] > 3 * decision.fields["price_s"]
     assert effects[-2:] == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
+    stopped_t = state.stopped_t
     state, effects = feed(job, state, machine.StepStopped(143))
     assert effects[-1] == machine.RunGate(ALLOCATED, archive=1) and state.condemned == ()
     state, effects = feed(job, state, machine.GateDecided("node[1-2]", ("node1", "node2"), "a"))
@@ -250,6 +304,22 @@ def test_a_slowdown_no_gate_localises_becomes_the_new_normal_on_the_same_nodes()
     assert state.accepted_step_s > 0.5
     state, _ = feed(job, state, machine.TrainingStarted(3000.0))
     assert state.watch.accepted_step_s == state.accepted_step_s
+    # the restart's own time, from the decision to its first step, is the job's measured restart price
+    state, effects = feed(job, state, machine.Polled(3040.0, {"node1": reading("node1", 3040.0, 1),
+                                                              "node2": reading("node2", 3040.0, 1)}))
+    assert machine.Journal("first_step", {"steps": 1}) in effects
+    assert state.restart_s == 3040.0 - stopped_t and state.stopped_t == 0.0
+
+
+def test_a_measured_restart_prices_the_next_slowdown():
+    job = facts(release=False, restarts=3, watch=replace(WATCH, end_t=1065.0 + 1800.0))
+    state, _ = training(job)
+    cheap, effects = slowing(job, replace(state, restart_s=60.0), [1001.0 + i for i in range(90)], saved_t=1060.0)
+    [decision] = weighed(effects)
+    assert decision.fields["restart_basis"] == "measured" and decision.fields["restart_s"] == 60.0
+    assert decision.fields["action"] == "gate" and cheap.phase == "stopping"
+    dear, effects = slowing(job, state, [1001.0 + i for i in range(90)], saved_t=1060.0)
+    assert weighed(effects)[0].fields["action"] == "go on" and dear.phase == "train"
 
 
 def test_a_slowdown_after_the_last_restart_is_noted_and_training_goes_on():
@@ -308,8 +378,10 @@ def test_the_driver_watches_where_the_plan_says_with_the_sites_watch_settings(tm
     policy = load_gate_policy(site, None)
     watched = job_facts(plan(), policy, ALLOCATED, "node1")
     assert (watched.max_restarts, watched.hold_spares, watched.successors) == (2, 1, 1)
-    assert watched.watch == machine.WatchFacts(policy.watch_limits, 10, policy.watch.checkpoint_wait_s,
-                                               policy.watch.dump_wait_s, policy.watch.end_grace_s)
+    assert watched.watch == machine.WatchFacts(
+        replace(policy.watch_limits, startup_s=policy.startup_s(2), steps_expected=policy.watch.auto_steps),
+        10, policy.watch.checkpoint_wait_s, policy.watch.dump_wait_s, policy.watch.end_grace_s,
+        policy.watch.pay_factor, policy.watch.restart_cost_s, None)
     off = job_facts(plan(watch=False), policy, ALLOCATED, "node1")
     assert off.watch is None and (off.max_restarts, off.hold_spares, off.successors) == (0, 0, 0)
     assert (off.allocated, off.batch_host, off.min_nodes, off.retries) == (ALLOCATED, "node1", 2, 0)
@@ -584,3 +656,56 @@ def test_a_journal_that_cannot_be_written_warns_once_and_never_ends_the_job(tmp_
     assert journal.add("job_start")["t"] == 5.0
     journal.add("gate_start")
     assert capsys.readouterr().err.count("cannot write the journal") == 1
+
+
+def test_ranks_that_never_reach_their_first_step_are_a_hang_with_their_stacks_once_in_a_job_that_never_stepped():
+    job = facts(release=False, restarts=3, watch=replace(WATCH, limits=replace(LIMITS, startup_s=30.0,
+                                                                                steps_expected=True)))
+    state, _ = training(job)
+    silent = lambda t: {node: reading(node, t, 0) for node in ("node1", "node2")}   # agents write, no step
+    for t in [1001.0 + i for i in range(40)]:
+        state, effects = feed(job, state, machine.Polled(t, silent(t)))
+        if state.phase != "train":
+            break
+    assert t == 1030.0 and state.detection.kind == "hung" and state.detection.suspects == ()
+    assert state.detection.evidence == "no rank reached its first step in 30 s (start-up bound 30 s)"
+    assert effects[-2:] == (machine.RequestStacks(("node1", "node2"), 5.0), machine.StopStep(3.0))
+    state, effects = feed(job, state, machine.StepStopped(143))
+    state, effects = feed(job, state, machine.GateDecided("node[1-2]", ("node1", "node2"), "a"))
+    assert effects[0].fields["note"] == "nobody named" and isinstance(effects[-1], machine.RunTraining)
+    # the restart: the program may simply report no steps, and the gate found every node healthy
+    state, _ = feed(job, state, machine.TrainingStarted(2000.0))
+    for t in [2001.0 + i for i in range(120)]:
+        state, effects = feed(job, state, machine.Polled(t, silent(t)))
+        assert state.phase == "train", effects
+
+
+def test_the_start_up_bound_holds_for_a_restart_of_a_program_that_reported_steps():
+    # site auto_steps off: only the job's own earlier steps say that the program reports steps
+    job = facts(release=False, restarts=3, watch=replace(WATCH, limits=replace(LIMITS, startup_s=30.0)))
+    state, _ = training(job)
+    state, _ = polls(job, state, ("node1", "node2"), [1001.0, 1002.0], lambda node, t: int(t - 1000.0))
+    assert state.stepped
+    state = replace(state, phase="train")
+    state, _ = feed(job, state, machine.TrainingStarted(2000.0))
+    for t in [2001.0 + i for i in range(40)]:
+        state, effects = feed(job, state, machine.Polled(t, {node: NodeReading(node, t) for node in ("node1", "node2")}))
+        if state.phase != "train":
+            break
+    assert state.detection.kind == "hung" and "first step" in state.detection.evidence
+    # the same without the earlier steps: nothing says the program reports any
+    fresh, _ = training(job)
+    for t in [1001.0 + i for i in range(120)]:
+        fresh, effects = feed(job, fresh, machine.Polled(t, {node: NodeReading(node, t) for node in ("node1", "node2")}))
+        assert fresh.phase == "train", effects
+
+
+def test_the_driver_reads_the_allocations_end_and_whether_steps_are_counted_from_the_jobs_environment():
+    from trainctl.job.driver import allocation_end, steps_counted
+
+    assert allocation_end({"SLURM_JOB_START_TIME": "1000", "SLURM_JOB_END_TIME": "4600"}) == 4600.0
+    assert allocation_end({}) is None and allocation_end({"SLURM_JOB_END_TIME": "soon"}) is None
+    # no time limit: Slurm's end lies years away, which says nothing of the time left
+    assert allocation_end({"SLURM_JOB_START_TIME": "1000", "SLURM_JOB_END_TIME": str(1000 + 400 * 86400)}) is None
+    assert steps_counted(True, {}) and not steps_counted(False, {})
+    assert not steps_counted(True, {"TRAINCTL_AUTO_STEPS": "0"}) and steps_counted(False, {"TRAINCTL_AUTO_STEPS": "1"})

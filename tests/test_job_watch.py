@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+
+import pytest
 
 from trainctl.job import jobdir
 from trainctl.job import watch as w
@@ -343,3 +346,122 @@ def test_a_node_file_without_activity_reads_as_none():
     with_activity = json.dumps({"format": 1, "node": "n", "t": 1.0,
                                 "ranks": {"0": {"pid": 5, "steps": 2, "step_seconds": 1.0, "activity": 7}}})
     assert jobdir.parse_node_file(with_activity).ranks[0].activity == 7
+
+
+# ---------------------------------------------------------------- the start-up bound
+
+def waiting(limits: w.WatchLimits, seconds: int, ranks=()) -> list[tuple[float, w.Detection]]:
+    """A training step whose ranks never reach their first step; every agent writes on time, with
+    `ranks` (what the ranks reported, no step) in node1's file."""
+    state, t, found = w.start(1000.0), 1000.0, []
+    for _ in range(seconds):
+        t += 1
+        readings = {n: w.NodeReading(n, t, tuple(ranks) if n == "node1" else ()) for n in NODES}
+        observation = w.observe(limits, state, t, readings)
+        state = observation.state
+        if observation.detection:
+            found.append((t - 1000.0, observation.detection))
+    return found
+
+
+def test_no_first_step_within_the_start_up_bound_is_a_hang_naming_nobody():
+    limits = replace(LIMITS, startup_s=90.0, steps_expected=True)
+    [(after, detection), *_] = waiting(limits, 120)
+    assert after == 90.0 and detection.kind == "hung" and detection.suspects == ()
+    assert detection.evidence == "no rank reached its first step in 90 s (start-up bound 90 s)"
+
+
+def test_the_start_up_bound_judges_only_a_program_that_reports_steps():
+    # steps are not counted for it (auto_steps off) and no rank reported anything: not knowable
+    assert waiting(replace(LIMITS, startup_s=90.0, steps_expected=False), 300) == []
+    # a rank reported something (a compute section, a checkpoint): it reports, so it is judged
+    said = waiting(replace(LIMITS, startup_s=90.0, steps_expected=False), 120,
+                   ranks=(w.RankProgress(0, 0, 0.0, 0.0, 100, activity=3),))
+    assert said and said[0][0] == 90.0 and said[0][1].kind == "hung"
+    # a site without the bound
+    assert waiting(replace(LIMITS, startup_s=0.0, steps_expected=True), 300) == []
+
+
+def test_a_first_step_within_the_bound_ends_the_start_up_watch():
+    job = Job()
+    job.state = w.start(job.t)
+    limits_before = LIMITS
+    try:
+        globals()["LIMITS"] = replace(LIMITS, startup_s=5.0, steps_expected=True)
+        assert job.run(600) == []
+    finally:
+        globals()["LIMITS"] = limits_before
+
+
+def test_the_start_up_bound_grows_with_the_nodes_from_the_site_model():
+    from trainctl.job.policy import load_gate_policy
+    policy = load_gate_policy("local-demo", None)
+    watch = policy.watch
+    assert policy.startup_s(4) == watch.startup_s + 4 * watch.startup_per_node_s
+    assert policy.startup_s(2048) >= policy.startup_s(4)
+
+
+# ---------------------------------------------------------------- noise is not a slowdown
+
+def default_limits() -> w.WatchLimits:
+    from trainctl.site import WatchConfig
+    c = WatchConfig()
+    return w.WatchLimits(c.slow_factor, c.slow_window_s, c.baseline_window_s, c.warmup_s, c.hang_floor_s,
+                         c.hang_steps, c.agent_silence_s)
+
+
+def demo_limits() -> w.WatchLimits:
+    from trainctl.job.policy import load_gate_policy
+    return load_gate_policy("local-demo", None).watch_limits
+
+
+def noisy(limits: w.WatchLimits, step_time, seconds: int) -> list[w.Detection]:
+    """Four ranks in lockstep whose step k takes step_time(k) seconds, as each rank measures it (a
+    phase between two steps counts in the step after it); the main threads move throughout (an
+    evaluation, a save or a stall is not stuck). One poll a second."""
+    state, t, found = w.start(0.0), 0.0, []
+    steps, ended = 0, 0.0                       # steps done, and when the last one ended
+    while t < seconds:
+        t += 1
+        while ended + step_time(steps) <= t:
+            ended += step_time(steps)
+            steps += 1
+        seconds_done = ended                    # every step's time, phases included
+        readings = {n: w.NodeReading(n, t, (w.RankProgress(i, steps, seconds_done, ended, 100 + i,
+                                                           activity=int(t)),))
+                    for i, n in enumerate(NODES)}
+        observation = w.observe(limits, state, t, readings)
+        state = observation.state
+        if observation.detection:
+            found.append(observation.detection)
+    return found
+
+
+NOISE = {
+    # an evaluation every 50 steps, as long as 20 steps
+    "evaluation every 50 steps": lambda base: lambda k: base * (21 if k % 50 == 49 else 1),
+    # a save every 100 steps, as long as 40 steps
+    "save every 100 steps": lambda base: lambda k: base * (41 if k % 100 == 99 else 1),
+    # the input pipeline stalls 3 s every 40 steps
+    "3 s data stall every 40 steps": lambda base: lambda k: base + (3.0 if k % 40 == 39 else 0.0),
+    # a full garbage collection: 1.5 s every 500 steps, and one of 8 s
+    "GC pauses": lambda base: lambda k: base + (8.0 if k == 2500 else 1.5 if k % 500 == 499 else 0.0),
+    # the first epoch reads cold storage: its 1,500 steps take 1.6x as long
+    "slower first epoch": lambda base: lambda k: base * (1.6 if k < 1500 else 1.0),
+}
+
+
+@pytest.mark.parametrize("base", [0.25, 2.0], ids=["0.25 s steps", "2 s steps"])
+@pytest.mark.parametrize("noise", sorted(NOISE))
+@pytest.mark.parametrize("limits", ["site defaults", "local-demo"])
+def test_noise_is_not_a_slowdown(noise, base, limits):
+    chosen = default_limits() if limits == "site defaults" else demo_limits()
+    span = chosen.warmup_s + chosen.baseline_window_s + chosen.slow_window_s
+    assert noisy(chosen, NOISE[noise](base), int(span + 1200)) == []
+
+
+def test_the_noise_harness_still_sees_a_real_slowdown():
+    # the same harness, with the step time doubled for good after 1,000 s: detected, naming nobody
+    limits = default_limits()
+    found = noisy(limits, lambda k: 0.25 if k < 4000 else 0.5, 2000)
+    assert found and found[0].kind == "slow" and found[0].suspects == ()

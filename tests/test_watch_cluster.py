@@ -119,10 +119,15 @@ ALL = {s.name: s for s in (
 )}
 
 
-def watch_site(tmp_path: Path, spare: int) -> Path:
+def watch_site(tmp_path: Path, spare: int, slow_fault: bool = False) -> Path:
     return site_variant(tmp_path, "local-demo", {
         "watch.enabled": not WATCH_OFF,
         "watch.hold_spares": spare,
+        # a slowdown no node is named for is weighed against the time left (watch.pay_factor): a few
+        # minutes here, never worth a restart. Where a link is cut, these runs measure whether the
+        # gate names the slow node, so there every slowdown goes to the gate (0: any gain pays);
+        # elsewhere the site's own weighing holds
+        **({"watch.pay_factor": 0.0} if slow_fault else {}),
         # the gate again after a detection must take seconds: one size, 6 iterations a pair
         # (about 0.1 s each at WIRE, 0.3 s at SLOW_WIRE), so it confirms within about 15 s
         "gate.fabric_sizes": ["1M"],
@@ -193,7 +198,7 @@ def saves_seen(gate_dir: Path) -> int:
 
 
 def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
-    site = watch_site(tmp_path, scenario.spare)
+    site = watch_site(tmp_path, scenario.spare, slow_fault=(scenario.fault or scenario.name) == "a")
     checkpoint = tmp_path / "ck.pt"
     healthy_steps = int(HEALTHY_SECONDS / (STEP_S + 0.2))
     program = [TRAIN, "--steps", str(max(healthy_steps, 150)), "--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB),

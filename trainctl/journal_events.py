@@ -100,6 +100,7 @@ class Kind(str, Enum):
     FIRST_STEP = "first_step", "first step reported"
     CHECKPOINT = "checkpoint", "checkpoint seen"
     DETECTION = "detection", "watch: detection"
+    WEIGHED = "weighed", "watch: a slowdown no node is named for, weighed: the gate's gain against a restart's price"
     AGENT_SILENT = "agent_silent", "watch: node agent silent"
     STACKS = "stacks", "watch: every rank's stack recorded"
     CHECKPOINT_REQUEST = "checkpoint_request", "watch: asked the ranks to checkpoint"
@@ -123,6 +124,10 @@ EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
     Kind.FIRST_STEP: {"steps": "int"},
     Kind.CHECKPOINT: {"checkpoint_t": "time", "note": "str", "source": "str"},
     Kind.DETECTION: {"kind": "str", "suspects": "strs", "evidence": "str", "details": "object", "note": "str"},
+    Kind.WEIGHED: {"kind": "str", "evidence": "str", "details": "object", "action": "str", "gain_s": "time",
+                   "price_s": "time", "restart_s": "time", "restart_basis": "str", "lost_work_s": "time",
+                   "left_s": "time", "left_basis": "str", "pay_factor": "time", "step_s": "time",
+                   "baseline_s": "time"},
     Kind.AGENT_SILENT: {"node": "str", "note": "str"},
     Kind.STACKS: {"files": "names"},
     Kind.CHECKPOINT_REQUEST: {"signal": "any", "listening": "any", "refused": "str", "saved": "any"},

@@ -197,6 +197,21 @@ class WatchConfig:
                               "x the step time is); must exceed the program's longest checkpoint save", 600.0)
     hang_steps: float = doc("the hang timeout in steps of the job's own baseline step time, when longer "
                             "than hang_floor_s", 20.0)
+    startup_s: float = doc(
+        "no rank reporting its first step this long after the training step started is a hang (with "
+        "startup_per_node_s x the nodes added); judged only where steps are counted without the program's "
+        "help (auto_steps, not turned off by the job) or a rank has reported something; it covers the "
+        "program's import, the rendezvous and loading a checkpoint from shared storage; 0: not judged", 600.0)
+    startup_per_node_s: float = doc(
+        "added to startup_s per training node: the rendezvous and the communicators' set-up grow with the "
+        "job (0.5 s a node: about 17 minutes more at 2,048 nodes)", 0.5)
+    pay_factor: float = doc(
+        "a slowdown no evidence pins on a node stops the job for the gate only when the time it would save "
+        "over the time left exceeds this many times the restart's price (its measured restart, else "
+        "restart_cost_s, plus the work since the last checkpoint); otherwise training goes on", 3.0)
+    restart_cost_s: float = doc(
+        "a restart's time, from the decision to stop to the first step again, for a job that has not "
+        "restarted yet (set it high: a job's own restart replaces it once measured)", 600.0)
     agent_silence_s: float = doc("a node agent whose file is older than this is silent (its node hung, "
                                  "when the job stalls too); more than agent_write_s + poll_s", 60.0)
     checkpoint_wait_s: float = doc("after a slowdown or a sick node, how long the ranks get to checkpoint "
