@@ -91,7 +91,6 @@ class JobState:
     stopped_t: float = 0.0         # when the watch last decided to stop the step, until training again
     restart_s: float | None = None   # the job's last restart, from that decision to its first step again
     stepped: bool = False          # a training step of this job has reported a step
-    startup_missed: bool = False   # a training step reached no first step within the start-up bound
     # the job's environment as scontrol's resize script rewrote it: (name, value); value None: unset
     env_changes: tuple[tuple[str, str | None], ...] = ()
 
@@ -271,10 +270,7 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
         state = replace(state, trained_since=state.trained_since or event.t)
         if facts.watch is None:
             return state, (WaitStep(poll=False),)
-        # after a start-up hang in a job that never reported a step, the bound is not judged again:
-        # the program may simply report none, and the gate found every node healthy
-        watching = start_watch(event.t, state.accepted_step_s, startup=state.stepped or not state.startup_missed,
-                               stepped_before=state.stepped)
+        watching = start_watch(event.t, state.accepted_step_s, stepped_before=state.stepped)
         return (replace(state, watch=watching),
                 (StartAgents(state.job_nodes, len(state.chosen)), WaitStep(poll=True)))
     if phase == "train" and isinstance(event, Polled) and facts.watch is not None and state.watch is not None:
@@ -373,13 +369,23 @@ def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobSta
             accepted = weighed.step_s
             return (replace(state, accepted_step_s=accepted, watch=replace(state.watch, accepted_step_s=accepted)),
                     (*effects, WaitStep(poll=True)))
+    if detection.kind == "hung" and "startup_s" in detection.details and not detection.suspects:
+        # no rank reached its first step and no node is named: the ranks' stacks say where they wait,
+        # and training is not stopped on a guess (a long start-up, a program that steps no torch
+        # optimizer); the bound is not judged again in this step
+        note = "not acted on: no node is named; the ranks' stacks say where they wait"
+        return (replace(state, watch=replace(state.watch, startup=False)),
+                (*effects, Journal(Kind.DETECTION, {"kind": detection.kind, "suspects": [],
+                                                    "evidence": detection.evidence, "details": detection.details,
+                                                    "note": note}),
+                 Say(f"trainctl: watch: hung: {detection.evidence} ({note}: trainctl job show)"),
+                 RequestStacks(tuple(state.chosen), watch.dump_wait_s), WaitStep(poll=True)))
     if detection.kind == "hung":   # the stacks of the ranks whose agent still answers
         evidence: Effect = RequestStacks(tuple(n for n in state.chosen if n not in detection.suspects),
                                          watch.dump_wait_s)
     else:
         evidence = AskForCheckpoint(watch.checkpoint_signal, watch.checkpoint_wait_s)
-    missed = state.startup_missed or "startup_s" in detection.details
-    return (replace(state, phase="stopping", detection=detection, stopped_t=event.t, startup_missed=missed),
+    return (replace(state, phase="stopping", detection=detection, stopped_t=event.t),
             (*effects, *_detected(detection), evidence, StopStep(watch.end_grace_s)))
 
 

@@ -112,7 +112,7 @@ class WatchState:
     heard: Mapping[str, float] = field(default_factory=dict)   # node -> its agent's latest file time
     # node -> its compute time per step, over the baseline and slow windows only (bounded)
     compute: Mapping[str, tuple[ComputeSample, ...]] = field(default_factory=dict)
-    startup: bool = True                 # judge the start-up bound in this training step
+    startup: bool = True                 # judge the start-up bound (off once it was judged in this step)
     stepped_before: bool = False         # an earlier training step of the job reported steps
 
 
@@ -147,9 +147,8 @@ def confirm(detection: Detection, gate_named: Mapping[str, str], training_nodes:
     return Confirmation(detection.kind, {}, "nobody named", accepted_step_s)
 
 
-def start(now: float, accepted_step_s: float = 0.0, startup: bool = True, stepped_before: bool = False) -> WatchState:
-    return WatchState(started_t=now, accepted_step_s=accepted_step_s, progress_t=now, startup=startup,
-                      stepped_before=stepped_before)
+def start(now: float, accepted_step_s: float = 0.0, stepped_before: bool = False) -> WatchState:
+    return WatchState(started_t=now, accepted_step_s=accepted_step_s, progress_t=now, stepped_before=stepped_before)
 
 
 def observe(limits: WatchLimits, state: WatchState, now: float,
@@ -198,10 +197,10 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
 def _startup_hang(limits: WatchLimits, state: WatchState, now: float,
                   ranks: list[RankProgress]) -> Detection | None:
     """No rank reached its first step within the start-up bound: a hang (a rendezvous that never
-    completes, a rank stuck loading). Judged only where the program reports steps at all: they are
-    counted without its help (`steps_expected`), a rank has reported something, or an earlier
-    training step of the job reported steps; and not again after a start-up hang the gate named
-    nobody for, in a job that never reported a step (`startup` off: it may simply not step)."""
+    completes, a rank stuck loading). Judged once a step, and only where the program reports steps
+    at all: they are counted without its help (`steps_expected`), a rank has reported something,
+    or an earlier training step of the job reported steps. It names nobody: the machine records
+    the ranks' stacks and lets the step go on (a long start-up is no fault of a node's)."""
     waited = now - state.started_t
     if not limits.startup_s or waited < limits.startup_s or not state.startup:
         return None

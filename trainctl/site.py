@@ -199,9 +199,10 @@ class WatchConfig:
                             "than hang_floor_s", 20.0)
     startup_s: float = doc(
         "no rank reporting its first step this long after the training step started is a hang (with "
-        "startup_per_node_s x the nodes added); judged only where steps are counted without the program's "
-        "help (auto_steps, not turned off by the job) or a rank has reported something; it covers the "
-        "program's import, the rendezvous and loading a checkpoint from shared storage; 0: not judged", 600.0)
+        "startup_per_node_s x the nodes added), recorded with every rank's stack once a step and not acted "
+        "on (it names no node); judged only where steps are counted without the program's help (auto_steps, "
+        "not turned off by the job) or a rank has reported something; it covers the program's import, the "
+        "rendezvous and loading a checkpoint from shared storage; 0: not judged", 600.0)
     startup_per_node_s: float = doc(
         "added to startup_s per training node: the rendezvous and the communicators' set-up grow with the "
         "job (0.5 s a node: about 17 minutes more at 2,048 nodes)", 0.5)
