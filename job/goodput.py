@@ -150,8 +150,11 @@ def watch_account(attempts: list[list[dict]], result: Goodput, now: float) -> Wa
     """What each detection of the chain cost, and the goodput without the watch; None without a detection."""
     events = sorted((event for journal in attempts for event in journal), key=lambda event: event["t"])
     steps_reported = any(event["event"] == Kind.FIRST_STEP for event in events)
+    # a detection with a note was only recorded (a start-up hang naming nobody, a slowdown past the
+    # restarts the site allows): the watch stopped nothing, so it cost nothing
     detections = tuple(_detection_cost(events, index, steps_reported, now)
-                       for index, event in enumerate(events) if event["event"] == Kind.DETECTION)
+                       for index, event in enumerate(events)
+                       if event["event"] == Kind.DETECTION and not event.get("note"))
     if not detections:
         return None
     changes = [detection.wall_change_s for detection in detections]

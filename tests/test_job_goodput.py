@@ -100,6 +100,17 @@ def test_no_detection_no_watch_account_and_a_restart_not_yet_training_is_not_est
         "  without the watch: not estimated (slow: no training since)"]
 
 
+def test_a_detection_only_recorded_costs_nothing():
+    # a start-up hang that named nobody: the stacks were taken, the step went on
+    recorded = journal((0, "job_start", {}), (10, "training_start", {}),
+                       (130, "detection", {"kind": "hung", "suspects": [], "details": {"startup_s": 120},
+                                           "evidence": "no rank reached its first step in 120 s (start-up bound 120 s)",
+                                           "note": "not acted on: no node is named"}),
+                       (140, "first_step", {"steps": 1}), (200, "step_end", {"status": 0}),
+                       (201, "job_end", {"status": 0}))
+    assert account_of(recorded)[1] is None
+
+
 def test_a_chain_counts_the_training_after_the_restart_in_every_attempt_less_its_lost_work():
     """Job 7 restarts after a confirmed slowdown (2x), then loses a node and is retried as job 8."""
     first = journal(
