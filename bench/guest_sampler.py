@@ -26,7 +26,10 @@ and in the process's CPU time (all its threads, the sampler's included; not the 
 waiting for a core, most of the noise on a shared machine). Printed per workload: the median
 block of each state (the median over the rounds of each process's median), and the ratios
 sampler / stopped (the same process, blocks side by side: the cost) and sampler / no job (two
-processes), each as the median of the rounds' ratios and their range.
+processes), each as the median of the rounds' ratios and their range. Last, the sampler
+thread's own CPU time (/proc/self/task/TID/schedstat), as a share of one core, while the main
+thread runs the first workload as long again: what the blocks' ratios cannot resolve on a noisy
+machine.
 
 Run: .venv/bin/python -P bench/guest_sampler.py [--rounds 10] [--blocks 8] [--loop 3000000] [--forwards 400]
 """
@@ -45,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import agent_stand_in, fresh_step_id, interleaved  # noqa: E402
 
 CHILD = r"""
-import json, random, statistics, sys, time
+import json, os, random, statistics, sys, time
 blocks, loop, forwards = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 workloads = sys.argv[4].split(",")
 import trainctl.progress as progress
@@ -99,9 +102,30 @@ for _ in range(blocks):
             wall, cpu = time.perf_counter(), time.process_time()
             work[name]()
             times[(name, state)].append((time.perf_counter() - wall, time.process_time() - cpu))
+thread_cpu = None
 if watched:
+    # The sampler thread's own CPU time (schedstat: nanoseconds on a CPU), while the main thread
+    # runs the first workload for as long as the sampler's blocks took.
+    set_sampler(False)
+    tasks = set(os.listdir("/proc/self/task"))
     set_sampler(True)
+    (tid,) = set(os.listdir("/proc/self/task")) - tasks
+
+
+    def on_cpu_ns():
+        with open(f"/proc/self/task/{tid}/schedstat") as stat:
+            return int(stat.read().split()[0])
+
+
+    try:
+        cpu, wall = on_cpu_ns(), time.perf_counter()
+        for _ in range(blocks):
+            work[workloads[0]]()
+        thread_cpu = (on_cpu_ns() - cpu) / (time.perf_counter() - wall) / 1e9
+    except (OSError, ValueError):   # no schedstat in this kernel
+        thread_cpu = None
 print(json.dumps({"watched": watched, "activity": rank._reporter.activity if rank._reporter else 0,
+                  "thread_cpu": thread_cpu,
                   "times": {f"{name}/{state}": [statistics.median(w for w, _ in values),
                                                  statistics.median(c for _, c in values)]
                             for (name, state), values in times.items()}}))
@@ -138,13 +162,15 @@ def main() -> int:
             return result
 
         times: dict[str, list[list[float]]] = {}   # "workload/state" -> each round's [wall, cpu]
-        activity = []
+        activity, thread_cpu = [], []
         for mode in interleaved(envs, args.rounds):
             result = run(mode)
             for key, value in result["times"].items():
                 times.setdefault(key, []).append(value)
             if mode == "watched rank":
                 activity.append(result["activity"])
+                if result["thread_cpu"] is not None:
+                    thread_cpu.append(result["thread_cpu"])
         reports = received[0]
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
     print(f"{args.rounds} interleaved rounds, a process per mode each; {args.blocks} blocks of each workload "
@@ -164,6 +190,10 @@ def main() -> int:
                   + f" {cells[0]:>26} {cells[1]:>26}")
     print(f"(ms per block, medians; a block: {args.loop:,} loop iterations, or {args.forwards} "
           "forward passes of a 256-512-256 MLP on a batch of 64, one torch thread)")
+    if thread_cpu:
+        print(f"the sampler thread's own CPU time, the main thread running {LABELS[workloads[0]]}: "
+              f"{statistics.median(thread_cpu) * 100:.4f} % of a core (median; "
+              f"{min(thread_cpu) * 100:.4f}-{max(thread_cpu) * 100:.4f})")
     print(f"the sampler saw the main thread move {statistics.median(activity):g} times a process (median); "
           f"reports received: {reports:,}")
     return 0
