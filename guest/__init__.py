@@ -18,9 +18,10 @@ That code lives in someone else's program. Its rules, each guarded by a test
    program's own directory on sys.path: its folder is off sys.path before the program starts.
 5. The environment is read, never written. The thread is invisible to `threading` (started
    with `_thread`), paused around `os.fork()` and ended at the interpreter's exit.
-6. Nothing another user can reach: files the room reads or writes on the node lie in the job
-   user's private directory (trainctl.agent_socket) and are opened without following links or
-   blocking, and refused when another user owns them.
+6. Nothing another user can reach: the files the room reads or writes on the node lie in the job
+   user's private directory (trainctl.private_dir), and one another user owns is refused; what it
+   writes into the job's directory (the watch folder, the checkpoint marker) and everything it
+   opens, it opens without following a link or blocking.
 7. Measured: a rank's start-up, a step and the sampler each have a bench (docs/performance.md).
 
 Modules: `wire` (the names and the datagram the node agent reads), `reporter` (the rank's counters

@@ -27,6 +27,7 @@ LOOKS_A_TICK = 3
 RELOOK_S = 0.002
 STOP_WAIT_S = 1.0                    # how long the exit or a fork waits for the sampler to end
 STACK_DEPTH = 64                     # frames compared, from the innermost
+TASK_GONE_POLL_S = 0.0002            # between looks whether the ended thread has left the kernel
 
 
 def stack_signature(frame) -> tuple | None:
@@ -58,6 +59,7 @@ class Sampler:
         self.wake = None                       # released to end the thread
         self.ended = None                      # held while the thread runs
         self.running = False
+        self.native_id = 0                     # the thread's id in the kernel, /proc/self/task/<id>
 
     def start(self) -> None:
         """Start the thread with every signal blocked (it inherits the mask of the thread that
@@ -89,18 +91,30 @@ class Sampler:
             pass                                # activity goes unreported; steps still count
 
     def stop(self) -> None:
-        """End the thread and wait for it, briefly: never an error, never a long wait."""
+        """End the thread and wait for it, briefly: never an error, never a long wait. Its last
+        Python line is not its end in the kernel, where a fork counts the process's threads
+        (Python 3.12's warning at os.fork() reads /proc/self/stat): so until its task is gone."""
         try:
             if not self.running:
                 return
             self.running = False
             self.wake.release()
-            if self.ended.acquire(timeout=STOP_WAIT_S):
-                self.ended.release()
+            deadline = time.monotonic() + STOP_WAIT_S
+            if not self.ended.acquire(timeout=STOP_WAIT_S):
+                return
+            self.ended.release()
+            task = f"/proc/self/task/{self.native_id}"
+            while time.monotonic() < deadline:
+                try:
+                    os.stat(task)
+                except OSError:
+                    return
+                time.sleep(TASK_GONE_POLL_S)
         except Exception:
             pass
 
     def _run(self, wake, ended) -> None:
+        self.native_id = _thread.get_native_id()
         try:
             self._watch(wake)
         except BaseException:

@@ -57,7 +57,7 @@ from trainctl.health.status import CheckResult, Status
 from trainctl.job import jobdir
 from trainctl.job.jobdir import CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
-from trainctl.guest.wire import claims_prefix, decode, request_path
+from trainctl.guest.wire import SOCKET_ENV, claims_prefix, decode, request_path
 from trainctl.private_dir import ensure, write_file
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept
@@ -431,7 +431,8 @@ class Agent:
         if not token or token == self.answered:
             return
         self.answered = token
-        pids = {rank: seen.pid for rank, seen in self.ranks.items()}
+        # a rank that never reported (not yet at its first step) is found by its environment
+        pids = {**unreported_ranks(self.socket_path), **{rank: seen.pid for rank, seen in self.ranks.items()}}
         self.dumping = threading.Thread(target=self._dump, args=(token, pids), daemon=True,
                                         name="trainctl-watch-dump")
         self.dumping.start()
@@ -482,6 +483,36 @@ class Agent:
 
     def _say(self, line: str) -> None:
         print(f"trainctl job agent: {self.node}: {line}", file=sys.stderr, flush=True)
+
+
+def rank_processes(processes: Iterable[tuple[int, int, Mapping[str, str]]], socket_path: str) -> dict[int, int]:
+    """{rank: pid} of the processes (pid, parent pid, environment) that rank-exec started for this
+    node's socket, each rank's top one: a rank's own process, not the workers it started, which
+    inherit its environment."""
+    ranked = {pid: (parent, env.get("RANK", "")) for pid, parent, env in processes
+              if env.get(SOCKET_ENV) == socket_path and env.get("RANK", "").isdigit()}
+    tops: dict[int, int] = {}
+    for pid, (parent, rank) in sorted(ranked.items()):
+        if ranked.get(parent, (0, None))[1] != rank:   # its parent is no process of the same rank
+            tops.setdefault(int(rank), pid)
+    return tops
+
+
+def unreported_ranks(socket_path: str) -> dict[int, int]:
+    """This user's processes on the node that rank-exec started for `socket_path`, by rank (read
+    from /proc with psutil; a process gone or not readable meanwhile is passed over)."""
+    import psutil
+
+    found = []
+    uid = os.geteuid()
+    for process in psutil.process_iter(["pid", "ppid", "uids"]):
+        try:
+            if process.info["uids"] is None or process.info["uids"].real != uid:
+                continue
+            found.append((process.info["pid"], process.info["ppid"], process.environ()))
+        except (psutil.Error, OSError):
+            continue
+    return rank_processes(found, socket_path)
 
 
 def _read_token(path: Path) -> str:

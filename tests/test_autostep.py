@@ -2,14 +2,8 @@
 optimizer steps and its main thread's activity, and runs exactly as it would without it."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import threading
 
-from trainctl.guest import wire
-from trainctl.launcher.rank_exec import BOOTSTRAP_DIR
+from support.rank_runs import run_rank
 
 # A plain loop, as PyTorch's docs write one: no trainctl anywhere. It prints what the bootstrap
 # must leave alone.
@@ -45,39 +39,7 @@ USER_SITECUSTOMIZE = "import os\nos.environ['MY_SITECUSTOMIZE_RAN'] = '1'\n"
 
 
 def run(tmp_path, code, *args, bootstrap=True, extra_path=None):
-    """Run `code` as a rank's program; (the finished process, every report it sent). The reports
-    are read while it runs: a Unix datagram socket queues only a few (net.unix.max_dgram_qlen)."""
-    path = str(tmp_path / "p.sock")
-    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    reader.bind(path)
-    reader.settimeout(0.1)
-    reports, done = [], threading.Event()
-
-    def drain():
-        while True:
-            try:
-                reports.append(wire.decode(reader.recv(256)))
-            except TimeoutError:
-                if done.is_set():
-                    return
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINCTL_")}
-    env.update(TRAINCTL_PROGRESS_SOCKET=path, RANK="0", TRAINCTL_PROGRESS_INTERVAL_S="0")
-    entries = ([BOOTSTRAP_DIR] if bootstrap else []) + ([extra_path] if extra_path else [])
-    if entries:
-        env["PYTHONPATH"] = os.pathsep.join(entries)
-    script = tmp_path / "train.py"
-    script.write_text(code)
-    reading = threading.Thread(target=drain)
-    reading.start()
-    try:
-        child = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True,
-                               timeout=300)
-    finally:
-        done.set()
-        reading.join()
-        reader.close()
-        os.unlink(path)
+    child, reports = run_rank(tmp_path, code, *args, bootstrap=bootstrap, extra_path=extra_path)
     assert child.returncode == 0, child.stderr
     return child, reports
 

@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainctl import progress
+from trainctl.guest import wire
 from trainctl.job.jobdir import CHECKPOINT_ENV
-from trainctl.progress import WATCH_DIR_ENV
+from trainctl.guest.wire import WATCH_DIR_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "examples" / "frameworks"
@@ -30,15 +30,16 @@ warnings.simplefilter("always")
 WARNINGS = warnings.catch_warnings(record=True)
 caught = WARNINGS.__enter__()
 import trainctl.progress as progress
-progress.REQUEST_POLL_S = 0.0          # a rank looks at the request file at every step
+from trainctl.guest import requests, wire
+requests.POLL_S = 0.0                  # a rank looks at the request file at every step
 
 ASKED = []
 
 def ask_again():
-    socket_path = os.environ.get(progress.SOCKET_ENV)
+    socket_path = os.environ.get(wire.SOCKET_ENV)
     if socket_path:
         ASKED.append(1)
-        path = progress.request_path(socket_path)
+        path = wire.request_path(socket_path)
         with open(path + ".new", "w") as out:
             out.write(f"again-{len(ASKED)}\\n")
         os.replace(path + ".new", path)
@@ -72,9 +73,9 @@ def job_env(tmp_path: Path, with_request: bool) -> dict[str, str]:
     socket_path = str(tmp_path / "agent.sock")
     (tmp_path / "watch").mkdir(exist_ok=True)
     if with_request:
-        Path(progress.request_path(socket_path)).write_text("first\n")
+        Path(wire.request_path(socket_path)).write_text("first\n")
     env = outside_env()
-    env.update(RANK="0", **{progress.SOCKET_ENV: socket_path, WATCH_DIR_ENV: str(tmp_path / "watch"),
+    env.update(RANK="0", **{wire.SOCKET_ENV: socket_path, WATCH_DIR_ENV: str(tmp_path / "watch"),
                             CHECKPOINT_ENV: str(tmp_path / "checkpoint.seen")})
     return env
 
@@ -117,7 +118,7 @@ def test_lightning_that_keeps_no_checkpoints_gets_no_save_on_request_and_is_told
     assert out["steps"] == 25
     assert files_under(work) == []
     # nothing saved, and no save told (checkpoint.seen)
-    assert files_under(tmp_path) == ["agent.sock.checkpoint-request", f"watch/{progress.LISTENING_FILE}"]
+    assert files_under(tmp_path) == ["agent.sock.checkpoint-request", f"watch/{wire.LISTENING_FILE}"]
     assert len(out["said"]) == 1 and CANNOT_SAVE in out["said"][0], out["said"]   # asked twice, said once
     assert "ModelCheckpoint" in out["said"][0]
 
@@ -151,7 +152,7 @@ def test_lightning_saves_on_request_only_into_its_model_checkpoints_folder(tmp_p
     assert out["said"] == []
     assert files_under(tmp_path) == ["after-one-that-saves-nothing/last-trainctl.ckpt",
                                      "agent.sock.checkpoint-request", "alone/last-trainctl.ckpt",
-                                     "checkpoint.seen", f"watch/{progress.LISTENING_FILE}"]
+                                     "checkpoint.seen", f"watch/{wire.LISTENING_FILE}"]
     for layout in layouts:
         assert torch.load(tmp_path / layout / "last-trainctl.ckpt", weights_only=False)["global_step"] == 20
     assert (tmp_path / "checkpoint.seen").read_text() == "step 20\n"
@@ -281,7 +282,7 @@ def test_a_transformers_trainer_with_save_strategy_no_gets_no_save_on_request_an
     out = run(TRANSFORMERS_NO_CHECKPOINTS, job_env(tmp_path, with_request=True), work, str(PROGRAMS))
     assert out["steps"] == 25
     # nothing saved, and no save told (checkpoint.seen)
-    assert files_under(tmp_path) == ["agent.sock.checkpoint-request", f"watch/{progress.LISTENING_FILE}"]
+    assert files_under(tmp_path) == ["agent.sock.checkpoint-request", f"watch/{wire.LISTENING_FILE}"]
     assert len(out["said"]) == 1 and CANNOT_SAVE in out["said"][0], out["said"]   # asked twice, said once
     assert 'save_strategy="no"' in out["said"][0]
 
@@ -291,10 +292,10 @@ def test_a_transformers_trainer_with_save_strategy_no_gets_no_save_on_request_an
 def test_a_watched_step_is_one_with_the_agents_socket_and_the_watch_folder():
     from trainctl.integrations.shared import reports_saves, watched_job
 
-    socket, watch = {progress.SOCKET_ENV: "/run/a.sock"}, {WATCH_DIR_ENV: "/gate/watch"}
+    socket, watch = {wire.SOCKET_ENV: "/run/a.sock"}, {WATCH_DIR_ENV: "/gate/watch"}
     assert watched_job({**socket, **watch})
     assert not watched_job(socket) and not watched_job(watch) and not watched_job({})
-    assert not watched_job({progress.SOCKET_ENV: "", WATCH_DIR_ENV: ""})
+    assert not watched_job({wire.SOCKET_ENV: "", WATCH_DIR_ENV: ""})
     assert reports_saves({CHECKPOINT_ENV: "/job/checkpoint.seen"})   # a step trainctl runs, not watched
     assert not reports_saves({})
 

@@ -441,3 +441,22 @@ def test_outside_a_job_the_agent_refuses_in_one_line(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stderr) == (2, "trainctl: error: job agent runs as a task of a Slurm job "
                                                "(no SLURM_JOB_ID)\n")
+
+
+def test_the_stacks_of_ranks_that_never_reported_are_found_by_their_environment(tmp_path):
+    from trainctl.guest.wire import SOCKET_ENV
+    from trainctl.job.agent import rank_processes, unreported_ranks
+
+    mine, other = {SOCKET_ENV: "/s/a.sock"}, {SOCKET_ENV: "/s/b.sock"}
+    processes = [(10, 1, {**mine, "RANK": "0"}), (11, 10, {**mine, "RANK": "0"}),   # rank 0 and its worker
+                 (12, 1, {**mine, "RANK": "1"}), (13, 1, {**other, "RANK": "2"}),   # rank 1; another job's
+                 (14, 1, {**mine, "RANK": "x"}), (15, 1, {"RANK": "3"})]
+    assert rank_processes(processes, "/s/a.sock") == {0: 10, 1: 12}
+    socket_path = str(tmp_path / "agent.sock")
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                               env=dict(os.environ, RANK="4", **{SOCKET_ENV: socket_path}))
+    try:
+        assert unreported_ranks(socket_path) == {4: waiting.pid}
+    finally:
+        waiting.kill()
+        waiting.wait()

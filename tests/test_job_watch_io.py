@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from trainctl.job.watch import NodeReading, RankProgress
 from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir, read_node_files
@@ -51,3 +52,12 @@ def test_a_poll_that_costs_more_than_its_share_of_poll_s_spaces_the_next_one():
     assert poll_wait_s(config.poll_s, 0.0) == config.poll_s
     # a large job's poll
     assert poll_wait_s(config.poll_s, config.poll_s * WATCH_SHARE * 4) == config.poll_s * 4
+
+
+def test_what_the_last_steps_ranks_said_of_themselves_is_cleared_for_the_next_step(tmp_path):
+    watch = Path(prepare_watch_dir(str(tmp_path)))
+    (watch / "checkpoint-signal-refused").write_text("rank 0: SIGUSR1 has its default action\n")
+    (watch / "checkpoint-listening").touch()
+    (watch / "checkpoint-request").write_text("token\n")   # the supervisor's own: kept, ranks compare tokens
+    prepare_watch_dir(str(tmp_path))                        # the next training step (a restart)
+    assert sorted(path.name for path in watch.iterdir()) == ["checkpoint-request"]
