@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import agent_stand_in  # noqa: E402
+from timing import agent_stand_in, fresh_step_id  # noqa: E402
 
 CHILD = r"""
 import sys, time
@@ -58,6 +58,7 @@ def measure(args: argparse.Namespace, path: str) -> dict[str, list[float]]:
         rng.shuffle(order)
         for name in order:
             mode, env = modes[name]
+            env = {**env, "SLURM_STEP_ID": fresh_step_id()}   # each process a rank's first: claims it
             out = subprocess.run([sys.executable, "-P", "-c", CHILD, mode, str(args.calls)], env=env,
                                  capture_output=True, text=True, check=True, timeout=600)
             samples[name].append(float(out.stdout))

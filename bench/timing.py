@@ -8,6 +8,7 @@ medians and ratios to a named floor, never absolute targets.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import socket
@@ -120,7 +121,10 @@ def paired_ratios(pairs: dict[str, tuple[list[str], list[str]]], rounds: int, wa
 @contextlib.contextmanager
 def agent_stand_in(prefix: str):
     """A Unix datagram socket standing in for the node agent, drained by a thread, for benches of
-    the progress API: yields (its path, a one-item list counting the datagrams it received)."""
+    the progress API: yields (its path, a one-item list counting the datagrams it received).
+    A rank claims itself beside the socket (a directory per rank and Slurm step, kept until the
+    agent ends): a bench that starts several ranks gives each its own SLURM_STEP_ID
+    (`fresh_step_id`), and the claims are removed here at the end."""
     folder = tempfile.mkdtemp(prefix=prefix)
     path = os.path.join(folder, "progress.sock")
     reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -145,4 +149,16 @@ def agent_stand_in(prefix: str):
         thread.join()
         reader.close()
         os.unlink(path)
+        for name in os.listdir(folder):   # the ranks' claims (trainctl.guest.wire.claim_path)
+            if name.startswith(os.path.basename(path) + ".rank-"):
+                os.rmdir(os.path.join(folder, name))
         os.rmdir(folder)
+
+
+_step_ids = itertools.count()
+
+
+def fresh_step_id() -> str:
+    """A SLURM_STEP_ID no other rank of this bench has had: each process of rank 0 that a bench
+    starts is then a rank's first process, which claims the rank and reports, as in a job."""
+    return f"bench-{os.getpid()}-{next(_step_ids)}"

@@ -73,3 +73,44 @@ def test_fleet_scale_bench_folds_a_day_and_reports_at_tiny_n():
     for row in ("ingest, new day", "ingest, nothing new", "report text", "report html without jobs"):
         assert row in out.stdout
     assert "targets: report <= 5 s" in out.stdout
+
+
+def run_bench(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-P", str(BENCH / argv[0]), *argv[1:]],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_progress_cost_bench_reports_from_each_watched_process():
+    out = run_bench("progress_cost.py", "--calls", "2000", "--rounds", "1")
+    assert out.returncode == 0, out.stderr[-2000:]
+    for mode in ("bare loop", "not under job", "under job", "every call"):
+        assert mode in out.stdout
+    # "every call" sends a datagram a call (some lost when the reader's queue is full), which it
+    # does only as the rank's own process, the first of its rank and Slurm step
+    received = int(out.stdout.split("datagrams received:")[1].split()[0].replace(",", ""))
+    assert received > 100
+
+
+def test_guest_step_bench_times_the_hook_at_tiny_n():
+    out = run_bench("guest_step.py", "--steps", "200", "--rounds", "1")
+    assert out.returncode == 0, out.stderr[-2000:]
+    for mode in ("no hook", "hook, own steps", "call nothing", "hook call, own"):
+        assert mode in out.stdout
+    steps = int(out.stdout.split("steps counted:")[1].split(")")[0].replace(",", ""))
+    assert steps > 0   # the hook counted the optimizer's steps for the rank
+
+
+def test_guest_startup_bench_runs_interpreters_with_and_without_the_bootstrap():
+    # `pass` alone: each torch program is seconds of imports (the bench runs them by hand)
+    out = run_bench("guest_startup.py", "--programs", "pass", "--rounds", "1", "--pass-repeats", "1")
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]   # its exit code says whether the target was met
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("pass ")]
+    assert [row[1] for row in rows[:2]] == ["without", "with"] and "target <= 5 ms" in out.stdout
+
+
+def test_guest_sampler_bench_times_blocks_with_the_sampler_running_and_not():
+    out = run_bench("guest_sampler.py", "--rounds", "1", "--blocks", "1", "--loop", "20000",
+                    "--workloads", "python")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [line.split()[:3] for line in out.stdout.splitlines() if line.startswith("python loop")] == \
+        [["python", "loop", "wall"], ["python", "loop", "CPU"]]

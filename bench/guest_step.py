@@ -1,4 +1,9 @@
-"""What counting optimizer steps without code (`trainctl.autostep`) costs a training loop.
+"""What counting optimizer steps without code (the guest room's hook) costs a training loop.
+
+The hook is `trainctl.guest.hook.after_optimizer_step`, which the bootstrap registers as torch's
+global optimizer step hook; the reporter is this process's rank (`trainctl.guest.rank.the_rank()`,
+claimed at its making, beside a stand-in for the node agent's socket). The rank's first step
+starts the activity sampler, so it runs in every timed block, as in a rank.
 
 One process, a reader on the progress socket as under a job, and `optimizer.step()` of a real
 torch optimizer (SGD over one parameter without a gradient: torch's step wrapper and its hooks,
@@ -21,7 +26,7 @@ same loop calling nothing:
 
 Target: the hook call under 1 us a step when no report is due.
 
-Run: .venv/bin/python -P bench/autostep_cost.py [--steps 20000] [--rounds 15]
+Run: .venv/bin/python -P bench/guest_step.py [--steps 20000] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -42,14 +47,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    with agent_stand_in("trainctl-autostep-") as (path, received):
-        os.environ.update(TRAINCTL_PROGRESS_SOCKET=path, RANK="0")
+    with agent_stand_in("trainctl-guest-step-") as (path, received):
+        os.environ.update(TRAINCTL_PROGRESS_SOCKET=path, RANK="0", SLURM_STEP_ID="0")
         os.environ.pop("TRAINCTL_PROGRESS_INTERVAL_S", None)
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        from trainctl import progress
-        reporter = progress._REPORTER
+        from trainctl.guest.hook import after_optimizer_step
+        from trainctl.guest.rank import the_rank
+        reporter = the_rank()
+        if reporter is None:
+            raise SystemExit("guest_step: this process could not claim rank 0 (see the warning above)")
         parameter = torch.nn.Parameter(torch.zeros(1))
         optimizer = torch.optim.SGD([parameter], lr=0.1)
         step = optimizer.step
@@ -57,7 +65,7 @@ def main() -> int:
         def block(mode: str) -> float:
             handle = None
             if mode != "no hook":
-                handle = register_optimizer_step_post_hook(progress._optimizer_step_hook(reporter))
+                handle = register_optimizer_step_post_hook(after_optimizer_step)
             reporter.own_steps = mode == "hook, own steps"
             started = time.perf_counter()
             for _ in range(args.steps):
@@ -73,7 +81,7 @@ def main() -> int:
         samples: dict[str, list[float]] = {mode: [] for mode in modes}
         for mode in interleaved(modes, args.rounds):
             samples[mode].append(block(mode))
-        hook = progress._optimizer_step_hook(reporter)
+        hook = after_optimizer_step
         calls = args.steps * 10
 
         def call_block(mode: str) -> float:
