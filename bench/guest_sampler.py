@@ -172,7 +172,7 @@ def main() -> int:
                 if result["thread_cpu"] is not None:
                     thread_cpu.append(result["thread_cpu"])
         reports = received[0]
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
+    load = [f"{value:.2f}" for value in os.getloadavg()]
     print(f"{args.rounds} interleaved rounds, a process per mode each; {args.blocks} blocks of each workload "
           f"and state per process; load average {' '.join(load)}")
     print(f"{'workload':<14} {'clock':<5} {'sampler':>9} {'stopped':>9} {'no job':>9} "

@@ -114,7 +114,7 @@ def main() -> int:
             samples[mode].append(run(mode))
         time.sleep(0.3)   # the stand-in's reader takes the last report
         reports = received[0]
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
+    load = [f"{value:.2f}" for value in os.getloadavg()]
     print(f"{args.rounds} interleaved rounds ({args.pass_repeats} runs of each `pass` mode a round); "
           f"load average {' '.join(load)}")
     print(f"{'program':<14} {'bootstrap':<10} {'runs':>5} {'wall ms':>9} {'(25-75%)':>17} "
