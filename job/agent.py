@@ -50,9 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.agent_socket import agent_socket_path
-from trainctl.errors import UsageError
+from trainctl.errors import ParseError, UsageError
 from trainctl.files import write_atomically
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
+from trainctl.health.parse.schedstat import LINE_MAX, SchedStat, parse_schedstat
 from trainctl.health.status import CheckResult, Status
 from trainctl.job import jobdir
 from trainctl.job.jobdir import CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
@@ -155,6 +156,13 @@ def node_reading(node: str, t: float, started_t: float, ranks: Mapping[int, Rank
     return NodeReading(node, t, tuple(ranks[rank] for rank in sorted(ranks)),
                        tuple((p.check, p.reason) for p in checks.failed),
                        tuple((p.check, p.reason) for p in checks.unknown), started_t, checks.t, checks.runs)
+
+
+def with_main_thread_times(ranks: Mapping[int, RankProgress],
+                            times: Mapping[int, SchedStat | None]) -> dict[int, RankProgress]:
+    """Each rank with its main thread's CPU and run-queue time as read now (`main_thread_times`)."""
+    return {rank: progress._replace(cpu_seconds=times[rank].cpu_s, runq_seconds=times[rank].runq_s)
+            if times.get(rank) else progress for rank, progress in ranks.items()}
 
 
 def stacks_text(node: str, dumps: Iterable[tuple[int, int, str]]) -> str:
@@ -471,7 +479,9 @@ class Agent:
             self._say(f"stack dump not written: {exc}")
 
     def _write(self) -> None:
-        reading = node_reading(self.node, time.time(), self.started_t, self.ranks, self.checks)
+        ranks = with_main_thread_times(self.ranks, {rank: main_thread_times(progress.pid)
+                                                    for rank, progress in self.ranks.items()})
+        reading = node_reading(self.node, time.time(), self.started_t, ranks, self.checks)
         try:
             jobdir.write_node_file(self.paths, reading)
         except UsageError as exc:   # the gate directory's filesystem hiccups: the next write tries again
@@ -483,6 +493,23 @@ class Agent:
 
     def _say(self, line: str) -> None:
         print(f"trainctl job agent: {self.node}: {line}", file=sys.stderr, flush=True)
+
+
+def main_thread_times(pid: int) -> SchedStat | None:
+    """The rank's main thread (its tid is the process's pid) as the kernel counts its time: on a CPU,
+    and runnable but waiting for one. A procfs read of one short line: it never blocks."""
+    if pid <= 0:
+        return None
+    try:
+        fd = os.open(f"/proc/{pid}/task/{pid}/schedstat", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:   # the rank ended, or the kernel keeps no schedstat
+        return None
+    try:
+        return parse_schedstat(os.read(fd, LINE_MAX + 1).decode("ascii", "replace"))
+    except (OSError, ParseError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def rank_processes(processes: Iterable[tuple[int, int, Mapping[str, str]]], socket_path: str) -> dict[int, int]:

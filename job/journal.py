@@ -29,9 +29,9 @@ def describe(event: dict) -> str:
         return Kind.SUBMITTED.description
     if kind == Kind.DETECTION:
         suspects = ",".join(event.get("suspects") or []) or "no node named yet"
-        return f"watch: {event.get('kind')} ({suspects}): {event.get('evidence')}"
+        return f"watch: {event.get('kind')} ({suspects}): {event.get('evidence')}" + own_time_lines(event)
     if kind == Kind.WEIGHED:
-        return weighed_line(event)
+        return weighed_line(event) + own_time_lines(event)
     if kind == Kind.CONFIRMATION:
         named = event.get("named") or {}
         if not named:
@@ -59,6 +59,22 @@ def weighed_line(event: dict) -> str:
             f"{seconds('left_s')} left ({event.get('left_basis', '?')}) {'>' if gate else 'not >'} {factor} x price "
             f"{seconds('price_s')} (restart {seconds('restart_s')}, {event.get('restart_basis', '?')}; "
             f"{seconds('lost_work_s')} of work since the last checkpoint)")
+
+
+def own_time_lines(event: dict) -> str:
+    """A slowdown's evidence per rank (`trainctl.job.watch.OwnTime.fields`), a line each, under the event."""
+    details = event.get("details")
+    ranks = details.get("own") if isinstance(details, dict) else None
+    lines = []
+    for item in ranks if isinstance(ranks, list) else ():
+        try:
+            (cpu_before, cpu_now), (runq_before, runq_now) = item["cpu_s"], item["runq_s"]
+            lines.append(f"\n      rank {int(item['rank'])} on {item['node']}: own time a step "
+                         f"{cpu_now + runq_now:.3g} s (on a CPU {cpu_now:.3g} + waiting for one {runq_now:.3g}), "
+                         f"{cpu_before + runq_before:.3g} s before ({cpu_before:.3g} + {runq_before:.3g})")
+        except (KeyError, TypeError, ValueError):
+            continue   # a journal line from another version: the evidence line above still says it
+    return "".join(lines)
 
 
 def _value(value) -> str:

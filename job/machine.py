@@ -345,8 +345,8 @@ def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobSta
     detection = seen.detection
     if detection is None:
         return state, (*effects, WaitStep(poll=True))
-    if detection.kind == "slow" and state.restarts >= facts.max_restarts:
-        # the gate could only run again in a successor job, and a slowdown names nobody: ending the
+    if detection.kind == "slow" and not detection.suspects and state.restarts >= facts.max_restarts:
+        # the gate could only run again in a successor job, and this slowdown names nobody: ending the
         # step would stop a job that can go on (its program may not even survive the checkpoint
         # signal), on a guess. Training goes on, and the slower step time is the new normal.
         note = (f"not acted on: the {facts.max_restarts} restarts the site allows inside the allocation "

@@ -9,10 +9,14 @@ The evidence is relative to the job itself, never to a fixed figure:
   in it, each sample weighing the steps it covers) is above `slow_factor` x its own baseline
   (the same median of the samples before that window, at most `baseline_window_s` of them,
   after `warmup_s`). In synchronous data-parallel training every rank waits for the slowest, so
-  the step time says *that* the job slowed, not *who*: a slow detection names nobody. The
-  machine weighs it (`weigh`: the gate's gain over the time left against a restart's price) and
-  lets training go on, or stops for the gate, whose fabric and compute tests, re-run on the
-  job's nodes, decide who (or "slowdown not localised"). Where the ranks time their compute section
+  the step time says *that* the job slowed, not *who*. Who: each rank's main thread's own time
+  per step (on a CPU, and runnable but waiting for one, as the node's agent reads it from the
+  kernel with no help from the program) before and during the slow window. A rank whose own time
+  made the rise names its node while its peers' stays flat (`own_time_verdict`): a throttled or
+  crowded CPU, a slower core. Otherwise the detection names nobody, and the machine weighs it
+  (`weigh`: the gate's gain over the time left against a restart's price) and lets training go
+  on, or stops for the gate, whose fabric and compute tests, re-run on the job's nodes, decide
+  who (or "slowdown not localised"). Where the ranks time their compute section
   (`trainctl.progress.compute()`), the evidence says on which nodes that time rose the same way:
   on some (those nodes compute slower), on every node (the program itself), or on none (the time
   goes to waiting: the wire, the input). It narrows what to look at; the gate still decides.
@@ -54,6 +58,7 @@ from trainctl.job.jobdir import NodeReading, RankProgress
 MIN_BASELINE_SAMPLES = 5
 MIN_RECENT_SAMPLES = 3
 MAX_SAMPLES = 4096                      # bounded memory, whatever the job's length
+OWN_SHARE = 0.5                         # of the step's rise that a rank's own time must account for
 
 Kind = Literal["slow", "sick", "hung"]
 
@@ -98,6 +103,17 @@ class ComputeSample:
 
 
 @dataclass(frozen=True)
+class OwnSample:
+    t: float
+    cpu_s: float                         # a rank's main thread on a CPU, per step since the last poll
+    runq_s: float                        # and runnable, waiting for a CPU
+
+    @property
+    def own_s(self) -> float:
+        return self.cpu_s + self.runq_s
+
+
+@dataclass(frozen=True)
 class WatchState:
     started_t: float                     # the training step's start (wall time)
     accepted_step_s: float = 0.0         # a slowdown the gate did not localise: the new normal
@@ -113,6 +129,10 @@ class WatchState:
     # node -> its compute time per step, over the baseline and slow windows only (bounded)
     compute: Mapping[str, tuple[ComputeSample, ...]] = field(default_factory=dict)
     startup: bool = True                 # judge the start-up bound (off once it was judged in this step)
+    # (node, rank) -> its main thread's own time per step, over the baseline and slow windows only
+    own: Mapping[tuple[str, int], tuple[OwnSample, ...]] = field(default_factory=dict)
+    # rank -> (steps, CPU seconds, run-queue seconds) at the last poll that read its main thread
+    own_last: Mapping[int, tuple[int, float, float]] = field(default_factory=dict)
     stepped_before: bool = False         # an earlier training step of the job reported steps
 
 
@@ -258,7 +278,35 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
     return replace(state, samples=samples, progress_t=progress_t, progress_steps=progress_steps,
                    active_t=active_t, activity={r.rank: r.activity for r in ranks} or state.activity,
                    last={r.rank: (r.steps, r.step_seconds, r.compute_seconds) for r in ranks} or state.last,
-                   heard=heard, compute=_compute_samples(limits, state, now, before, readings))
+                   heard=heard, compute=_compute_samples(limits, state, now, before, readings),
+                   **_own_samples(limits, state, now, readings))
+
+
+def _own_samples(limits: WatchLimits, state: WatchState, now: float,
+                 readings: Mapping[str, NodeReading | None]) -> dict:
+    """Each rank's main thread time per step since the last poll that read it, split into time on a
+    CPU and time waiting for one, kept only as far back as the detectors look. A new process for
+    a rank (its counts went back) starts again from its first reading."""
+    keep_after = now - limits.slow_window_s - limits.baseline_window_s
+    own, last = {}, dict(state.own_last)
+    for node, reading in readings.items():
+        for rank in reading.ranks if reading else ():
+            kept = state.own.get((node, rank.rank), ())
+            if kept and kept[0].t < keep_after:
+                kept = tuple(s for s in kept if s.t >= keep_after)
+            if rank.cpu_seconds is not None and rank.runq_seconds is not None:
+                steps, cpu, runq = last.get(rank.rank, (rank.steps, rank.cpu_seconds, rank.runq_seconds))
+                if rank.steps > steps and rank.cpu_seconds >= cpu and rank.runq_seconds >= runq:
+                    added = rank.steps - steps
+                    kept += (OwnSample(now, (rank.cpu_seconds - cpu) / added, (rank.runq_seconds - runq) / added),)
+                if rank.steps != steps or rank.cpu_seconds < cpu or rank.rank not in last:
+                    last[rank.rank] = (rank.steps, rank.cpu_seconds, rank.runq_seconds)
+            if kept:
+                own[(node, rank.rank)] = kept
+    for key, kept in state.own.items():   # a node whose file is missing this poll keeps its samples
+        if key not in own and kept and kept[-1].t >= keep_after:
+            own[key] = kept
+    return {"own": own, "own_last": last}
 
 
 def _compute_samples(limits: WatchLimits, state: WatchState, now: float,
@@ -322,11 +370,83 @@ def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | 
     evidence = (f"step time {current:.3g} s over the last {limits.slow_window_s:g} s, "
                 f"{current / normal:.2f}x the job's own {normal:.3g} s")
     details = {"step_s": current, "baseline_s": normal, "samples": len(recent)}
+    suspects: tuple[str, ...] = ()
+    own = _own_times(limits, state, now)
+    if own:
+        suspects, note, details["own"] = own_time_verdict(own, current - normal)
+        evidence += "; " + note
     ratios = _compute_ratios(limits, state, now)
     if ratios:
         details["compute_ratio"] = ratios
         evidence += "; " + _compute_note(limits, ratios)
-    return Detection("slow", (), evidence, details)
+    return Detection("slow", suspects, evidence, details)
+
+
+@dataclass(frozen=True)
+class OwnTime:
+    """One rank's main thread time per step (medians), before the slow window and in it."""
+
+    node: str
+    rank: int
+    before: tuple[float, float]          # (on a CPU, waiting for one)
+    now: tuple[float, float]
+
+    @property
+    def rise_s(self) -> float:
+        return sum(self.now) - sum(self.before)
+
+    def fields(self) -> dict:
+        return {"node": self.node, "rank": self.rank, "rise_s": round(self.rise_s, 4),
+                "cpu_s": [round(self.before[0], 4), round(self.now[0], 4)],
+                "runq_s": [round(self.before[1], 4), round(self.now[1], 4)]}
+
+    def line(self) -> str:
+        return (f"rank {self.rank} on {self.node} {sum(self.now):.3g} s a step of its own (on a CPU {self.now[0]:.3g}, "
+                f"waiting for one {self.now[1]:.3g}), {sum(self.before):.3g} s before")
+
+
+def _own_times(limits: WatchLimits, state: WatchState, now: float) -> list[OwnTime]:
+    """Each rank's own time per step over the windows the step time was judged over, for the
+    ranks with enough samples in both."""
+    since = max(state.started_t + limits.warmup_s, now - limits.slow_window_s - limits.baseline_window_s)
+    found = []
+    for (node, rank), samples in sorted(state.own.items()):
+        earlier = [s for s in samples if since <= s.t <= now - limits.slow_window_s]
+        recent = [s for s in samples if s.t > now - limits.slow_window_s]
+        if len(earlier) >= MIN_BASELINE_SAMPLES and len(recent) >= MIN_RECENT_SAMPLES:
+            found.append(OwnTime(node, rank, _medians(earlier), _medians(recent)))
+    return found
+
+
+def _medians(samples: list[OwnSample]) -> tuple[float, float]:
+    """The own time of the median sample, as (on a CPU, waiting for one)."""
+    middle = sorted(samples, key=lambda s: s.own_s)[len(samples) // 2]
+    return middle.cpu_s, middle.runq_s
+
+
+def own_time_verdict(own: list[OwnTime], step_rise_s: float) -> tuple[tuple[str, ...], str, list[dict]]:
+    """Whom the ranks' own time names for a step-time rise of `step_rise_s` (the rule, `own-time`).
+
+    In synchronous training every rank waits for the slowest, so a rank whose own work grew by
+    about the step's rise made that rise, and the others' own time stays flat: their extra time is
+    spent asleep, waiting for it. A rank made the rise when its own time per step rose by at least
+    OWN_SHARE of the step's rise. Its node is named when such ranks are at most half of the job's
+    (the others are its peers, and flat); when more rose, the program or every node slowed alike;
+    when none did, the time goes to waiting (the wire, the input, a slow GPU: its kernels are not
+    the main thread's time)."""
+    rose = [o for o in own if o.rise_s >= OWN_SHARE * step_rise_s]
+    fields = [o.fields() for o in own]
+    if not rose:
+        return (), ("own time per step is flat on every rank: the time goes to waiting (the wire, the input, "
+                    "a GPU), nobody is named by it"), fields
+    if 2 * len(rose) > len(own):
+        return (), (f"own time per step rose on {len(rose)} of {len(own)} ranks alike (the program itself, or "
+                    "every node at once): nobody is named"), fields
+    nodes = tuple(sorted({o.node for o in rose}))
+    peers = max((o.rise_s for o in own if o not in rose), default=0.0)
+    return nodes, (f"{'; '.join(o.line() for o in rose)}; the other ranks' own time rose by at most "
+                   f"{max(peers, 0.0):.3g} s (rule own-time: a rank's own time per step rose by "
+                   f"{OWN_SHARE:.0%} or more of the step's rise)"), fields
 
 
 def _compute_ratios(limits: WatchLimits, state: WatchState, now: float) -> dict[str, float]:

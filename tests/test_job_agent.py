@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from support.replay import LIBRARY, swap_replay, write_replay
+from trainctl.errors import ParseError
+from trainctl.health.parse.schedstat import parse_schedstat
 from trainctl.health.status import CheckResult, Status
 from trainctl.job.agent import (NO_PIPE, NO_READER, ChecksState, Problem, RankProgress, ask_flight_recorder,
                                 await_flight_recorder_dumps, dump_stacks, flight_recorder_text, fold, judge_run,
-                                node_reading, run_failed, stacks_text)
+                                main_thread_times, node_reading, run_failed, stacks_text, with_main_thread_times)
 from trainctl.job.jobdir import node_file_json, parse_node_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,20 +130,54 @@ def test_a_run_that_broke_makes_its_checks_unknown_and_keeps_what_failed_before(
 
 def test_the_node_file_is_the_designs_document_and_the_supervisor_reads_back_what_the_agent_wrote():
     ranks = {1: RankProgress(1, pid=7, steps=3, step_seconds=1.5, compute_seconds=0.2, last_step_t=5.0,
-                             checkpoint_step=2, checkpoint_t=4.5, activity=4), 0: RankProgress(0, pid=6)}
+                             checkpoint_step=2, checkpoint_t=4.5, activity=4, cpu_seconds=1.2, runq_seconds=0.25),
+             0: RankProgress(0, pid=6)}
     checks = ChecksState(runs=2, t=9.0, failed=(Problem("gpu.xid", "Xid 79"),), unknown=(Problem("gpu.ecc", "?"),))
     reading = node_reading("node2", 10.0, 1.0, ranks, checks)
     assert node_file_json(reading) == {
         "format": 1, "node": "node2", "t": 10.0, "started_t": 1.0,
         "ranks": {"0": {"pid": 6, "steps": 0, "step_seconds": 0.0, "compute_seconds": 0.0, "last_step_t": None,
-                        "checkpoint_step": None, "checkpoint_t": None, "activity": 0},
+                        "checkpoint_step": None, "checkpoint_t": None, "activity": 0, "cpu_seconds": None,
+                        "runq_seconds": None},
                   "1": {"pid": 7, "steps": 3, "step_seconds": 1.5, "compute_seconds": 0.2, "last_step_t": 5.0,
-                        "checkpoint_step": 2, "checkpoint_t": 4.5, "activity": 4}},
+                        "checkpoint_step": 2, "checkpoint_t": 4.5, "activity": 4, "cpu_seconds": 1.2,
+                        "runq_seconds": 0.25}},
         "checks": {"t": 9.0, "runs": 2, "failed": [{"check": "gpu.xid", "reason": "Xid 79"}],
                    "unknown": [{"check": "gpu.ecc", "reason": "?"}]}}
     assert parse_node_file(json.dumps(node_file_json(reading))) == reading   # one schema, both ends
     empty = node_file_json(node_reading("n", 1.0, 1.0, {}, ChecksState()))
     assert json.loads(json.dumps(empty))["checks"]["t"] is None
+
+
+def test_a_node_file_with_a_negative_or_non_numeric_thread_time_is_not_one():
+    good = node_file_json(node_reading("n", 1.0, 1.0, {0: RankProgress(0, pid=6, cpu_seconds=1.0, runq_seconds=0.5)},
+                                       ChecksState()))
+    for bad in (-1.0, "1", float("inf"), True):
+        data = json.loads(json.dumps(good))
+        data["ranks"]["0"]["runq_seconds"] = bad
+        assert parse_node_file(json.dumps(data)) is None, bad
+
+
+def test_schedstat_is_three_counts_and_anything_else_is_one_line():
+    # a bash's main thread on the development machine (Linux 6.x): 91 ms on a CPU, 7.4 ms waiting, 246 slices
+    assert parse_schedstat("90982921 7437988 246\n") == (0.090982921, 0.007437988)
+    for bad in ("", "1 2", "1 2 3 4", "1 -2 3", "1 2 x", "\u0661 2 3", "9" * 200 + " 1 2"):
+        with pytest.raises(ParseError) as error:
+            parse_schedstat(bad)
+        assert "\n" not in str(error.value)
+
+
+def test_the_agent_reads_a_ranks_main_thread_time_from_the_kernel():
+    # this process's main thread, busy for a moment: its CPU time grows; a pid with no process reads nothing
+    before = main_thread_times(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    after = main_thread_times(os.getpid())
+    assert before is not None and after.cpu_s - before.cpu_s >= 0.04 and after.runq_s >= before.runq_s >= 0
+    assert main_thread_times(0) is None and main_thread_times(2**22 + 1) is None
+    ranks = with_main_thread_times({0: RankProgress(0, pid=6), 1: RankProgress(1, pid=7)}, {0: after, 1: None})
+    assert (ranks[0].cpu_seconds, ranks[0].runq_seconds) == after and ranks[1].cpu_seconds is None
 
 
 def test_the_stacks_file_names_each_rank_and_says_when_there_is_none():

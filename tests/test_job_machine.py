@@ -342,6 +342,30 @@ def test_a_slowdown_after_the_last_restart_is_noted_and_training_goes_on():
     assert not any(isinstance(e, (machine.StopStep, machine.AskForCheckpoint, machine.Retry)) for e in effects)
 
 
+def test_a_slowdown_a_ranks_own_time_pins_on_its_node_stops_without_weighing_and_leaves_the_node_out():
+    # node2's main thread waits for a CPU 0.5 s more a step from 1060 (0.5 -> 1.0 s a step); node1's is flat.
+    # Even with the restarts used up, a named node is acted on (a successor job goes on without it)
+    job = facts(release=False, restarts=1, successors=2, watch=WATCH)
+    state, _ = training(job)
+    state = replace(state, restarts=1)
+    seen = []
+    for t in [1001.0 + i for i in range(90)]:
+        steps = int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0))
+        runq = {"node1": 0.01 * steps, "node2": 0.01 * steps + 0.5 * max(t - 1060.0, 0.0)}
+        readings = {node: NodeReading(node, t, (RankProgress(int(node[-1]), steps, t - 1000.0, t, cpu_seconds=0.2 * steps,
+                                                             runq_seconds=runq[node]),))
+                    for node in ("node1", "node2")}
+        state, effects = feed(job, state, machine.Polled(t, readings))
+        seen += effects
+        if state.phase != "train":
+            break
+    assert state.phase == "stopping" and state.detection.suspects == ("node2",)
+    assert weighed(seen) == [] and "rule own-time" in state.detection.evidence
+    assert tuple(seen[-2:]) == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
+    state, effects = feed(job, state, machine.StepStopped(143))
+    assert state.condemned == ("node2",) and isinstance(effects[-1], machine.Retry)
+
+
 def test_a_slowdown_the_gate_localises_names_the_node_the_gate_excluded():
     job = facts(release=False, restarts=1, watch=WATCH)
     state = machine.JobState(phase="gate", held=ALLOCATED, chosen=("node1", "node2"), restarts=1,

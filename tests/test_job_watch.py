@@ -33,6 +33,9 @@ class Job:
         self.moving: set[str] | None = None
         self.activity = dict.fromkeys(NODES, 0)
         self.paused_s = 0.0        # the phase's time, in the first step after it (as a rank measures it)
+        # node -> its rank's main thread per step: (on a CPU, waiting for one); none: not read
+        self.own: dict[str, tuple[float, float]] = {}
+        self.sched = {node: [0.0, 0.0] for node in NODES}
 
     def poll(self, seconds: float = 1.0) -> w.Observation:
         self.t += seconds
@@ -48,8 +51,13 @@ class Job:
                 steps = int(self.steps)
                 done = steps - (self.last_ranks[node][0].steps if node in self.last_ranks else 0)
                 self.computed[node] += done * self.compute_s.get(node, 0.0)
-                self.last_ranks[node] = (w.RankProgress(index, steps, steps * self.step_s + self.paused_s, self.t,
-                                                        100 + index, self.computed[node], activity=self.activity[node]),)
+                own = self.own.get(node)
+                if own:
+                    self.sched[node] = [self.sched[node][0] + done * own[0], self.sched[node][1] + done * own[1]]
+                self.last_ranks[node] = (w.RankProgress(
+                    index, steps, steps * self.step_s + self.paused_s, self.t, 100 + index, self.computed[node],
+                    activity=self.activity[node], cpu_seconds=self.sched[node][0] if own else None,
+                    runq_seconds=self.sched[node][1] if own else None),)
                 self.written[node] = self.t
             readings[node] = w.NodeReading(node, self.written[node], self.last_ranks.get(node, ()),
                                            self.failed.get(node, ()))
@@ -112,6 +120,73 @@ def test_a_node_is_singled_out_only_while_the_others_compute_as_before():
 def test_without_compute_times_the_slow_evidence_says_nothing_of_them():
     detection = slowed({}, {})
     assert "compute_ratio" not in detection.details and "compute" not in detection.evidence
+
+
+def own_slowed(own_after: dict[str, tuple[float, float]], step_after: float = 0.8,
+               own_before: tuple[float, float] = (0.2, 0.01)) -> w.Detection:
+    """Every rank at `own_before` of its own a step, then the nodes in `own_after` at theirs."""
+    job = Job()
+    job.own = dict.fromkeys(NODES, own_before)
+    assert job.run(60) == []
+    job.step_s, job.own = step_after, {**job.own, **own_after}
+    found = job.run(30)
+    assert found and found[0].kind == "slow"
+    return found[0]
+
+
+def test_a_rank_whose_own_time_made_the_rise_names_its_node_with_the_numbers():
+    # node3's main thread waits for a CPU 0.56 s a step more (a CFS quota): the step rose 0.55 s
+    detection = own_slowed({"node3": (0.2, 0.57)})
+    assert detection.suspects == ("node3",)
+    assert "rank 2 on node3 0.77 s a step of its own (on a CPU 0.2, waiting for one 0.57), 0.21 s before" \
+        in detection.evidence
+    assert "rule own-time" in detection.evidence
+    per_rank = {item["node"]: item for item in detection.details["own"]}
+    assert per_rank["node3"]["runq_s"] == [0.01, 0.57] and per_rank["node1"]["rise_s"] == 0.0
+
+
+def test_a_slower_cpu_on_one_node_names_it_too():
+    assert own_slowed({"node2": (0.75, 0.01)}).suspects == ("node2",)
+
+
+def test_own_time_flat_everywhere_points_at_waiting_and_names_nobody():
+    detection = own_slowed({})
+    assert detection.suspects == () and "flat on every rank: the time goes to waiting" in detection.evidence
+
+
+def test_own_time_risen_on_most_ranks_is_the_program_and_names_nobody():
+    detection = own_slowed({node: (0.75, 0.01) for node in NODES[:3]})
+    assert detection.suspects == () and "rose on 3 of 4 ranks alike" in detection.evidence
+
+
+def test_a_rise_too_small_to_explain_the_step_names_nobody():
+    # node3 waits 0.2 s more a step for a CPU; the step rose 0.55 s: its own time did not make the rise
+    assert own_slowed({"node3": (0.2, 0.21)}).suspects == ()
+
+
+def test_ranks_whose_times_were_not_read_add_no_own_time_evidence():
+    job = Job()
+    assert job.run(60) == []
+    job.step_s = 0.8
+    found = job.run(30)
+    assert found[0].suspects == () and "own" not in found[0].details and "own time" not in found[0].evidence
+
+
+def test_a_rank_that_restarts_starts_its_own_time_again():
+    job = Job()
+    job.own = dict.fromkeys(NODES, (0.2, 0.01))
+    assert job.run(40) == []
+    job.sched["node2"] = [0.0, 0.0]       # a new process: its counts start again from zero
+    assert job.run(60) == []
+    assert all(s.cpu_s >= 0 and s.runq_s >= 0 for samples in job.state.own.values() for s in samples)
+
+
+def test_own_samples_are_kept_only_as_far_back_as_the_windows_look():
+    job = Job()
+    job.own = dict.fromkeys(NODES, (0.2, 0.01))
+    job.run(600)
+    oldest = min(s.t for samples in job.state.own.values() for s in samples)
+    assert job.t - oldest <= LIMITS.slow_window_s + LIMITS.baseline_window_s
 
 
 def test_confirm_leaves_out_the_detections_suspects_and_the_training_nodes_the_gate_names():
