@@ -17,7 +17,8 @@ written at once rather than a whole step later.
 
 Each step, its compute section and each checkpoint are reported through `trainctl.progress` (what
 trainctl's node agent reads to watch the training); without trainctl installed the calls do nothing. For the watch's
-scenarios: `--grad-mb X` all_reduces an extra X MiB of float32 each step (the step waits on the
+scenarios: `--work-matmuls N` computes N 256x256 matmuls a step (a CPU-bound step: a node given
+less CPU slows every rank), `--grad-mb X` all_reduces an extra X MiB of float32 each step (the step waits on the
 wire: a slow link slows every rank), and `--slow-from-step N --slow-step-time S` makes every rank
 sleep S instead of --step-time from step N on (the program itself slows, on every node alike).
 
@@ -70,6 +71,8 @@ def main() -> int:
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
     parser.add_argument("--step-time", type=float, default=0.0,
                         help="seconds each step sleeps (stands in for real work, so a run lasts long enough)")
+    parser.add_argument("--work-matmuls", type=int, default=0,
+                        help="256x256 matmuls each step also computes, on one thread (a CPU-bound step; 0: none)")
     parser.add_argument("--grad-mb", type=float, default=0.0,
                         help="MiB of float32 every step also all_reduces (a wire-bound step; 0: none)")
     parser.add_argument("--slow-from-step", type=int, default=None,
@@ -99,6 +102,9 @@ def main() -> int:
         print(f"resumed from step {start} ({args.checkpoint}) on rank {rank}", flush=True)
     loss = torch.zeros(())
     wire = torch.zeros(int(args.grad_mb * (1 << 20)) // 4) if args.grad_mb > 0 else None   # float32: 4 bytes
+    if args.work_matmuls:   # one thread's work per rank, as torchrun's default OMP_NUM_THREADS=1 gives each
+        torch.set_num_threads(1)
+    work = torch.randn(256, 256, generator=torch.Generator().manual_seed(rank))
     for step in range(start, args.steps):
         inputs = torch.randn(args.batch, 16, generator=data)
         targets = inputs.sum(dim=1, keepdim=True)
@@ -110,6 +116,8 @@ def main() -> int:
             dist.all_reduce(wire)
         slow = args.slow_from_step is not None and step >= args.slow_from_step
         with progress.compute():   # the sleep stands in for the step's compute; the all_reduce is not in it
+            for _ in range(args.work_matmuls):
+                torch.mm(work, work)
             pause(args.slow_step_time if slow else args.step_time)
         progress.step()
         done = step + 1

@@ -16,8 +16,12 @@ def timeline_lines(attempts: list[tuple[str, list[dict]]], start: float) -> list
             when = event.get("submitted_t") if event["event"] == Kind.SUBMITTED else event["t"]
             if isinstance(when, (int, float)):
                 timed.append((when, job_id, event))
-    return [f"  +{hms(when - start)} job {job_id}: {describe(event)}"
-            for when, job_id, event in sorted(timed, key=lambda item: item[0])]
+    lines = []
+    for when, job_id, event in sorted(timed, key=lambda item: item[0]):
+        lines.append(f"  +{hms(when - start)} job {job_id}: {describe(event)}")
+        if event["event"] in (Kind.DETECTION, Kind.WEIGHED):
+            lines += [f"      {line}" for line in own_time_lines(event)]
+    return lines
 
 
 def describe(event: dict) -> str:
@@ -29,9 +33,9 @@ def describe(event: dict) -> str:
         return Kind.SUBMITTED.description
     if kind == Kind.DETECTION:
         suspects = ",".join(event.get("suspects") or []) or "no node named yet"
-        return f"watch: {event.get('kind')} ({suspects}): {event.get('evidence')}" + own_time_lines(event)
+        return f"watch: {event.get('kind')} ({suspects}): {event.get('evidence')}"
     if kind == Kind.WEIGHED:
-        return weighed_line(event) + own_time_lines(event)
+        return weighed_line(event)
     if kind == Kind.CONFIRMATION:
         named = event.get("named") or {}
         if not named:
@@ -61,20 +65,20 @@ def weighed_line(event: dict) -> str:
             f"{seconds('lost_work_s')} of work since the last checkpoint)")
 
 
-def own_time_lines(event: dict) -> str:
-    """A slowdown's evidence per rank (`trainctl.job.watch.OwnTime.fields`), a line each, under the event."""
+def own_time_lines(event: dict) -> list[str]:
+    """A slowdown's evidence per rank (`trainctl.job.watch.OwnTime.fields`), a line each, for under the event."""
     details = event.get("details")
     ranks = details.get("own") if isinstance(details, dict) else None
     lines = []
     for item in ranks if isinstance(ranks, list) else ():
         try:
             (cpu_before, cpu_now), (runq_before, runq_now) = item["cpu_s"], item["runq_s"]
-            lines.append(f"\n      rank {int(item['rank'])} on {item['node']}: own time a step "
+            lines.append(f"rank {int(item['rank'])} on {item['node']}: own time a step "
                          f"{cpu_now + runq_now:.3g} s (on a CPU {cpu_now:.3g} + waiting for one {runq_now:.3g}), "
                          f"{cpu_before + runq_before:.3g} s before ({cpu_before:.3g} + {runq_before:.3g})")
         except (KeyError, TypeError, ValueError):
             continue   # a journal line from another version: the evidence line above still says it
-    return "".join(lines)
+    return lines
 
 
 def _value(value) -> str:

@@ -27,10 +27,10 @@ steps are seen by `[watch] auto_steps`, their saves by `submit --checkpoints`), 
   l  as h, healthy
   m  as j, healthy
 
-A 50 % CPU quota on one node (the issue's scenario b) is not among them: the 3 training nodes
-share this machine's 2 cores, so each already gets about 2/3 of a core, and a quota of 1/2 on
-one of them did not change the step time beyond its noise (tried: 10 and 40 256x256 matmuls a
-step, 1.4-2.7 s per 10 steps before and after the quota).
+  b  every node at half a core (a cgroup v1 CFS quota, weighted against the host's other work as
+     tests/test_compute_cluster.py does), 2 training nodes + 1 spare, CPU-bound steps
+     (--work-matmuls); from step B_FAULT_STEP the victim's quota is cut in half: its ranks' own
+     time (waiting for a CPU) names it, with no gate needed to find it
 
 `TRAINCTL_WATCH_RUNS` runs each; every run appends a row to test-artifacts/watch-detection.tsv,
 which bench/watch_detection.py summarises. `TRAINCTL_WATCH_OFF=1` runs the same faults with the
@@ -69,8 +69,13 @@ WIRE = "100mbit"
 SLOW_WIRE = "30mbit"                    # 0.3 x WIRE
 GRAD_MB = 2                             # about 0.2 s of all_reduce a step at WIRE, 0.7 s at SLOW_WIRE
 FAULT_STEP = 20
+# b: CPU-bound steps, about 0.15 s of one core's matmuls (0.3 s a step at B_CORES, 0.6 s at half that)
+B_CORES = 0.5
+B_MATMULS = 450
+B_FAULT_STEP = 50                       # past the warm-up and enough baseline samples
+B_SHARES = 64 * 1024                    # cpu.shares: each node gets its quota whatever else the host runs
 RUNS = int(os.environ.get("TRAINCTL_WATCH_RUNS", "1"))
-SCENARIOS = tuple(os.environ.get("TRAINCTL_WATCH_SCENARIOS", "a,f").split(","))
+SCENARIOS = tuple(os.environ.get("TRAINCTL_WATCH_SCENARIOS", "a,b,f").split(","))
 HEALTHY_SECONDS = float(os.environ.get("TRAINCTL_WATCH_SECONDS", "60"))
 # the same faults without the watch, for the goodput it saves: the job then has what it had
 # before the watch, a requeue around lost nodes (--retries 1)
@@ -102,6 +107,8 @@ class Scenario:
 
 ALL = {s.name: s for s in (
     Scenario("a", True, f"victim's link cut to {SLOW_WIRE} (others {WIRE}) from step {FAULT_STEP}"),
+    Scenario("b", True, f"victim's CPU quota cut from {B_CORES:g} to {B_CORES / 2:g} of a core at step {B_FAULT_STEP}",
+             nodes=2),
     Scenario("c", True, f"victim hung (SIGSTOP) at step {FAULT_STEP}"),
     Scenario("d", True, f"Xid in the victim's kernel log from step {FAULT_STEP}"),
     Scenario("e", False, f"the program slows on every rank from step {FAULT_STEP}"),
@@ -148,6 +155,9 @@ def fault(devcluster, scenario: str, victim: str):
     """Inject the scenario's fault on `victim`; undo it on exit."""
     if scenario == "a":
         devcluster.set_rate(victim, SLOW_WIRE)
+        yield
+    elif scenario == "b":
+        faults.set_cpu_quota(devcluster, victim, B_CORES / 2)
         yield
     elif scenario == "c":
         with faults.stopped(devcluster, victim):
@@ -205,7 +215,13 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
                "--checkpoint", str(checkpoint), "--checkpoint-every", "10", "--timeout", "120"]
     if scenario.name == "e":
         program += ["--slow-from-step", str(FAULT_STEP), "--slow-step-time", "0.8"]
+    if scenario.name == "b":
+        program = [TRAIN, "--steps", str(B_FAULT_STEP + 100), "--work-matmuls", str(B_MATMULS),
+                   "--checkpoint", str(checkpoint), "--checkpoint-every", "10", "--timeout", "120"]
     with ExitStack() as undo:
+        if scenario.name == "b":
+            for node in NODES:
+                undo.enter_context(faults.cpu_quota(devcluster, node, B_CORES, shares=B_SHARES))
         for node in NODES:
             devcluster.set_rate(node, WIRE)
             undo.callback(devcluster.set_rate, node, None)
@@ -226,7 +242,8 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
         job_id = result.stdout.strip().splitlines()[-1]
         gate_dir = tmp_path / f"trainctl-gate-{job_id}"
         if scenario.program == "train_ddp":
-            wait_until("training reached the fault's step", lambda: steps_so_far(gate_dir) >= FAULT_STEP, 240)
+            fault_step = B_FAULT_STEP if scenario.name == "b" else FAULT_STEP
+            wait_until("training reached the fault's step", lambda: steps_so_far(gate_dir) >= fault_step, 240)
         else:   # its steps seen (auto_steps) and its second save
             wait_until("the program's steps and its second save", lambda: saves_seen(gate_dir) >= 2 and any(
                 e["event"] == "first_step" for e in journal(gate_dir)), 300)
@@ -329,6 +346,9 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
     slow_evidence = [line for line in outcome["evidence"] if line.startswith("step time")][:1]
     if scenario.name == "a":
         assert slow_evidence and "compute time per step is unchanged on every node" in slow_evidence[0], outcome
+    if scenario.name == "b":   # the ranks' own time named the node: no gate was needed to find it
+        assert outcome["detections"][0] == ("slow", [outcome["victim"]]), outcome
+        assert "rule own-time" in slow_evidence[0] and "waiting for one" in slow_evidence[0], outcome
     if scenario.name == "e":
         assert not any("compute time per step rose on node" in line for line in slow_evidence), outcome
     if scenario.name == "f":

@@ -13,7 +13,8 @@ network namespace (`ip netns pids`), so nothing outside the dev cluster is touch
   on exit; the kernel's CFS bandwidth control enforces it (Documentation/scheduler/sched-bwc.rst).
   With `shares` above the default 1024, the node's processes also outweigh the host's other
   processes when they compete for a core (cpu.shares: Documentation/scheduler/sched-design-CFS.rst,
-  "Group scheduler extensions to CFS"), so the quota, not the neighbours' load, bounds what they get.
+  "Group scheduler extensions to CFS"), so the quota, not the neighbours' load, bounds what they get;
+  `set_cpu_quota` changes it while it holds (a node that slows mid-run);
 
 Only DevCluster's public attributes are used (spec, base, slurm_conf, exec_argv, client_env,
 daemon_pids), so this module does not depend on how the harness is laid out inside.
@@ -153,6 +154,14 @@ def cpu_quota(cluster, node: str, fraction: float, shares: int = DEFAULT_CPU_SHA
     finally:
         _move([int(p) for p in (group / "cgroup.procs").read_text().split()], CPU_CGROUP_ROOT)
         group.rmdir()
+
+
+def set_cpu_quota(cluster, node: str, fraction: float) -> None:
+    """Change the quota of `node`'s group, which `cpu_quota` made and still holds, to `fraction` of one CPU."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    group = CPU_CGROUP_ROOT / f"trainctl-{cluster.spec.prefix}-{node}"
+    (group / "cpu.cfs_quota_us").write_text(str(int(CFS_PERIOD_US * fraction)))
 
 
 def restore_node(cluster, node: str, timeout_s: float = RESTORE_TIMEOUT_S) -> None:
