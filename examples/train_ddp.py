@@ -20,7 +20,9 @@ trainctl's node agent reads to watch the training); without trainctl installed t
 scenarios: `--work-matmuls N` computes N 256x256 matmuls a step (a CPU-bound step: a node given
 less CPU slows every rank), `--grad-mb X` all_reduces an extra X MiB of float32 each step (the step waits on the
 wire: a slow link slows every rank), and `--slow-from-step N --slow-step-time S` makes every rank
-sleep S instead of --step-time from step N on (the program itself slows, on every node alike).
+sleep S instead of --step-time from step N on (the program itself slows, on every node alike);
+`--stall-every N` (an input stall), `--eval-every N` (an evaluation phase) add the noise of a
+healthy program.
 
     trainctl submit --site local-demo --nodes 2 --spare 2 -- examples/train_ddp.py
     trainctl submit --site local-demo --nodes 2 --spare 1 --retries 1 --signal USR1@120 -- \
@@ -79,6 +81,12 @@ def main() -> int:
                         help="from this step on, every rank sleeps --slow-step-time instead of --step-time")
     parser.add_argument("--slow-step-time", type=float, default=0.0,
                         help="seconds each step sleeps from --slow-from-step on")
+    parser.add_argument("--stall-every", type=int, default=0,
+                        help="every this many steps the input stalls --stall-s seconds on every rank (0: never)")
+    parser.add_argument("--stall-s", type=float, default=3.0)
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="every this many steps every rank evaluates for --eval-s seconds, no steps (0: never)")
+    parser.add_argument("--eval-s", type=float, default=5.0)
     parser.add_argument("--desync-rank", type=int, default=None,
                         help="nudge this rank's parameters after training (shows the check can fail)")
     args = parser.parse_args()
@@ -106,6 +114,8 @@ def main() -> int:
         torch.set_num_threads(1)
     work = torch.randn(256, 256, generator=torch.Generator().manual_seed(rank))
     for step in range(start, args.steps):
+        if args.stall_every and step and step % args.stall_every == 0:
+            pause(args.stall_s)   # the input pipeline falls behind
         inputs = torch.randn(args.batch, 16, generator=data)
         targets = inputs.sum(dim=1, keepdim=True)
         loss = torch.nn.functional.mse_loss(ddp(inputs), targets)
@@ -121,6 +131,8 @@ def main() -> int:
             pause(args.slow_step_time if slow else args.step_time)
         progress.step()
         done = step + 1
+        if args.eval_every and done % args.eval_every == 0:
+            evaluate(ddp, args.eval_s)
         signalled = bool(WARNED)
         WARNED.clear()   # on every rank: a signal after this line asks again at the next step
         if args.checkpoint and rank == 0 and (done % args.checkpoint_every == 0 or signalled):
@@ -145,6 +157,16 @@ def main() -> int:
           f"last loss {loss.item():.4f}, parameters {'agree' if agree else 'DIFFER'} across ranks "
           f"(sum {params.sum().item():.6f})", flush=True)
     return 0 if agree else 1
+
+
+def evaluate(model: torch.nn.Module, seconds: float) -> None:
+    """An evaluation phase: forward passes without gradients for `seconds`, then every rank agrees."""
+    deadline = time.monotonic() + seconds
+    with torch.no_grad():
+        while time.monotonic() < deadline and not WARNED:
+            model.module(torch.randn(256, 16))
+            time.sleep(0.01)
+    dist.barrier()
 
 
 def pause(seconds: float) -> None:

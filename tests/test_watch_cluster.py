@@ -12,6 +12,8 @@ step plus an all_reduce of `--grad-mb` MiB, so that a step is bound by the wire,
   d  from step 20 the victim's replayed kernel log (`dmesg`) has an Xid line
   e  from step 20 the program itself slows on every rank (--slow-from-step)
   f  healthy (TRAINCTL_WATCH_SECONDS long, 60 s unless set)
+  n  healthy and noisy, as long: an evaluation of 5 s every 50 steps, a 3 s input stall every
+     40, a save every 100 (bench only)
   g  as d, but the job has no spare (--spare 0): training restarts on the 2 nodes left
 
 Unmodified framework programs (examples/frameworks/, no callback, no progress API: their optimizer
@@ -113,6 +115,8 @@ ALL = {s.name: s for s in (
     Scenario("d", True, f"Xid in the victim's kernel log from step {FAULT_STEP}"),
     Scenario("e", False, f"the program slows on every rank from step {FAULT_STEP}"),
     Scenario("f", False, "healthy"),
+    Scenario("n", False, "healthy, noisy: a 5 s evaluation every 50 steps, a 3 s input stall every 40, "
+                         "a save every 100"),
     Scenario("g", True, "as d, with no spare: training goes on on the 2 nodes left", spare=0),
     Scenario("h", True, "DDP tutorial program, victim hung (SIGSTOP)", fault="c", nodes=2, program="ddp_tutorial"),
     Scenario("i", True, f"Lightning, no callback, victim's link cut to {SLOW_WIRE}", fault="a", nodes=2,
@@ -210,13 +214,17 @@ def saves_seen(gate_dir: Path) -> int:
 def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
     site = watch_site(tmp_path, scenario.spare, slow_fault=(scenario.fault or scenario.name) == "a")
     checkpoint = tmp_path / "ck.pt"
-    healthy_steps = int(HEALTHY_SECONDS / (STEP_S + 0.2))
-    program = [TRAIN, "--steps", str(max(healthy_steps, 150)), "--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB),
-               "--checkpoint", str(checkpoint), "--checkpoint-every", "10", "--timeout", "120"]
+    # a healthy run lasts HEALTHY_SECONDS; a fault's, until its restart has trained a while
+    steps = max(int(HEALTHY_SECONDS / (STEP_S + 0.2)), 150) if scenario.name in ("f", "n") else 100
+    program = [TRAIN, "--steps", str(steps), "--step-time", str(STEP_S), "--grad-mb", str(GRAD_MB),
+               "--checkpoint", str(checkpoint), "--checkpoint-every", "100" if scenario.name == "n" else "10",
+               "--timeout", "120"]
+    if scenario.name == "n":
+        program += ["--eval-every", "50", "--stall-every", "40"]
     if scenario.name == "e":
         program += ["--slow-from-step", str(FAULT_STEP), "--slow-step-time", "0.8"]
     if scenario.name == "b":
-        program = [TRAIN, "--steps", str(B_FAULT_STEP + 100), "--work-matmuls", str(B_MATMULS),
+        program = [TRAIN, "--steps", str(B_FAULT_STEP + 60), "--work-matmuls", str(B_MATMULS),
                    "--checkpoint", str(checkpoint), "--checkpoint-every", "10", "--timeout", "120"]
     with ExitStack() as undo:
         if scenario.name == "b":
@@ -293,6 +301,9 @@ def summarise(events: list[dict], victim: str, fault_t: float) -> dict:
         return sorted(after.get("named", {})) if after else []
 
     return {
+        # the training steps the watch ended; the slowdowns it weighed and let go
+        "stops": sum(1 for d in detections if not d.get("note")),
+        "let_go": sum(1 for e in events if e["event"] == "weighed" and e.get("action") == "go on"),
         "detections": [(d["kind"], confirmed(d)) for d in detections],
         "evidence": [d["evidence"] for d in detections],
         "named": named,
@@ -318,7 +329,8 @@ def record_row(scenario: Scenario, run_number: int, outcome: dict) -> None:
                              seconds(outcome["decision_to_training_s"]),
                              ";".join(f"{k}:{','.join(s) or '-'}" for k, s in outcome["detections"]) or "-",
                              "off" if WATCH_OFF else "watch", str(outcome["jobs"]), seconds(outcome["wall_s"]),
-                             "" if outcome["goodput"] is None else f"{outcome['goodput']:.3f}"]) + "\n")
+                             "" if outcome["goodput"] is None else f"{outcome['goodput']:.3f}",
+                             str(outcome["stops"]), str(outcome["let_go"])]) + "\n")
 
 
 @pytest.mark.parametrize("run_number", range(RUNS))
@@ -351,5 +363,5 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
         assert "rule own-time" in slow_evidence[0] and "waiting for one" in slow_evidence[0], outcome
     if scenario.name == "e":
         assert not any("compute time per step rose on node" in line for line in slow_evidence), outcome
-    if scenario.name == "f":
+    if scenario.name in ("f", "n"):
         assert outcome["detections"] == [], outcome
