@@ -28,6 +28,8 @@ steps are seen by `[watch] auto_steps`, their saves by `submit --checkpoints`), 
      must ask for a checkpoint without it (no requeue: the job's Restarts stay 0)
   l  as h, healthy
   m  as j, healthy
+  o  as i, healthy
+  (l, m and o train at least TRAINCTL_WATCH_SECONDS: the bench's healthy runs last minutes)
 
   b  every node at half a core (a cgroup v1 CFS quota, weighted against the host's other work as
      tests/test_compute_cluster.py does), 2 training nodes + 1 spare, CPU-bound steps
@@ -127,6 +129,7 @@ ALL = {s.name: s for s in (
     Scenario("k", True, "as i, an Xid in the victim's kernel log instead", fault="d", nodes=2, program="lightning"),
     Scenario("l", False, "DDP tutorial program, healthy", fault="f", nodes=2, program="ddp_tutorial"),
     Scenario("m", False, "Transformers Trainer, no callback, healthy", fault="f", nodes=2, program="hf"),
+    Scenario("o", False, "Lightning, no callback, healthy", fault="f", nodes=2, program="lightning"),
 )}
 
 
@@ -183,8 +186,12 @@ WITHOUT_CALLBACK = {"lightning": ("from trainctl.integrations.lightning import T
 
 
 def framework_program(scenario: Scenario, tmp_path: Path) -> list[str]:
+    # a healthy run trains about HEALTHY_SECONDS (an epoch of the tutorial takes about 0.3 s here, a
+    # Trainer step about 0.1 s); a faulty one until its restart has trained a while
+    healthy = scenario.fault == "f"
     if scenario.program == "ddp_tutorial":
-        return [str(FRAMEWORKS / "ddp_tutorial" / "multinode.py"), str(TUTORIAL_EPOCHS), "5"]
+        epochs = max(TUTORIAL_EPOCHS, int(HEALTHY_SECONDS / 0.3)) if healthy else TUTORIAL_EPOCHS
+        return [str(FRAMEWORKS / "ddp_tutorial" / "multinode.py"), str(epochs), "5"]
     example = FRAMEWORKS / f"{scenario.program}_ddp.py" if scenario.program == "lightning" \
         else FRAMEWORKS / "hf_trainer.py"
     text = example.read_text()
@@ -195,9 +202,11 @@ def framework_program(scenario: Scenario, tmp_path: Path) -> list[str]:
     copy = tmp_path / example.name
     copy.write_text(text)
     if scenario.program == "lightning":
-        return [str(copy), "--nodes", "2", "--steps", str(LIGHTNING_STEPS), "--step-time", str(STEP_S),
+        steps = max(LIGHTNING_STEPS, int(HEALTHY_SECONDS / STEP_S)) if healthy else LIGHTNING_STEPS
+        return [str(copy), "--nodes", "2", "--steps", str(steps), "--step-time", str(STEP_S),
                 "--width", str(LIGHTNING_WIDTH), "--dir", "ck"]
-    return [str(copy), "--steps", str(HF_STEPS), "--dir", "hf"]
+    return [str(copy), "--steps", str(max(HF_STEPS, int(HEALTHY_SECONDS / 0.1)) if healthy else HF_STEPS),
+            "--dir", "hf"]
 
 
 def submit_as_a_user(devcluster, cwd: Path, *args: str) -> subprocess.CompletedProcess:
