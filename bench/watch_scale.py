@@ -18,7 +18,9 @@ walks, holds its own state and readings only. A poll is what the supervisor does
 default [watch] limits and time.time(). Each N's WatchState starts from a history of MAX_SAMPLES
 samples (one a second, as a run of more than an hour gives), built by observe itself over a
 one-node job, so every poll drops the oldest sample and the baseline and slow windows are full;
-one untimed poll then records every rank's counts.
+one untimed poll then records every rank's counts. Each node's own-time samples (its slowest rank's
+main thread time per step, taken a few times per slow window) are full likewise, and the agent
+reads a real main thread's times for every rank (this process's: the ranks' pid in the datagrams).
 
 The N values are interleaved: each round runs `--polls` polls of every N, in a shuffled order.
 Printed per N: the median seconds per poll (its read and observe parts), that as a share of the
@@ -138,7 +140,8 @@ class Agents:
             for local in range(self.ranks):
                 rank = index * self.ranks + local
                 window = STEPS_PER_WRITE * self.step_s[rank]
-                datagram = RECORD.pack(VERSION, rank, 10_000 + local, self.steps, now, STEPS_PER_WRITE,
+                # the ranks' pid is this process's: the agent reads a real main thread's times for each
+                datagram = RECORD.pack(VERSION, rank, os.getpid(), self.steps, now, STEPS_PER_WRITE,
                                        window, window / STEPS_PER_WRITE * 1.1, 0.8 * window, checkpoint, self.steps)
                 node.ranks = agent.fold(node.ranks, decode(datagram))
         started = time.perf_counter()
@@ -157,7 +160,8 @@ class Supervisor:
         self.nodes = tuple(host_name(i) for i in range(nodes))
         self.limits = limits
         # a run of more than an hour: MAX_SAMPLES samples, the last one a poll ago
-        state = dataclasses.replace(watch.start(time.time() - len(history) - 1), samples=history)
+        state = dataclasses.replace(watch.start(time.time() - len(history) - 1), samples=history,
+                                    own=own_history(limits, self.nodes))
         self.state = watch.observe(limits, state, time.time(), read_node_files(gate_dir, self.nodes)).state
 
     def poll(self) -> tuple[float, float, float]:
@@ -210,6 +214,15 @@ class Remote:
     def close(self) -> None:
         self.conn.send(None)
         self.process.join(timeout=60)
+
+
+def own_history(limits: watch.WatchLimits, nodes: tuple[str, ...]) -> dict[str, tuple[watch.OwnSample, ...]]:
+    """Each node's own-time samples over the baseline and slow windows, as a long run keeps them."""
+    every_s = limits.slow_window_s / watch.OWN_SAMPLES_PER_WINDOW
+    count = int((limits.slow_window_s + limits.baseline_window_s) / every_s)
+    end = time.time() - every_s
+    return {node: tuple(watch.OwnSample(end - every_s * (count - i), 0.4, 0.01, 0) for i in range(count))
+            for node in nodes}
 
 
 def build_history(limits: watch.WatchLimits, config: WatchConfig) -> tuple[watch.Sample, ...]:

@@ -160,8 +160,9 @@ def node_reading(node: str, t: float, started_t: float, ranks: Mapping[int, Rank
 
 def with_main_thread_times(ranks: Mapping[int, RankProgress],
                             times: Mapping[int, SchedStat | None]) -> dict[int, RankProgress]:
-    """Each rank with its main thread's CPU and run-queue time as read now (`main_thread_times`)."""
-    return {rank: progress._replace(cpu_seconds=times[rank].cpu_s, runq_seconds=times[rank].runq_s)
+    """Each rank with its main thread's CPU and run-queue time as read now (`main_thread_times`), to
+    0.1 ms: the watch divides them over seconds of steps, and every digit is read on every poll."""
+    return {rank: progress._replace(cpu_seconds=round(times[rank].cpu_s, 4), runq_seconds=round(times[rank].runq_s, 4))
             if times.get(rank) else progress for rank, progress in ranks.items()}
 
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Literal, Mapping
+from typing import Literal, Mapping, NamedTuple
 
 from trainctl.job.jobdir import NodeReading, RankProgress
 
@@ -59,6 +59,7 @@ MIN_BASELINE_SAMPLES = 5
 MIN_RECENT_SAMPLES = 3
 MAX_SAMPLES = 4096                      # bounded memory, whatever the job's length
 OWN_SHARE = 0.5                         # of the step's rise that a rank's own time must account for
+OWN_SAMPLES_PER_WINDOW = 6              # own-time samples per slow window (the verdict needs MIN_RECENT_SAMPLES)
 
 Kind = Literal["slow", "sick", "hung"]
 
@@ -102,11 +103,11 @@ class ComputeSample:
     compute_s: float                     # a node's compute seconds per step since the last poll
 
 
-@dataclass(frozen=True)
-class OwnSample:
+class OwnSample(NamedTuple):             # a tuple of numbers: Python's collector stops tracking it
     t: float
-    cpu_s: float                         # a rank's main thread on a CPU, per step since the last poll
+    cpu_s: float                         # a rank's main thread on a CPU, per step since the node's last sample
     runq_s: float                        # and runnable, waiting for a CPU
+    rank: int                            # the node's rank that spent the most per step
 
     @property
     def own_s(self) -> float:
@@ -129,10 +130,11 @@ class WatchState:
     # node -> its compute time per step, over the baseline and slow windows only (bounded)
     compute: Mapping[str, tuple[ComputeSample, ...]] = field(default_factory=dict)
     startup: bool = True                 # judge the start-up bound (off once it was judged in this step)
-    # (node, rank) -> its main thread's own time per step, over the baseline and slow windows only
-    own: Mapping[tuple[str, int], tuple[OwnSample, ...]] = field(default_factory=dict)
-    # rank -> (steps, CPU seconds, run-queue seconds) at the last poll that read its main thread
+    # node -> its slowest rank's own time per step, over the baseline and slow windows only
+    own: Mapping[str, tuple[OwnSample, ...]] = field(default_factory=dict)
+    # rank -> (steps, CPU seconds, run-queue seconds) at the node's last own sample
     own_last: Mapping[int, tuple[int, float, float]] = field(default_factory=dict)
+    own_due: float = 0.0                 # when the next own samples are taken
     stepped_before: bool = False         # an earlier training step of the job reported steps
 
 
@@ -284,29 +286,39 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
 
 def _own_samples(limits: WatchLimits, state: WatchState, now: float,
                  readings: Mapping[str, NodeReading | None]) -> dict:
-    """Each rank's main thread time per step since the last poll that read it, split into time on a
-    CPU and time waiting for one, kept only as far back as the detectors look. A new process for
-    a rank (its counts went back) starts again from its first reading."""
+    """Each node's own time per step since its last sample: that of its rank whose main thread
+    spent the most per step (on a CPU, and waiting for one), taken every OWN_SAMPLES_PER_WINDOW-th
+    of the slow window (the verdict needs a few samples per window; every poll's would keep one
+    object per node per second, tens of thousands on a large job), kept only as far back as the
+    detectors look. A new process for a rank (its counts went back) starts again from its next reading."""
+    if now < state.own_due:
+        return {}
     keep_after = now - limits.slow_window_s - limits.baseline_window_s
     own, last = {}, dict(state.own_last)
     for node, reading in readings.items():
+        kept = state.own.get(node, ())
+        if kept and kept[0].t < keep_after:   # oldest first: most samples drop nothing
+            kept = tuple(s for s in kept if s.t >= keep_after)
+        slowest = None
         for rank in reading.ranks if reading else ():
-            kept = state.own.get((node, rank.rank), ())
-            if kept and kept[0].t < keep_after:
-                kept = tuple(s for s in kept if s.t >= keep_after)
-            if rank.cpu_seconds is not None and rank.runq_seconds is not None:
-                steps, cpu, runq = last.get(rank.rank, (rank.steps, rank.cpu_seconds, rank.runq_seconds))
-                if rank.steps > steps and rank.cpu_seconds >= cpu and rank.runq_seconds >= runq:
-                    added = rank.steps - steps
-                    kept += (OwnSample(now, (rank.cpu_seconds - cpu) / added, (rank.runq_seconds - runq) / added),)
-                if rank.steps != steps or rank.cpu_seconds < cpu or rank.rank not in last:
-                    last[rank.rank] = (rank.steps, rank.cpu_seconds, rank.runq_seconds)
-            if kept:
-                own[(node, rank.rank)] = kept
-    for key, kept in state.own.items():   # a node whose file is missing this poll keeps its samples
-        if key not in own and kept and kept[-1].t >= keep_after:
-            own[key] = kept
-    return {"own": own, "own_last": last}
+            if rank.cpu_seconds is None or rank.runq_seconds is None:
+                continue
+            before = last.get(rank.rank)
+            if before is not None and rank.steps == before[0] and rank.cpu_seconds >= before[1]:
+                continue   # no step since: its time so far counts with the step it is in
+            last[rank.rank] = (rank.steps, rank.cpu_seconds, rank.runq_seconds)
+            if before is None or rank.steps < before[0] or rank.cpu_seconds < before[1] or rank.runq_seconds < before[2]:
+                continue
+            added = rank.steps - before[0]
+            sample = OwnSample(now, (rank.cpu_seconds - before[1]) / added, (rank.runq_seconds - before[2]) / added,
+                               rank.rank)
+            if slowest is None or sample.own_s > slowest.own_s:
+                slowest = sample
+        if slowest is not None:
+            kept += (slowest,)
+        if kept:
+            own[node] = kept
+    return {"own": own, "own_last": last, "own_due": now + limits.slow_window_s / OWN_SAMPLES_PER_WINDOW}
 
 
 def _compute_samples(limits: WatchLimits, state: WatchState, now: float,
@@ -384,7 +396,8 @@ def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | 
 
 @dataclass(frozen=True)
 class OwnTime:
-    """One rank's main thread time per step (medians), before the slow window and in it."""
+    """One node's own time per step (its slowest rank's, medians) before the slow window and in it,
+    and the rank of the median sample in it."""
 
     node: str
     rank: int
@@ -406,22 +419,22 @@ class OwnTime:
 
 
 def _own_times(limits: WatchLimits, state: WatchState, now: float) -> list[OwnTime]:
-    """Each rank's own time per step over the windows the step time was judged over, for the
-    ranks with enough samples in both."""
+    """Each node's own time per step over the windows the step time was judged over, for the
+    nodes with enough samples in both."""
     since = max(state.started_t + limits.warmup_s, now - limits.slow_window_s - limits.baseline_window_s)
     found = []
-    for (node, rank), samples in sorted(state.own.items()):
+    for node, samples in sorted(state.own.items()):
         earlier = [s for s in samples if since <= s.t <= now - limits.slow_window_s]
         recent = [s for s in samples if s.t > now - limits.slow_window_s]
         if len(earlier) >= MIN_BASELINE_SAMPLES and len(recent) >= MIN_RECENT_SAMPLES:
-            found.append(OwnTime(node, rank, _medians(earlier), _medians(recent)))
+            before, middle = _median(earlier), _median(recent)
+            found.append(OwnTime(node, middle.rank, (before.cpu_s, before.runq_s), (middle.cpu_s, middle.runq_s)))
     return found
 
 
-def _medians(samples: list[OwnSample]) -> tuple[float, float]:
-    """The own time of the median sample, as (on a CPU, waiting for one)."""
-    middle = sorted(samples, key=lambda s: s.own_s)[len(samples) // 2]
-    return middle.cpu_s, middle.runq_s
+def _median(samples: list[OwnSample]) -> OwnSample:
+    """The sample of the median own time."""
+    return sorted(samples, key=lambda s: s.own_s)[len(samples) // 2]
 
 
 def own_time_verdict(own: list[OwnTime], step_rise_s: float) -> tuple[tuple[str, ...], str, list[dict]]:
@@ -429,23 +442,23 @@ def own_time_verdict(own: list[OwnTime], step_rise_s: float) -> tuple[tuple[str,
 
     In synchronous training every rank waits for the slowest, so a rank whose own work grew by
     about the step's rise made that rise, and the others' own time stays flat: their extra time is
-    spent asleep, waiting for it. A rank made the rise when its own time per step rose by at least
-    OWN_SHARE of the step's rise. Its node is named when such ranks are at most half of the job's
-    (the others are its peers, and flat); when more rose, the program or every node slowed alike;
-    when none did, the time goes to waiting (the wire, the input, a slow GPU: its kernels are not
-    the main thread's time)."""
+    spent asleep, waiting for it. A node's rank made the rise when its own time per step rose by at
+    least OWN_SHARE of the step's rise. Such nodes are named when they are at most half of the
+    job's (the others are their peers, and flat); when more rose, the program or every node
+    slowed alike; when none did, the time goes to waiting (the wire, the input, a slow GPU: its
+    kernels are not the main thread's time)."""
     rose = [o for o in own if o.rise_s >= OWN_SHARE * step_rise_s]
     fields = [o.fields() for o in own]
     if not rose:
-        return (), ("own time per step is flat on every rank: the time goes to waiting (the wire, the input, "
+        return (), ("own time per step is flat on every node: the time goes to waiting (the wire, the input, "
                     "a GPU), nobody is named by it"), fields
     if 2 * len(rose) > len(own):
-        return (), (f"own time per step rose on {len(rose)} of {len(own)} ranks alike (the program itself, or "
+        return (), (f"own time per step rose on {len(rose)} of {len(own)} nodes alike (the program itself, or "
                     "every node at once): nobody is named"), fields
-    nodes = tuple(sorted({o.node for o in rose}))
+    nodes = tuple(o.node for o in rose)
     peers = max((o.rise_s for o in own if o not in rose), default=0.0)
-    return nodes, (f"{'; '.join(o.line() for o in rose)}; the other ranks' own time rose by at most "
-                   f"{max(peers, 0.0):.3g} s (rule own-time: a rank's own time per step rose by "
+    return nodes, (f"{'; '.join(o.line() for o in rose)}; the other nodes' own time rose by at most "
+                   f"{round(max(peers, 0.0), 3):g} s (rule own-time: a rank's own time per step rose by "
                    f"{OWN_SHARE:.0%} or more of the step's rise)"), fields
 
 

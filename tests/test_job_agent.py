@@ -177,7 +177,8 @@ def test_the_agent_reads_a_ranks_main_thread_time_from_the_kernel():
     assert before is not None and after.cpu_s - before.cpu_s >= 0.04 and after.runq_s >= before.runq_s >= 0
     assert main_thread_times(0) is None and main_thread_times(2**22 + 1) is None
     ranks = with_main_thread_times({0: RankProgress(0, pid=6), 1: RankProgress(1, pid=7)}, {0: after, 1: None})
-    assert (ranks[0].cpu_seconds, ranks[0].runq_seconds) == after and ranks[1].cpu_seconds is None
+    assert (ranks[0].cpu_seconds, ranks[0].runq_seconds) == (round(after.cpu_s, 4), round(after.runq_s, 4))
+    assert ranks[1].cpu_seconds is None
 
 
 def test_the_stacks_file_names_each_rank_and_says_when_there_is_none():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -139,7 +140,7 @@ def test_a_rank_whose_own_time_made_the_rise_names_its_node_with_the_numbers():
     detection = own_slowed({"node3": (0.2, 0.57)})
     assert detection.suspects == ("node3",)
     assert "rank 2 on node3 0.77 s a step of its own (on a CPU 0.2, waiting for one 0.57), 0.21 s before" \
-        in detection.evidence
+        in detection.evidence and "the other nodes' own time rose by at most 0 s" in detection.evidence
     assert "rule own-time" in detection.evidence
     per_rank = {item["node"]: item for item in detection.details["own"]}
     assert per_rank["node3"]["runq_s"] == [0.01, 0.57] and per_rank["node1"]["rise_s"] == 0.0
@@ -151,12 +152,12 @@ def test_a_slower_cpu_on_one_node_names_it_too():
 
 def test_own_time_flat_everywhere_points_at_waiting_and_names_nobody():
     detection = own_slowed({})
-    assert detection.suspects == () and "flat on every rank: the time goes to waiting" in detection.evidence
+    assert detection.suspects == () and "flat on every node: the time goes to waiting" in detection.evidence
 
 
 def test_own_time_risen_on_most_ranks_is_the_program_and_names_nobody():
     detection = own_slowed({node: (0.75, 0.01) for node in NODES[:3]})
-    assert detection.suspects == () and "rose on 3 of 4 ranks alike" in detection.evidence
+    assert detection.suspects == () and "rose on 3 of 4 nodes alike" in detection.evidence
 
 
 def test_a_rise_too_small_to_explain_the_step_names_nobody():
@@ -181,12 +182,24 @@ def test_a_rank_that_restarts_starts_its_own_time_again():
     assert all(s.cpu_s >= 0 and s.runq_s >= 0 for samples in job.state.own.values() for s in samples)
 
 
-def test_own_samples_are_kept_only_as_far_back_as_the_windows_look():
+def test_own_samples_are_a_few_per_window_kept_only_as_far_back_as_the_windows_look():
     job = Job()
     job.own = dict.fromkeys(NODES, (0.2, 0.01))
     job.run(600)
-    oldest = min(s.t for samples in job.state.own.values() for s in samples)
-    assert job.t - oldest <= LIMITS.slow_window_s + LIMITS.baseline_window_s
+    kept = job.state.own["node1"]
+    every_s = LIMITS.slow_window_s / w.OWN_SAMPLES_PER_WINDOW
+    assert job.t - kept[0].t <= LIMITS.slow_window_s + LIMITS.baseline_window_s + every_s
+    # one sample at the first poll every_s after the last (polls are a second apart here)
+    window = LIMITS.slow_window_s + LIMITS.baseline_window_s
+    assert window // math.ceil(every_s) <= len(kept) <= window / every_s + 1
+
+
+def test_a_step_longer_than_the_sampling_counts_its_whole_own_time():
+    # 12 s steps, sampled every 2.5 s: each sample waits for a step to end and covers all of it
+    job = Job(step_s=12.0)
+    job.own = dict.fromkeys(NODES, (9.0, 1.0))
+    job.run(300)
+    assert {(round(s.cpu_s, 6), round(s.runq_s, 6)) for s in job.state.own["node1"][1:]} == {(9.0, 1.0)}
 
 
 def test_confirm_leaves_out_the_detections_suspects_and_the_training_nodes_the_gate_names():
