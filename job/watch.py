@@ -299,23 +299,23 @@ def _own_samples(limits: WatchLimits, state: WatchState, now: float,
         kept = state.own.get(node, ())
         if kept and kept[0].t < keep_after:   # oldest first: most samples drop nothing
             kept = tuple(s for s in kept if s.t >= keep_after)
-        slowest = None
+        slowest = None                     # (own, cpu, runq, rank) per step: one sample per node, made once
         for rank in reading.ranks if reading else ():
-            if rank.cpu_seconds is None or rank.runq_seconds is None:
+            cpu, runq = rank.cpu_seconds, rank.runq_seconds
+            if cpu is None or runq is None:
                 continue
             before = last.get(rank.rank)
-            if before is not None and rank.steps == before[0] and rank.cpu_seconds >= before[1]:
+            if before is not None and rank.steps == before[0] and cpu >= before[1]:
                 continue   # no step since: its time so far counts with the step it is in
-            last[rank.rank] = (rank.steps, rank.cpu_seconds, rank.runq_seconds)
-            if before is None or rank.steps < before[0] or rank.cpu_seconds < before[1] or rank.runq_seconds < before[2]:
+            last[rank.rank] = (rank.steps, cpu, runq)
+            if before is None or rank.steps < before[0] or cpu < before[1] or runq < before[2]:
                 continue
             added = rank.steps - before[0]
-            sample = OwnSample(now, (rank.cpu_seconds - before[1]) / added, (rank.runq_seconds - before[2]) / added,
-                               rank.rank)
-            if slowest is None or sample.own_s > slowest.own_s:
-                slowest = sample
+            own_cpu, own_runq = (cpu - before[1]) / added, (runq - before[2]) / added
+            if slowest is None or own_cpu + own_runq > slowest[0]:
+                slowest = (own_cpu + own_runq, own_cpu, own_runq, rank.rank)
         if slowest is not None:
-            kept += (slowest,)
+            kept += (OwnSample(now, slowest[1], slowest[2], slowest[3]),)
         if kept:
             own[node] = kept
     return {"own": own, "own_last": last, "own_due": now + limits.slow_window_s / OWN_SAMPLES_PER_WINDOW}
