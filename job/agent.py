@@ -91,12 +91,26 @@ def fold(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[i
     after = RankProgress(
         rank, pid=before.pid, steps=int(record["steps"]),
         step_seconds=before.step_seconds + float(record["window_seconds"]),
+        step_seconds_sq=before.step_seconds_sq + squares(int(record["window_steps"]), float(record["window_seconds"]),
+                                                         float(record["window_longest"])),
         compute_seconds=before.compute_seconds + float(record["compute_seconds"]),
         last_step_t=float(record["time"]) if record["steps"] else before.last_step_t,
         checkpoint_step=checkpoint if checkpoint >= 0 else before.checkpoint_step,
         checkpoint_t=float(record["time"]) if saved else before.checkpoint_t,
         activity=int(record.get("activity", 0)))
     return {**ranks, rank: after}
+
+
+def squares(steps: int, seconds: float, longest: float) -> float:
+    """The summed squares of a report's step durations: its longest, and the rest as equal steps (a
+    report covers the steps of about `trainctl.guest.wire.DEFAULT_INTERVAL_S`: one, unless they are
+    short). With the sums they let the watch tell one long step from many slow ones."""
+    if steps <= 0:
+        return 0.0
+    longest = min(max(longest, 0.0), seconds)
+    if steps == 1:
+        return seconds * seconds
+    return longest * longest + (seconds - longest) ** 2 / (steps - 1)
 
 
 # ---------------------------------------------------------------- the checks (pure)

@@ -404,6 +404,7 @@ class RankProgress(NamedTuple):      # a tuple: one per rank per poll, built by 
     # (health/parse/schedstat.py); None: not read (no such thread, no schedstat in the kernel)
     cpu_seconds: float | None = None
     runq_seconds: float | None = None
+    step_seconds_sq: float = 0.0        # summed squares of the steps' durations (`trainctl.job.agent.squares`)
 
 
 @dataclass(frozen=True)
@@ -426,7 +427,7 @@ def node_file_json(reading: NodeReading) -> dict[str, Any]:
         {"format": 1, "node": "node2", "t": <written>, "started_t": <agent start>,
          "ranks": {"0": {"pid": 123, "steps": 57, "step_seconds": 14.3, "compute_seconds": 3.1,
                          "last_step_t": 1764236000.5, "checkpoint_step": 50, "checkpoint_t": ...,
-                         "activity": 812, "cpu_seconds": 9.8, "runq_seconds": 0.4}},
+                         "activity": 812, "cpu_seconds": 9.8, "runq_seconds": 0.4, "step_seconds_sq": 3.6}},
          "checks": {"t": <last run's end or null>, "runs": 3,
                     "failed": [{"check": "gpu.xid", "reason": "..."}], "unknown": [...]}}
     """
@@ -436,7 +437,7 @@ def node_file_json(reading: NodeReading) -> dict[str, Any]:
                                 "compute_seconds": p.compute_seconds, "last_step_t": p.last_step_t or None,
                                 "checkpoint_step": p.checkpoint_step, "checkpoint_t": p.checkpoint_t or None,
                                 "activity": p.activity, "cpu_seconds": p.cpu_seconds,
-                                "runq_seconds": p.runq_seconds}
+                                "runq_seconds": p.runq_seconds, "step_seconds_sq": p.step_seconds_sq}
                   for p in sorted(reading.ranks)},
         "checks": {"t": reading.checks_t, "runs": reading.check_runs,
                    "failed": [{"check": check, "reason": reason} for check, reason in reading.failed_checks],
@@ -496,7 +497,8 @@ def _rank(rank: str, r: Any) -> RankProgress:
     checkpoint = get("checkpoint_step")
     progress = RankProgress(int(rank), r["steps"], r["step_seconds"], get("last_step_t") or 0.0, get("pid") or 0,
                             get("compute_seconds") or 0.0, checkpoint, get("checkpoint_t") or 0.0,
-                            get("activity") or 0, get("cpu_seconds"), get("runq_seconds"))
+                            get("activity") or 0, get("cpu_seconds"), get("runq_seconds"),
+                            get("step_seconds_sq") or 0.0)
     for value, kinds in zip(progress, (_COUNT, _COUNT, _NUMBER, _NUMBER, _COUNT, _NUMBER)):
         if type(value) not in kinds or not 0 <= value <= NUMBER_LIMIT:
             raise ValueError(f"not a count or time: {value!r}")
@@ -509,6 +511,8 @@ def _rank(rank: str, r: Any) -> RankProgress:
     for value in (progress.cpu_seconds, progress.runq_seconds):
         if value is not None and (type(value) not in _NUMBER or not 0 <= value <= NUMBER_LIMIT):
             raise ValueError("not a time")
+    if type(progress.step_seconds_sq) not in _NUMBER or not 0 <= progress.step_seconds_sq <= NUMBER_LIMIT:
+        raise ValueError("not a sum of squares")
     return progress
 
 

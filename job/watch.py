@@ -33,7 +33,8 @@ A phase without steps is not a hang while a rank's main thread moves (`activity`
 looks at it once a second, `trainctl.progress`): evaluation, a long save, warm-up, compilation.
 Nor is it a slowdown: the steps that end a phase without steps longer than the hang timeout
 measure that phase, not the training speed, so that poll adds no step-time sample; a shorter
-phase adds one long sample covering one step, which the median step over the slow window
+phase adds one long sample covering one step (`split_longest`: the poll that ends it holds the
+phase's step apart from the steps around it), which the median step over the slow window
 outweighs however few polls the phase left in it. A rank stuck in one
 call (a collective that never completes) does not move; a rank spinning in Python code that
 never ends its step does, and hides a hang.
@@ -49,6 +50,7 @@ turned off): then only a node whose agent has been silent for the hang floor is 
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Literal, Mapping, NamedTuple
@@ -119,8 +121,8 @@ class WatchState:
     started_t: float                     # the training step's start (wall time)
     accepted_step_s: float = 0.0         # a slowdown the gate did not localise: the new normal
     samples: tuple[Sample, ...] = ()
-    # rank -> (steps, step_seconds, compute_seconds) at the last poll
-    last: Mapping[int, tuple[int, float, float]] = field(default_factory=dict)
+    # rank -> (steps, step_seconds, compute_seconds, step_seconds_sq) at the last poll
+    last: Mapping[int, tuple[int, float, float, float]] = field(default_factory=dict)
     progress_t: float = 0.0              # when a rank last finished a step (the watch's start before that)
     progress_steps: int = -1             # the most steps any rank had then (-1: no rank reported a step)
     active_t: float = 0.0                # when a rank's main thread was last seen to move (0: never)
@@ -253,19 +255,29 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
     (added step seconds / added steps). Ranks that finished no step add nothing; nor does any
     rank when the poll ends a phase without steps (`ends_pause`)."""
     before = state.last
-    step_times, step_counts = [], []
+    step_times, step_counts, longest = [], [], []
     for rank in ranks:
-        steps, seconds, _ = before.get(rank.rank, (rank.steps, rank.step_seconds, rank.compute_seconds))
+        steps, seconds, _, squares = before.get(rank.rank, (rank.steps, rank.step_seconds, 0.0, rank.step_seconds_sq))
         if rank.steps > steps and rank.step_seconds >= seconds:
-            step_times.append((rank.step_seconds - seconds) / (rank.steps - steps))
-            step_counts.append(rank.steps - steps)
+            added = rank.steps - steps
+            rest, long = split_longest(added, rank.step_seconds - seconds, rank.step_seconds_sq - squares)
+            step_times.append(rest)
+            step_counts.append(added - 1 if long is not None else added)
+            if long is not None:
+                longest.append(long)
     samples = state.samples
     if step_times and not ends_pause:
-        sample = Sample(now, statistics.median(step_times), max(1, int(statistics.median(step_counts))))
-        samples = (samples + (sample,))[-MAX_SAMPLES:]
+        # a poll's steps: its longest apart when the ranks' squares tell it, so that one long step
+        # (an evaluation, a save, a stall) weighs as one step, not as many slow ones
+        new = ()
+        if any(step_counts):
+            new += (Sample(now, statistics.median(step_times), max(1, int(statistics.median(step_counts)))),)
+        if longest:
+            new += (Sample(now, statistics.median(longest), 1),)
+        samples = (samples + new)[-MAX_SAMPLES:]
     # progress: any rank finished a step since the last poll (a rank whose agent fell silent
     # keeps its old count, so it neither counts as progress nor holds the others back)
-    progressed = any(rank.steps > before.get(rank.rank, (0, 0.0, 0.0))[0] for rank in ranks)
+    progressed = any(rank.steps > before.get(rank.rank, (0,))[0] for rank in ranks)
     progress_t, progress_steps = state.progress_t, state.progress_steps
     if progressed:
         progress_t, progress_steps = now, max(progress_steps, max(rank.steps for rank in ranks))
@@ -279,9 +291,23 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
             heard[node] = reading.written_t
     return replace(state, samples=samples, progress_t=progress_t, progress_steps=progress_steps,
                    active_t=active_t, activity={r.rank: r.activity for r in ranks} or state.activity,
-                   last={r.rank: (r.steps, r.step_seconds, r.compute_seconds) for r in ranks} or state.last,
+                   last={r.rank: (r.steps, r.step_seconds, r.compute_seconds, r.step_seconds_sq) for r in ranks}
+                   or state.last,
                    heard=heard, compute=_compute_samples(limits, state, now, before, readings),
                    **_own_samples(limits, state, now, readings))
+
+
+def split_longest(steps: int, seconds: float, squares: float) -> tuple[float, float | None]:
+    """(the mean of the other steps, the longest step) of `steps` steps that took `seconds`, with
+    the summed squares of their durations, as one long step and steps - 1 equal ones would give
+    them; (the mean, None) for one step, or where the squares say nothing (none reported, or
+    equal steps)."""
+    mean = seconds / steps
+    spread = steps * squares - seconds * seconds      # steps^2 x the variance of the durations
+    if steps < 2 or squares <= 0 or spread <= 0:
+        return mean, None
+    rest = max(0.0, mean - math.sqrt(spread / (steps - 1)) / steps)
+    return rest, seconds - (steps - 1) * rest
 
 
 def _own_samples(limits: WatchLimits, state: WatchState, now: float,
@@ -322,7 +348,7 @@ def _own_samples(limits: WatchLimits, state: WatchState, now: float,
 
 
 def _compute_samples(limits: WatchLimits, state: WatchState, now: float,
-                     before: Mapping[int, tuple[int, float, float]],
+                     before: Mapping[int, tuple[int, float, float, float]],
                      readings: Mapping[str, NodeReading | None]) -> Mapping[str, tuple[ComputeSample, ...]]:
     """Each node's compute seconds per step since the last poll (the median over its ranks),
     kept only as far back as the detectors look. Nothing for ranks that time no compute."""
@@ -336,7 +362,7 @@ def _compute_samples(limits: WatchLimits, state: WatchState, now: float,
             kept = tuple(s for s in kept if s.t >= keep_after)
         per_step = []
         for rank in reading.ranks if reading else ():
-            steps, _, seconds = before.get(rank.rank, (rank.steps, 0.0, rank.compute_seconds))
+            steps, _, seconds, _ = before.get(rank.rank, (rank.steps, 0.0, rank.compute_seconds, 0.0))
             if rank.steps > steps and rank.compute_seconds > seconds:
                 per_step.append((rank.compute_seconds - seconds) / (rank.steps - steps))
         if per_step:
@@ -349,7 +375,12 @@ def _compute_samples(limits: WatchLimits, state: WatchState, now: float,
 def _baseline(limits: WatchLimits, state: WatchState, now: float) -> float | None:
     since = max(state.started_t + limits.warmup_s, now - limits.slow_window_s - limits.baseline_window_s)
     before = [s for s in state.samples if since <= s.t <= now - limits.slow_window_s]
-    return step_median(before) if len(before) >= MIN_BASELINE_SAMPLES else None
+    return step_median(before) if _polls(before) >= MIN_BASELINE_SAMPLES else None
+
+
+def _polls(samples: list[Sample]) -> int:
+    """How many polls the samples come from (a poll whose longest step stood apart gave two)."""
+    return len({s.t for s in samples})
 
 
 def step_median(samples: list[Sample]) -> float:
@@ -373,7 +404,7 @@ def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | 
     if baseline is None:
         return None
     recent = [s for s in state.samples if s.t > now - limits.slow_window_s]
-    if len(recent) < MIN_RECENT_SAMPLES:
+    if _polls(recent) < MIN_RECENT_SAMPLES:
         return None
     normal = max(baseline, state.accepted_step_s)
     current = step_median(recent)
@@ -381,7 +412,7 @@ def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | 
         return None
     evidence = (f"step time {current:.3g} s over the last {limits.slow_window_s:g} s, "
                 f"{current / normal:.2f}x the job's own {normal:.3g} s")
-    details = {"step_s": current, "baseline_s": normal, "samples": len(recent)}
+    details = {"step_s": current, "baseline_s": normal, "samples": _polls(recent)}
     suspects: tuple[str, ...] = ()
     own = _own_times(limits, state, now)
     if own:

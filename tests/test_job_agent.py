@@ -22,7 +22,8 @@ from trainctl.health.parse.schedstat import parse_schedstat
 from trainctl.health.status import CheckResult, Status
 from trainctl.job.agent import (NO_PIPE, NO_READER, ChecksState, Problem, RankProgress, ask_flight_recorder,
                                 await_flight_recorder_dumps, dump_stacks, flight_recorder_text, fold, judge_run,
-                                main_thread_times, node_reading, run_failed, stacks_text, with_main_thread_times)
+                                main_thread_times, node_reading, run_failed, squares, stacks_text,
+                                with_main_thread_times)
 from trainctl.job.jobdir import node_file_json, parse_node_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ def test_steps_are_the_reported_total_and_durations_are_summed():
     ranks = fold(ranks, report(steps=5, window_steps=2, window_seconds=1.0, compute=0.2, t=11.0))
     ranks = fold(ranks, report(rank=1, pid=200, steps=4, window_seconds=2.0, compute=0.0, t=11.5))
     assert ranks[0] == RankProgress(0, pid=100, steps=5, step_seconds=2.5, compute_seconds=pytest.approx(0.5),
-                                    last_step_t=11.0, checkpoint_step=None)
+                                    last_step_t=11.0, checkpoint_step=None, step_seconds_sq=1.5 ** 2 + 1.0 ** 2)
     assert ranks[1].steps == 4 and ranks[1].pid == 200
 
 
@@ -60,7 +61,16 @@ def test_a_checkpoint_report_keeps_the_step_and_a_later_report_without_one_keeps
 def test_a_new_pid_for_a_rank_is_a_restarted_process_whose_counts_start_again():
     ranks = fold({}, report(pid=100, steps=80, window_seconds=40.0, checkpoint=80))
     ranks = fold(ranks, report(pid=300, steps=2, window_seconds=1.0))
-    assert ranks[0] == RankProgress(0, pid=300, steps=2, step_seconds=1.0, compute_seconds=0.1, last_step_t=1000.0)
+    assert ranks[0] == RankProgress(0, pid=300, steps=2, step_seconds=1.0, compute_seconds=0.1, last_step_t=1000.0,
+                                    step_seconds_sq=1.0)
+
+
+def test_a_reports_squares_are_its_longest_step_and_the_rest_as_equal_steps():
+    assert squares(1, 2.0, 2.0) == 4.0
+    assert squares(3, 9.0, 8.0) == pytest.approx(64.0 + 0.5)     # 8 s and two of 0.5 s
+    assert squares(0, 0.0, 0.0) == 0.0 and squares(2, 1.0, 5.0) == pytest.approx(1.0)   # longest capped at the sum
+    ranks = fold({}, {**report(steps=3, window_steps=3, window_seconds=9.0), "window_longest": 8.0})
+    assert ranks[0].step_seconds_sq == pytest.approx(64.5)
 
 
 def test_a_rank_with_no_step_yet_has_no_last_step_time():
@@ -138,10 +148,10 @@ def test_the_node_file_is_the_designs_document_and_the_supervisor_reads_back_wha
         "format": 1, "node": "node2", "t": 10.0, "started_t": 1.0,
         "ranks": {"0": {"pid": 6, "steps": 0, "step_seconds": 0.0, "compute_seconds": 0.0, "last_step_t": None,
                         "checkpoint_step": None, "checkpoint_t": None, "activity": 0, "cpu_seconds": None,
-                        "runq_seconds": None},
+                        "runq_seconds": None, "step_seconds_sq": 0.0},
                   "1": {"pid": 7, "steps": 3, "step_seconds": 1.5, "compute_seconds": 0.2, "last_step_t": 5.0,
                         "checkpoint_step": 2, "checkpoint_t": 4.5, "activity": 4, "cpu_seconds": 1.2,
-                        "runq_seconds": 0.25}},
+                        "runq_seconds": 0.25, "step_seconds_sq": 0.0}},
         "checks": {"t": 9.0, "runs": 2, "failed": [{"check": "gpu.xid", "reason": "Xid 79"}],
                    "unknown": [{"check": "gpu.ecc", "reason": "?"}]}}
     assert parse_node_file(json.dumps(node_file_json(reading))) == reading   # one schema, both ends

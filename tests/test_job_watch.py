@@ -503,20 +503,22 @@ def demo_limits() -> w.WatchLimits:
     return load_gate_policy("local-demo", None).watch_limits
 
 
-def noisy(limits: w.WatchLimits, step_time, seconds: int) -> list[w.Detection]:
+def noisy(limits: w.WatchLimits, step_time, seconds: int, with_squares: bool = True) -> list[w.Detection]:
     """Four ranks in lockstep whose step k takes step_time(k) seconds, as each rank measures it (a
     phase between two steps counts in the step after it); the main threads move throughout (an
-    evaluation, a save or a stall is not stuck). One poll a second."""
+    evaluation, a save or a stall is not stuck). One poll a second. The agents fold the squares of
+    the steps' durations, unless `with_squares` is off (as an agent that did not)."""
     state, t, found = w.start(0.0), 0.0, []
-    steps, ended = 0, 0.0                       # steps done, and when the last one ended
+    steps, ended, squares = 0, 0.0, 0.0         # steps done, when the last one ended, their squares
     while t < seconds:
         t += 1
         while ended + step_time(steps) <= t:
             ended += step_time(steps)
+            squares += step_time(steps) ** 2 if with_squares else 0.0
             steps += 1
         seconds_done = ended                    # every step's time, phases included
         readings = {n: w.NodeReading(n, t, (w.RankProgress(i, steps, seconds_done, ended, 100 + i,
-                                                           activity=int(t)),))
+                                                           activity=int(t), step_seconds_sq=squares),))
                     for i, n in enumerate(NODES)}
         observation = w.observe(limits, state, t, readings)
         state = observation.state
@@ -536,6 +538,9 @@ NOISE = {
     "GC pauses": lambda base: lambda k: base + (8.0 if k == 2500 else 1.5 if k % 500 == 499 else 0.0),
     # the first epoch reads cold storage: its 1,500 steps take 1.6x as long
     "slower first epoch": lambda base: lambda k: base * (1.6 if k < 1500 else 1.0),
+    # an evaluation of 5 s and an input stall of 3 s after the same step, every 200 steps: at
+    # local-demo's 10 s window the pause fills most of it, with a few steps in the same poll
+    "evaluation and stall at once": lambda base: lambda k: base + (8.0 if k % 200 == 199 else 0.0),
 }
 
 
@@ -546,6 +551,27 @@ def test_noise_is_not_a_slowdown(noise, base, limits):
     chosen = default_limits() if limits == "site defaults" else demo_limits()
     span = chosen.warmup_s + chosen.baseline_window_s + chosen.slow_window_s
     assert noisy(chosen, NOISE[noise](base), int(span + 1200)) == []
+
+
+def test_the_squares_keep_a_pause_filling_most_of_the_window_one_step():
+    # 0.8 s steps, a 7 s pause (an evaluation and an input stall) every 100: at local-demo's 10 s
+    # window, the poll after the pause averages it with the step after it into two slow steps,
+    # and a slowdown it is not. With the squares the long step stands apart and weighs one step
+    pauses = lambda k: 0.8 + (7.0 if k % 100 == 99 else 0.0)     # noqa: E731
+    assert noisy(demo_limits(), pauses, 900, with_squares=False)
+    assert noisy(demo_limits(), pauses, 900) == []
+
+
+@pytest.mark.parametrize("steps, seconds, squares, expected", [
+    (2, 9.0, 8.5 ** 2 + 0.5 ** 2, (0.5, 8.5)),           # one long step among short ones
+    (5, 2.5, 5 * 0.5 ** 2, (0.5, None)),                 # equal steps: nothing to split
+    (1, 8.0, 64.0, (8.0, None)),                         # one step
+    (4, 2.0, 0.0, (0.5, None)),                          # no squares reported
+])
+def test_split_longest(steps, seconds, squares, expected):
+    rest, longest = w.split_longest(steps, seconds, squares)
+    assert rest == pytest.approx(expected[0]) and (longest is None if expected[1] is None
+                                                   else longest == pytest.approx(expected[1]))
 
 
 def test_the_noise_harness_still_sees_a_real_slowdown():
