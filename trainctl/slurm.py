@@ -14,6 +14,7 @@ from ClusterShell.RangeSet import RangeSet
 
 from trainctl.errors import ExternalCommandError, ParseError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
+from trainctl.text import printable
 from trainctl.validate import MAX_NODES, check_node_name
 
 SCONTROL_TIMEOUT_S = 15.0
@@ -275,9 +276,29 @@ def node_states(*, partition: str | None = None, nodes: list[str] | None = None,
     return parse_sinfo_states(run_checked(argv, timeout=timeout, env=env).stdout)
 
 
+PARTITION_FORMAT = "%N|%R"   # node, partition name (sinfo's %P marks the default partition with '*')
+
+
+def parse_sinfo_partitions(text: str) -> dict[str, frozenset[str]]:
+    """`sinfo -h -N -o PARTITION_FORMAT` -> {partition: its nodes}; a node in two partitions is in both."""
+    partitions: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        node, sep, partition = line.strip().partition("|")
+        if sep and node and partition:
+            partitions.setdefault(partition, set()).add(node)
+    return {name: frozenset(nodes) for name, nodes in partitions.items()}
+
+
+def partition_nodes(env: dict[str, str] | None = None, timeout: float = SCONTROL_TIMEOUT_S) -> dict[str, frozenset[str]]:
+    """Every partition and its nodes, as Slurm has them now."""
+    return parse_sinfo_partitions(run_checked(["sinfo", "-h", "-N", "-o", PARTITION_FORMAT], timeout=timeout,
+                                              env=env).stdout)
+
+
 def fit_reason(text: str, limit: int = REASON_MAX_BYTES) -> str:
-    """`text` on one line, cut to `limit` UTF-8 bytes (with an ellipsis when cut)."""
-    line = " ".join(text.split())
+    """`text` on one line, control characters escaped (a check's output or a job id may carry ESC or
+    BEL, and sinfo prints the reason raw), cut to `limit` UTF-8 bytes (with an ellipsis when cut)."""
+    line = printable(" ".join(text.split()))
     if len(line.encode()) <= limit:
         return line
     cut = line.encode()[:limit - len("...")].decode(errors="ignore")
@@ -299,6 +320,15 @@ def tagged_reason(failures: list[tuple[str, str]], context: str = "") -> tuple[s
     return check, fit_reason(head + fit_reason(reason, budget) + tail)
 
 
+def not_drainable(state: NodeState | None) -> str:
+    """Why trainctl leaves a node alone ("" if it may drain it): unknown to Slurm, or someone's reason on it."""
+    if state is None:
+        return "not known to Slurm"
+    if state.reason:
+        return f"has a reason trainctl did not set ({state.reason_user or 'someone'}: {state.reason!r})"
+    return ""
+
+
 def drain_unclaimed(node: str, reason: str, env: dict[str, str] | None = None,
                     timeout: float = SCONTROL_TIMEOUT_S) -> tuple[NodeState | None, str]:
     """Drain `node` with `reason` only if it has no reason from anyone; look right before.
@@ -308,10 +338,9 @@ def drain_unclaimed(node: str, reason: str, env: dict[str, str] | None = None,
     from a later one with the same text (`not_ours_any_more`).
     """
     state = node_states(nodes=[node], env=env, timeout=timeout).get(node)
-    if state is None:
-        return None, "not known to Slurm"
-    if state.reason:
-        return None, f"has a reason trainctl did not set ({state.reason_user or 'someone'}: {state.reason!r})"
+    why = not_drainable(state)
+    if why:
+        return None, why
     drain_nodes([node], reason, env, timeout=timeout)
     after = node_states(nodes=[node], env=env, timeout=timeout).get(node)
     return after or state, ""
