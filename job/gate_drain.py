@@ -160,7 +160,7 @@ def drain_planned(planned: list[GateDrain], config, site: str, job_id: str, rule
                                       clock=clock)
             history.finish_sweep(sweep_id, clock())
     except (TrainctlError, OSError) as exc:
-        why = f"not drained: the breaker cannot count drains in the sweep history ({exc})"
+        why = f"not drained: the breaker could not count drains ({exc})"
         return GateDrains(tuple(replace(d, outcome=why) for d in planned))
     recorded = f"recorded in {path}: `trainctl resume` treats it as its own"
     return GateDrains(tuple(replace(drain, outcome=outcome.outcome, reason=outcome.reason,

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 from trainctl.errors import PrivilegeError, TrainctlError
 from trainctl.slurm import (DRAIN_TAG, NodeState, drain_unclaimed, node_states, not_drainable, not_ours_any_more,
-                            partition_nodes,
-                            resume_nodes, tagged_reason)
+                            partition_nodes, resume_nodes, tagged_reason)
 from trainctl.sweep.breaker import Breaker, claim, shadow
 from trainctl.sweep.db import REFUSED_CLOSE, History
 from trainctl.sweep.fleet import Lemon, LemonRule

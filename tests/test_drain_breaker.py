@@ -225,7 +225,7 @@ def test_a_gate_that_cannot_write_the_history_drains_nothing(tmp_path, monkeypat
     drains = drain_excluded("demo", config, decide(NODES[:1], reports, None, 1, 1), reports, None,
                             {"SLURM_JOB_ID": "1"})
     assert slurm.drained == []
-    assert drains.drains[0].outcome.startswith("not drained: the breaker cannot count drains in the sweep history")
+    assert drains.drains[0].outcome.startswith(f"not drained: the breaker could not count drains ({tmp_path / 'sweeps.db'}")
 
 
 # ---------------------------------------------------------------- job ids in drain reasons
