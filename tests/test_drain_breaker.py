@@ -13,7 +13,7 @@ from test_gate_drain import DEMO_SITE, node_report
 from trainctl.errors import UsageError
 from trainctl.job.gate import decide
 from trainctl.site import BreakerConfig, load_site
-from trainctl.slurm import NodeState, tagged_reason
+from trainctl.slurm import NodeState, job_port, tagged_reason
 from trainctl.sweep import drain as sweep_drain
 from trainctl.sweep.breaker import Breaker, Count, admit, claim, reset, status
 from trainctl.sweep.db import BREAKER_TRIP, History
@@ -234,10 +234,12 @@ def test_a_forged_job_id_never_reaches_a_drain_reason():
     from trainctl.job.gate_drain import job_id_of
 
     assert [check_job_id(j, "x") for j in ("4242", "4242_7", "4242+1")] == ["4242", "4242_7", "4242+1"]
-    for forged in ("42\x1b]2;owned\x07", "42; rm", "", "4294967296", "1_"):
+    for forged in ("42\x1b]2;owned\x07", "42; rm", "", "4294967296", "1_", "\u0664\u0662"):
         with pytest.raises(UsageError, match="is not a Slurm job id"):
             check_job_id(forged, "SLURM_JOB_ID")
         assert job_id_of({"SLURM_JOB_ID": forged}) == "?"
+        with pytest.raises(UsageError, match="is not a Slurm job id"):
+            job_port({"SLURM_JOB_ID": forged or "x"})
     _, reason = tagged_reason([("gpu.xid", "Xid \x1b[2J79\x07")], context="gate of job 7")
     assert "\x1b" not in reason and "\x07" not in reason and "\\x1b[2J79\\x07" in reason
 

@@ -15,7 +15,7 @@ from ClusterShell.RangeSet import RangeSet
 from trainctl.errors import ExternalCommandError, ParseError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
 from trainctl.text import printable
-from trainctl.validate import MAX_NODES, check_node_name
+from trainctl.validate import MAX_NODES, check_job_id, check_node_name
 
 SCONTROL_TIMEOUT_S = 15.0
 
@@ -194,11 +194,10 @@ def job_port(environ: Mapping[str, str] = os.environ, offset: int = 0) -> int:
     Each job id owns two ports: offset 0 is the training job's MASTER_PORT (`rank-exec`),
     offset 1 the health gate's fabric test, so the two never collide within one job.
     """
-    text = environ.get("SLURM_JOB_ID", "0").strip()
-    # Slurm job ids are 32-bit (slurm.conf MaxJobId: at most 67,043,328; array and het jobs stay below 2^32)
-    if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) >= 2**32:
-        raise UsageError(f"SLURM_JOB_ID={_shown(text)} is not a Slurm job id (decimal, below 2^32)")
-    return 20000 + (int(text) * 2 + offset) % 10000
+    text = check_job_id(environ.get("SLURM_JOB_ID", "0").strip(), "SLURM_JOB_ID")
+    # Inside a job SLURM_JOB_ID is the job's own number (an array task and a het component have their
+    # own); the `_` and `+` forms are for people.
+    return 20000 + (int(re.split(r"[_+]", text)[0]) * 2 + offset) % 10000
 
 
 # ---------------------------------------------------------------- node states, drain and resume

@@ -220,7 +220,7 @@ def check_node_name(name: str, source: str) -> str:
 # Slurm job ids: a number below 2^32 (slurm.conf MaxJobId), an array task (`123_4`, sbatch --array) or
 # a het job component (`123+1`, squeue's form). Anything else never reaches a history, a drain
 # reason or a terminal: an id read from the environment or a file may carry ESC or BEL.
-JOB_ID = re.compile(r"\d{1,10}(?:_\d{1,10}|\+\d{1,5})?")
+JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,5})?")   # ASCII digits: \d takes any script's
 
 
 def check_job_id(job_id: str, source: str) -> str:
