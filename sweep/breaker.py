@@ -127,11 +127,15 @@ def reset(history: History, *, site: str, by: str, now: float) -> None:
 @dataclass(frozen=True)
 class Status:
     open_since: str        # the trip line, "" when closed
+    tripped_at: float      # when it tripped (0.0 when closed)
     window_drains: int
     reset_at: float        # 0.0: never reset
 
     def lines(self, breaker: Breaker) -> list[str]:
-        state = f"open: {self.open_since}" if self.open_since else "closed"
+        import datetime
+
+        when = datetime.datetime.fromtimestamp(self.tripped_at, datetime.timezone.utc).isoformat(timespec="seconds")
+        state = f"open since {when}: {self.open_since}" if self.open_since else "closed"
         return [f"breaker {state}",
                 f"drains in the last {breaker.window_s:g} s: {self.window_drains} of [breaker] max_drains = "
                 f"{breaker.max_drains}",
@@ -142,5 +146,5 @@ class Status:
 def status(history: History, breaker: Breaker, now: float) -> Status:
     reset_at = history.breaker_reset_at()
     trips = history.breaker_trips(since=reset_at)
-    return Status(trips[0].error if trips else "",
+    return Status(trips[0].error if trips else "", trips[0].started_at if trips else 0.0,
                   history.drains_made(since=max(now - breaker.window_s, reset_at)), reset_at)

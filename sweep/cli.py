@@ -404,6 +404,7 @@ def breaker_status(site, db_path, as_json):
         now = status(history, rule, time.time())
     if as_json:
         click.echo(json.dumps({"open": bool(now.open_since), "tripped": now.open_since,
+                               "tripped_at": now.tripped_at or None,
                                "window_drains": now.window_drains, "max_drains": rule.max_drains,
                                "window_s": rule.window_s, "max_share": rule.max_share, "shadow": list(rule.shadow),
                                "reset_at": now.reset_at or None}, indent=1))

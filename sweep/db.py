@@ -318,7 +318,8 @@ class History:
 
     def prune(self, before: float) -> int:
         """Remove the sweeps started before `before` with their node and check rows, and the
-        drains closed before it; a drain still held (or closed later) keeps its sweep. Returns
+        drains closed before it; a drain still held (or closed later) keeps its sweep, and the
+        breaker's trips since its last reset stay. Returns
         the number of sweeps removed.
 
         SQLite keeps the freed pages in the file and the next sweeps write into them, so with a
@@ -332,9 +333,11 @@ class History:
             self._execute("DELETE FROM job_events WHERE job_id IN (SELECT job_id FROM jobs WHERE started_at < ?)",
                           (before,))
             self._execute("DELETE FROM jobs WHERE started_at < ?", (before,))
+            # A breaker trip no admin has reset yet stays: pruning must not close the breaker.
             old = [sweep_id for (sweep_id,) in self._rows(
                 "SELECT id FROM sweeps WHERE started_at < ? AND id NOT IN (SELECT sweep_id FROM drains) "
-                "ORDER BY id", (before,))]
+                "AND NOT (kind = ? AND started_at >= (SELECT COALESCE(MAX(started_at), 0) FROM sweeps "
+                "WHERE kind = ?)) ORDER BY id", (before, BREAKER_TRIP, BREAKER_RESET))]
             for sweep_id in old:
                 # results has no index by sweep: reach its rows through the sweep's nodes (primary key prefix)
                 hosts = self._rows("SELECT host FROM nodes WHERE sweep_id = ?", (sweep_id,))

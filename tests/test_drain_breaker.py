@@ -261,6 +261,10 @@ def test_the_admin_commands_show_and_reset_the_breaker(tmp_path):
     db = tmp_path / "sweeps.db"
     claim_at(db, NODES[:5], now=1000.0)
     shown = CliRunner().invoke(breaker, ["status", "--db", str(db)])
-    assert shown.exit_code == 0 and shown.output.startswith("breaker open: trainctl: breaker tripped")
+    assert shown.exit_code == 0
+    assert shown.output.startswith("breaker open since 1970-01-01T00:16:40+00:00: trainctl: breaker tripped")
+    with History.open(db, write=True) as history:       # pruning the history does not close it
+        history.prune(before=1e12)
+        assert status(history, RULE, 2000.0).open_since
     assert CliRunner().invoke(breaker, ["reset", "--db", str(db)]).exit_code == 0
     assert CliRunner().invoke(breaker, ["status", "--db", str(db)]).output.startswith("breaker closed")
