@@ -293,6 +293,15 @@ def _print_actions(actions, as_json: bool, applied: bool, extra: dict | None = N
         click.echo(printable(breaker))
 
 
+def _breaker_open(history, config) -> str:
+    """For a plan: the line that says --apply would drain nothing while the breaker is open ("" when closed)."""
+    from trainctl.sweep.breaker import Breaker, status
+
+    now = status(history, Breaker.from_site(config), time.time())
+    return (f"trainctl: breaker open, --apply would drain nothing ({now.open_since}); an admin closes it with "
+            "`trainctl breaker reset`" if now.open_since else "")
+
+
 def _apply_drains(path: Path, config, sweep_id: int, actions, rule: str, target: str):
     """(the actions as done, the breaker's line): the drains made within the site's breaker."""
     from trainctl.slurm import require_operator
@@ -345,13 +354,13 @@ def drain(apply, sweep_id, lemons, site, db_path, as_json):
             raise UsageError(f"{path}: no sweep #{sweep_id}" if sweep_id else f"{path}: no finished sweep yet")
         nodes, results = history.sweep_nodes(chosen.id), history.sweep_results(chosen.id)
         open_drains = history.drains(open_only=True)
+        line = "" if apply else _breaker_open(history, config)
     newer = [s.id for s in sweeps if s.id > chosen.id and s.kind == "sweep"]
     if newer:
         _progress(f"draining from sweep #{chosen.id}, the newest that finished cleanly; newer sweeps "
                   f"that did not: {', '.join(f'#{i}' for i in newer)}")
     states = node_states(nodes=[n.host for n in nodes]) if nodes else {}
     actions = plan_drains(nodes, results, states, open_drains)
-    line = ""
     if apply and any(a.action == "drain" for a in actions):
         actions, line = _apply_drains(path, config, chosen.id, actions, "sweep", f"sweep #{chosen.id}")
     _print_actions(actions, as_json, apply, {"sweep": chosen.id}, line)
@@ -368,9 +377,9 @@ def _drain_lemons(apply: bool, config, path: Path, as_json: bool) -> None:
     with History.open(path, write=False) as history:
         found = current_lemons(history, rule, time.time())
         open_drains = history.drains(open_only=True)
+        line = "" if apply else _breaker_open(history, config)
     states = node_states(nodes=[lemon.host for lemon in found]) if found else {}
     actions = plan_lemon_drains(found, rule, states, open_drains)
-    line = ""
     if apply and any(a.action == "drain" for a in actions):
         actions, line = _apply_drains(path, config, LEMON_SWEEP, actions, "lemons", "lemons")
     _print_actions(actions, as_json, apply, {"lemons": [lemon.host for lemon in found], "rule": rule.describe()},

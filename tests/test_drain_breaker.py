@@ -253,10 +253,11 @@ def test_a_site_may_not_set_a_breaker_outside_its_bounds(tmp_path):
     assert site_with(tmp_path, '\n[breaker]\nshadow = ["gate", "lemons"]\n').breaker.shadow == ("gate", "lemons")
 
 
-def test_the_admin_commands_show_and_reset_the_breaker(tmp_path):
+def test_the_admin_commands_show_and_reset_the_breaker(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from trainctl.sweep.cli import breaker
+    from support.sweeps import night
+    from trainctl.sweep.cli import breaker, drain
 
     db = tmp_path / "sweeps.db"
     claim_at(db, NODES[:5], now=1000.0)
@@ -266,5 +267,10 @@ def test_the_admin_commands_show_and_reset_the_breaker(tmp_path):
     with History.open(db, write=True) as history:       # pruning the history does not close it
         history.prune(before=1e12)
         assert status(history, RULE, 2000.0).open_since
+    with History.open(db, write=True) as history:   # a sweep to drain from: the plan says --apply would not
+        night(history, 1500.0, {"node1": {"ib.ports": ("fail", "mlx5_0/1 Down")}})
+    monkeypatch.setattr("trainctl.slurm.node_states", lambda **_: {})
+    plan = CliRunner().invoke(drain, ["--db", str(db)])
+    assert plan.exit_code == 0 and "trainctl: breaker open, --apply would drain nothing (" in plan.output
     assert CliRunner().invoke(breaker, ["reset", "--db", str(db)]).exit_code == 0
     assert CliRunner().invoke(breaker, ["status", "--db", str(db)]).output.startswith("breaker closed")
