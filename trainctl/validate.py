@@ -229,8 +229,9 @@ def check_job_id(job_id: str, source: str) -> str:
         return job_id
     from trainctl.text import printable
 
-    raise UsageError(f"{source} '{printable(job_id[:40])}{'...' if len(job_id) > 40 else ''}' is not a Slurm job "
-                     "id (digits, an array task 123_4 or a het job component 123+1)")
+    cut = job_id if len(job_id) <= 40 else job_id[:40] + "..."
+    raise UsageError(f"{source}={printable(repr(cut))} is not a Slurm job id (digits below 2^32, an array task "
+                     "123_4 or a het job component 123+1)")
 
 
 def site_bounds(key: str) -> Bounds:
