@@ -334,7 +334,8 @@ def drain(apply, sweep_id, lemons, site, db_path, as_json):
     are listed but never drained. Each drain is recorded in the history with the exact
     reason set, so `trainctl resume` can later tell trainctl's drains from everyone else's.
     With --lemons, the lemons are drained instead (same rules; resume keeps them drained
-    while they are lemons).
+    while they are lemons). Every drain is made within the site's breaker ([breaker]): past
+    its cap nothing more is drained, one line says so, and `trainctl breaker reset` reopens it.
     """
     from trainctl.errors import UsageError
     from trainctl.slurm import node_states
