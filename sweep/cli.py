@@ -335,7 +335,7 @@ def drain(apply, sweep_id, lemons, site, db_path, as_json):
     reason set, so `trainctl resume` can later tell trainctl's drains from everyone else's.
     With --lemons, the lemons are drained instead (same rules; resume keeps them drained
     while they are lemons). Every drain is made within the site's breaker ([breaker]): past
-    its cap nothing more is drained, one line says so, and `trainctl breaker reset` reopens it.
+    its cap nothing more is drained, one line says so, until `trainctl breaker reset` closes it.
     """
     from trainctl.errors import UsageError
     from trainctl.slurm import node_states
