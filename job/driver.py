@@ -210,9 +210,12 @@ class JobDriver:
         """Drain the nodes the detection named itself, where the site's `[gate] drain_on` asks
         (those the gate named were drained by `gate decide`)."""
 
-        for drain in drain_condemned(self.policy.site, self.policy.config, effect.nodes, self.env):
+        drains = drain_condemned(self.policy.site, self.policy.config, effect.nodes, self.env)
+        for drain in drains.drains:
             self.journal.add(Kind.DRAIN, node=drain.host, outcome=drain.outcome, reason=drain.reason)
             say(f"trainctl: {drain.line()}", err=True)
+        if drains.breaker:
+            say(drains.breaker, err=True)
 
     def _write_gate_status(self, step) -> None:
         status = slurm_actions.wait_step(step, STEP_POLL_S)

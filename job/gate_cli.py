@@ -202,11 +202,14 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     from trainctl.job.gate_drain import drain_excluded  # the site's [gate] drain_on; never fails the gate
 
     drains = drain_excluded(site, policy.config, decision, node_reports, fabric, os.environ)
-    text += "".join(f"{drain.line()}\n" for drain in drains)
-    _write_json(root / jobdir.DECISION, decision.to_json() | {"drains": [d.to_json() for d in drains],
+    text += "".join(f"{line}\n" for line in drains.lines())
+    _write_json(root / jobdir.DECISION, decision.to_json() | {"drains": [d.to_json() for d in drains.drains],
+                                                               "breaker": drains.breaker,
                                                                "compute": [v.to_json() for v in compute_verdicts]})
     (root / jobdir.REPORT).write_text(text)
     if not decision.ok:
+        if drains.breaker:   # the job's output says when the breaker held drains back, however the gate ends
+            click.echo(drains.breaker, err=True)
         raise GateFailed(decision.failure_line())  # the one line; the detail is in report.txt
     click.echo(text, err=True, nl=False)
     click.echo(fold_hostlist(list(decision.chosen)))

@@ -5,16 +5,16 @@ next job does not land on them. Which exclusions count is the site's `drain_on`:
 "fail" (a node check failed), "unknown" (a check could not decide, or the node left no
 report), "fabric" (the fabric test excluded it: slow against its peers, did not join).
 
-The drain is the one `trainctl drain` makes (`trainctl.slurm`): the tagged reason, cut to
-255 bytes, naming the check and the job, set only on a node with no reason from anyone,
+The drain is the one `trainctl drain` makes (`trainctl.sweep.drain.drain_within`): within the
+site's breaker (`[breaker]`: so many drains an hour, so much of a partition), the tagged reason,
+cut to 255 bytes, naming the check and the job, set only on a node with no reason from anyone,
 looked at right before. Where the job's user lacks Slurm operator rights the report says
-"not drained: no operator rights" and the job goes on. A drain is recorded in the site's
-sweep history as a sweep of kind "gate" when the job can write it, so `trainctl resume`
-treats it like its own; otherwise the report says it is not recorded.
+"not drained: no operator rights" and the job goes on. The breaker counts drains in the site's
+sweep history, so a job that cannot write it drains nothing (the report says why); a drain is
+recorded there as a sweep of kind "gate", so `trainctl resume` treats it like its own.
 
 Planning is pure (`plan_gate_drains`; `plan_watch_drains` for the nodes the in-training watch
-condemned); `drain_planned` does the Slurm calls and records the drains in the sweep history
-(trainctl.sweep); `trainctl gate decide` and the job's supervisor call it.
+condemned); `drain_planned` makes the drains; `trainctl gate decide` and the job's supervisor call it.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Mapping
 
-from trainctl.errors import PrivilegeError, TrainctlError
+from trainctl.errors import PrivilegeError, TrainctlError, UsageError
 from trainctl.health.fabric.report import FabricReport
 from trainctl.job.decision import Decision
+from trainctl.validate import check_job_id
 
 NO_RIGHTS = "not drained: no operator rights"
 
@@ -35,12 +36,13 @@ class GateDrain:
     host: str
     check: str                  # the first failing check, as in `trainctl drain`
     reason: str                 # the reason to set (`trainctl: <check>: <reason> [+others] (job N)`)
-    outcome: str = "planned"    # "drained", or why not ("not drained: ...")
+    outcome: str = "planned"    # "drained", "shadow" (recorded only), or why not ("not drained: ...")
     reason_time: str = ""       # Slurm's timestamp for the reason, read back after draining
     recorded: str = ""          # where the drain was recorded, or why it was not
 
     def line(self) -> str:
-        done = self.reason if self.outcome == "drained" else self.outcome
+        done = (self.reason if self.outcome == "drained" else f"shadow mode, would set {self.reason}"
+                if self.outcome == "shadow" else self.outcome)
         note = f" ({self.recorded})" if self.recorded else ""
         return f"drain {self.host}: {done}{note}"
 
@@ -86,75 +88,82 @@ def plan_watch_drains(condemned: Mapping[str, tuple[str, str, str]], drain_on: t
     return drains
 
 
+@dataclass(frozen=True)
+class GateDrains:
+    """What became of a job's planned drains, and the breaker's one line when it held any back
+    (or recorded them only, for a rule in `[breaker] shadow`)."""
+
+    drains: tuple[GateDrain, ...] = ()
+    breaker: str = ""
+
+    def lines(self) -> list[str]:
+        return [drain.line() for drain in self.drains] + ([self.breaker] if self.breaker else [])
+
+
+def job_id_of(environ: Mapping[str, str]) -> str:
+    """The job's id for a drain reason and the history; "?" where SLURM_JOB_ID is not a Slurm job id."""
+    try:
+        return check_job_id(environ.get("SLURM_JOB_ID", ""), "SLURM_JOB_ID")
+    except UsageError:
+        return "?"
+
+
 def drain_excluded(site: str | None, config, decision: Decision, node_reports: Mapping[str, dict],
-                   fabric: FabricReport | None, environ: Mapping[str, str], clock=time.time) -> list[GateDrain]:
+                   fabric: FabricReport | None, environ: Mapping[str, str], clock=time.time) -> GateDrains:
     """Drain what the site's `[gate] drain_on` asks for (`config`: the site, loaded; None: no site);
-    never raises for Slurm or rights."""
+    never raises for Slurm, rights or the history."""
     if site is None or config is None or not config.gate.drain_on:
-        return []
-    job_id = environ.get("SLURM_JOB_ID", "?")
+        return GateDrains()
+    job_id = job_id_of(environ)
     return drain_planned(plan_gate_drains(decision, node_reports, fabric, tuple(config.gate.drain_on), job_id),
-                         config, site, job_id, clock)
+                         config, site, job_id, "gate", clock)
 
 
 def drain_condemned(site: str | None, config, condemned: Mapping[str, tuple[str, str, str]],
-                    environ: Mapping[str, str], clock=time.time) -> list[GateDrain]:
+                    environ: Mapping[str, str], clock=time.time) -> GateDrains:
     """Drain the watch's condemned nodes where `[gate] drain_on` asks (`plan_watch_drains`)."""
     if site is None or config is None or not config.gate.drain_on:
-        return []
-    job_id = environ.get("SLURM_JOB_ID", "?")
+        return GateDrains()
+    job_id = job_id_of(environ)
     return drain_planned(plan_watch_drains(condemned, tuple(config.gate.drain_on), job_id), config, site, job_id,
-                         clock)
+                         "watch", clock)
 
 
-def drain_planned(planned: list[GateDrain], config, site: str, job_id: str, clock) -> list[GateDrain]:
-    """The Slurm calls for planned drains, then their record in the sweep history."""
+def drain_planned(planned: list[GateDrain], config, site: str, job_id: str, rule: str, clock) -> GateDrains:
+    """The planned drains, made within the breaker (`trainctl.sweep.drain.drain_within`) and recorded in
+    the site's sweep history as a sweep of kind "gate", so `trainctl resume` treats them as its own.
+    Without the history there is no breaker to ask, so nothing is drained."""
     if not planned:
-        return []
-    from trainctl.slurm import drain_unclaimed, require_operator
-
-    try:
-        require_operator()
-    except PrivilegeError:
-        return [GateDrain(d.host, d.check, d.reason, NO_RIGHTS) for d in planned]
-    except TrainctlError as exc:
-        return [GateDrain(d.host, d.check, d.reason, f"not drained: {exc}") for d in planned]
-    done = []
-    for drain in planned:
-        try:
-            after, why = drain_unclaimed(drain.host, drain.reason)
-        except PrivilegeError:
-            after, why = None, "no operator rights"
-        except TrainctlError as exc:
-            after, why = None, str(exc)
-        if after is None:
-            done.append(GateDrain(drain.host, drain.check, drain.reason, f"not drained: {why}"))
-        else:
-            done.append(GateDrain(drain.host, drain.check, after.reason or drain.reason, "drained",
-                                  after.reason_time))
-    return _record(done, config, site, job_id, clock)
-
-
-def _record(drains: list[GateDrain], config, site: str, job_id: str, clock) -> list[GateDrain]:
-    """Record the drains in the site's sweep history (kind "gate"), so `trainctl resume` considers them."""
-    drained = [d for d in drains if d.outcome == "drained"]
-    if not drained:
-        return drains
+        return GateDrains()
     from pathlib import Path
 
+    from trainctl.slurm import require_operator
+    from trainctl.sweep.breaker import Breaker
     from trainctl.sweep.db import History
+    from trainctl.sweep.drain import drain_within
 
+    breaker = Breaker.from_site(config)
+    if rule not in breaker.shadow:
+        try:
+            require_operator()
+        except PrivilegeError:
+            return GateDrains(tuple(replace(d, outcome=NO_RIGHTS) for d in planned))
+        except TrainctlError as exc:
+            return GateDrains(tuple(replace(d, outcome=f"not drained: {exc}") for d in planned))
     path = Path(config.sweep.db).expanduser()
     try:
         with History.open(path, write=True) as history:
-            now = clock()
-            sweep_id = history.start_sweep(kind="gate", started_at=now, site=site, via="slurm",
+            sweep_id = history.start_sweep(kind="gate", started_at=clock(), site=site, via="slurm",
                                            target=f"job {job_id}", checks=",".join(config.gate.drain_on))
-            for drain in drained:
-                history.record_drain(host=drain.host, reason=drain.reason, reason_time=drain.reason_time,
-                                     sweep_id=sweep_id, check=drain.check, drained_at=now)
+            done, line = drain_within(history, breaker, rule=rule, site=site, target=f"job {job_id}",
+                                      sweep_id=sweep_id, planned=[(d.host, d.reason, d.check) for d in planned],
+                                      clock=clock)
             history.finish_sweep(sweep_id, clock())
-        note = f"recorded in {path}: `trainctl resume` treats it as its own"
     except (TrainctlError, OSError) as exc:
-        note = f"not recorded in the sweep history ({exc}): `trainctl resume` will not consider it"
-    return [replace(d, recorded=note) if d.outcome == "drained" else d for d in drains]
+        why = f"not drained: the breaker could not count drains ({exc})"
+        return GateDrains(tuple(replace(d, outcome=why) for d in planned))
+    recorded = f"recorded in {path}: `trainctl resume` treats it as its own"
+    return GateDrains(tuple(replace(drain, outcome=outcome.outcome, reason=outcome.reason,
+                                    reason_time=outcome.reason_time,
+                                    recorded=recorded if outcome.outcome == "drained" else "")
+                            for drain, outcome in zip(planned, done)), line)

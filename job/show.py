@@ -30,9 +30,9 @@ from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.proc import run
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
 from trainctl.text import printable
+from trainctl.validate import JOB_ID as JOB_ID_RE   # the one owner of what a Slurm job id is
 
 TAIL_BYTES = 64 * 1024          # enough for the last lines of any sane log
-JOB_ID_RE = re.compile(r"\d+(_\d+)?")
 MAX_ATTEMPTS = 100              # a chain of --retries jobs is followed this far at most
 # slurmstepd's own notices in a task's output (`*** STEP 12.1 ON node1 CANCELLED AT ... ***`): Slurm's
 # words, not the program's, and written to some ranks' files only, so kept out of the tails.

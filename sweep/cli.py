@@ -274,11 +274,11 @@ def report(since_text, fmt, out_file, prom_file, site, db_path):
 
 # ---------------------------------------------------------------- drain / resume
 
-def _print_actions(actions, as_json: bool, applied: bool, extra: dict | None = None) -> None:
+def _print_actions(actions, as_json: bool, applied: bool, extra: dict | None = None, breaker: str = "") -> None:
     from trainctl.text import printable  # host names and reasons come from the nodes
 
     if as_json:
-        click.echo(json.dumps({"applied": applied, **(extra or {}),
+        click.echo(json.dumps({"applied": applied, **(extra or {}), **({"breaker": breaker} if breaker else {}),
                                "actions": [{"host": a.host, "action": a.action, "text": a.text, "check": a.check}
                                            for a in actions]}, indent=1))
         return
@@ -289,6 +289,32 @@ def _print_actions(actions, as_json: bool, applied: bool, extra: dict | None = N
             "recheck": "would re-check"}
     for action in actions:
         click.echo(printable(f"{action.host:<12} {verb.get(action.action, action.action):<15} {action.text}"))
+    if breaker:
+        click.echo(printable(breaker))
+
+
+def _breaker_open(history, config) -> str:
+    """For a plan: the line that says --apply would drain nothing while the breaker is open ("" when closed)."""
+    from trainctl.sweep.breaker import Breaker, status
+
+    now = status(history, Breaker.from_site(config), time.time())
+    return (f"trainctl: breaker open, --apply would drain nothing ({now.open_since}); an admin closes it with "
+            "`trainctl breaker reset`" if now.open_since else "")
+
+
+def _apply_drains(path: Path, config, sweep_id: int, actions, rule: str, target: str):
+    """(the actions as done, the breaker's line): the drains made within the site's breaker."""
+    from trainctl.slurm import require_operator
+    from trainctl.sweep.breaker import Breaker
+    from trainctl.sweep.db import History
+    from trainctl.sweep.drain import apply_drains
+
+    breaker = Breaker.from_site(config)
+    if rule not in breaker.shadow:
+        require_operator()
+    with History.open(path, write=True) as history:
+        return apply_drains(history, sweep_id, actions, breaker, rule=rule, site=config.name if config else "",
+                            target=target)
 
 
 @click.command("drain")
@@ -308,12 +334,13 @@ def drain(apply, sweep_id, lemons, site, db_path, as_json):
     are listed but never drained. Each drain is recorded in the history with the exact
     reason set, so `trainctl resume` can later tell trainctl's drains from everyone else's.
     With --lemons, the lemons are drained instead (same rules; resume keeps them drained
-    while they are lemons).
+    while they are lemons). Every drain is made within the site's breaker ([breaker]): past
+    its cap nothing more is drained, one line says so, until `trainctl breaker reset` closes it.
     """
     from trainctl.errors import UsageError
-    from trainctl.slurm import node_states, require_operator
+    from trainctl.slurm import node_states
     from trainctl.sweep.db import History
-    from trainctl.sweep.drain import apply_drains, latest_sweep, plan_drains
+    from trainctl.sweep.drain import latest_sweep, plan_drains
 
     config, _ = _load_site(site)
     path = _db(db_path, config)
@@ -328,6 +355,7 @@ def drain(apply, sweep_id, lemons, site, db_path, as_json):
             raise UsageError(f"{path}: no sweep #{sweep_id}" if sweep_id else f"{path}: no finished sweep yet")
         nodes, results = history.sweep_nodes(chosen.id), history.sweep_results(chosen.id)
         open_drains = history.drains(open_only=True)
+        line = "" if apply else _breaker_open(history, config)
     newer = [s.id for s in sweeps if s.id > chosen.id and s.kind == "sweep"]
     if newer:
         _progress(f"draining from sweep #{chosen.id}, the newest that finished cleanly; newer sweeps "
@@ -335,30 +363,86 @@ def drain(apply, sweep_id, lemons, site, db_path, as_json):
     states = node_states(nodes=[n.host for n in nodes]) if nodes else {}
     actions = plan_drains(nodes, results, states, open_drains)
     if apply and any(a.action == "drain" for a in actions):
-        require_operator()
-        with History.open(path, write=True) as history:
-            actions = apply_drains(history, chosen.id, actions)
-    _print_actions(actions, as_json, apply, {"sweep": chosen.id})
+        actions, line = _apply_drains(path, config, chosen.id, actions, "sweep", f"sweep #{chosen.id}")
+    _print_actions(actions, as_json, apply, {"sweep": chosen.id}, line)
 
 
 def _drain_lemons(apply: bool, config, path: Path, as_json: bool) -> None:
     from trainctl.site import FleetConfig
-    from trainctl.slurm import node_states, require_operator
+    from trainctl.slurm import node_states
     from trainctl.sweep.db import History
-    from trainctl.sweep.drain import LEMON_SWEEP, apply_drains, plan_lemon_drains
+    from trainctl.sweep.drain import LEMON_SWEEP, plan_lemon_drains
     from trainctl.sweep.fleet import LemonRule, current_lemons
 
     rule = LemonRule.from_site(config.fleet if config else FleetConfig())
     with History.open(path, write=False) as history:
         found = current_lemons(history, rule, time.time())
         open_drains = history.drains(open_only=True)
+        line = "" if apply else _breaker_open(history, config)
     states = node_states(nodes=[lemon.host for lemon in found]) if found else {}
     actions = plan_lemon_drains(found, rule, states, open_drains)
     if apply and any(a.action == "drain" for a in actions):
-        require_operator()
-        with History.open(path, write=True) as history:
-            actions = apply_drains(history, LEMON_SWEEP, actions)
-    _print_actions(actions, as_json, apply, {"lemons": [lemon.host for lemon in found], "rule": rule.describe()})
+        actions, line = _apply_drains(path, config, LEMON_SWEEP, actions, "lemons", "lemons")
+    _print_actions(actions, as_json, apply, {"lemons": [lemon.host for lemon in found], "rule": rule.describe()},
+                   line)
+
+
+@click.group("breaker")
+def breaker():
+    """The cap on trainctl's automatic drains: its state, and the reset that closes it.
+
+    Every automatic drain (the gate's and the watch's `[gate] drain_on`, `trainctl drain`,
+    `trainctl drain --lemons`) is counted in the sweep history. Past the site's [breaker]
+    max_drains in window_s, or max_share of a partition held drained, the breaker trips and
+    trainctl drains nothing more until an admin resets it.
+    """
+
+
+@breaker.command("status")
+@click.option("--site", help="Site whose [breaker] and [sweep] db to use.")
+@db_option
+@json_option
+def breaker_status(site, db_path, as_json):
+    """Whether the breaker is open, and the drains counted in its window."""
+    from trainctl.sweep.breaker import Breaker, status
+    from trainctl.sweep.db import History
+    from trainctl.text import printable
+
+    config, _ = _load_site(site)
+    rule = Breaker.from_site(config)
+    with History.open(_db(db_path, config), write=False) as history:
+        now = status(history, rule, time.time())
+    if as_json:
+        click.echo(json.dumps({"open": bool(now.open_since), "tripped": now.open_since,
+                               "tripped_at": now.tripped_at or None,
+                               "window_drains": now.window_drains, "max_drains": rule.max_drains,
+                               "window_s": rule.window_s, "max_share": rule.max_share, "shadow": list(rule.shadow),
+                               "reset_at": now.reset_at or None}, indent=1))
+        return
+    for text in now.lines(rule):
+        click.echo(printable(text))
+
+
+@breaker.command("reset")
+@click.option("--site", help="Site whose [sweep] db to use.")
+@db_option
+def breaker_reset(site, db_path):
+    """Close the breaker: automatic drains start again, counted from now (needs write access to the history)."""
+    import getpass
+
+    from trainctl.sweep.breaker import reset
+    from trainctl.sweep.db import History
+
+    config, _ = _load_site(site)
+    path = _db(db_path, config)
+    with History.open(path, write=True) as history:
+        try:
+            by = getpass.getuser()
+        except (KeyError, OSError):   # a uid without a passwd entry (containers)
+            import os
+            by = f"uid {os.geteuid()}"
+        reset(history, site=config.name if config else "", by=by, now=time.time())
+    click.echo(f"breaker closed in {path}: automatic drains count from now")
 
 
 @click.command("resume")

@@ -132,6 +132,14 @@ CREATE TABLE drains (
 CREATE INDEX drains_by_host ON drains (host);
 """
 
+# The breaker's rows (trainctl.sweep.breaker): its trips and an admin's resets are sweep rows of these
+# kinds; a drain a shadow rule would have made, or a claim Slurm did not carry out, is a drain row
+# closed with these, and does not count against the breaker's window.
+BREAKER_TRIP = "breaker"
+BREAKER_RESET = "breaker-reset"
+SHADOW_CLOSE = "shadow: not drained ([breaker] shadow)"
+REFUSED_CLOSE = "not drained: "
+
 # One encoder for every row (json.dumps builds one per call); compact, keys sorted.
 _DETAILS_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 BASE_TABLES = ("schema_version", "sweeps", "nodes", "results", "drains")
@@ -197,7 +205,7 @@ class History:
 
     def _upgrade(self) -> None:
         """Version 1 -> 2: the job tables, added in one transaction (a reader sees both or neither)."""
-        with self._transaction():
+        with self.transaction():
             for statement in FLEET_SCHEMA.split(";"):
                 if statement.strip():
                     self._execute(statement)
@@ -232,9 +240,14 @@ class History:
             raise _damaged(self.path, f"text that is not UTF-8 ({exc.reason})") from exc
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
+    def transaction(self) -> Iterator[None]:
+        """One write transaction (BEGIN IMMEDIATE: the write lock is taken before the first read, so
+        what is read inside is still true at the commit); the writes below join an open one."""
         if not self.writable:
             raise RuntimeError("history opened read-only")
+        if self._conn.in_transaction:
+            yield
+            return
         self._execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -246,14 +259,14 @@ class History:
     # -- writing
     def start_sweep(self, *, kind: str, started_at: float, site: str, via: str, target: str,
                     checks: str) -> int:
-        with self._transaction():
+        with self.transaction():
             cursor = self._execute(
                 "INSERT INTO sweeps (kind, started_at, site, via, target, checks) VALUES (?, ?, ?, ?, ?, ?)",
                 (kind, started_at, site, via, target, checks))
         return int(cursor.lastrowid)
 
     def set_slurm_job(self, sweep_id: int, job_id: str) -> None:
-        with self._transaction():
+        with self.transaction():
             self._execute("UPDATE sweeps SET slurm_job_id = ? WHERE id = ?", (job_id, sweep_id))
 
     def record_nodes(self, sweep_id: int, nodes: Iterable[NodeOutcome], recorded_at: float) -> None:
@@ -266,7 +279,7 @@ class History:
                       node.duration_s, recorded_at) for node in nodes]
         result_rows = [(node.host, sweep_id, c.name, c.status, c.reason, _DETAILS_JSON(c.details), recorded_at)
                        for node in nodes for c in node.checks]
-        with self._transaction():
+        with self.transaction():
             self._execute(
                 "INSERT OR REPLACE INTO nodes (host, sweep_id, outcome, status, slurm_state, detail, "
                 "duration_s, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", node_rows, many=True)
@@ -275,41 +288,56 @@ class History:
                 "recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?)", result_rows, many=True)
 
     def finish_sweep(self, sweep_id: int, finished_at: float, error: str = "") -> None:
-        with self._transaction():
+        with self.transaction():
             self._execute("UPDATE sweeps SET finished_at = ?, error = ? WHERE id = ?",
                           (finished_at, error, sweep_id))
 
     def record_drain(self, *, host: str, reason: str, reason_time: str, sweep_id: int, check: str,
-                     drained_at: float) -> None:
+                     drained_at: float) -> int:
         check_node_name(host, "host")
-        with self._transaction():
-            self._execute("INSERT INTO drains (host, reason, reason_time, sweep_id, check_name, drained_at) "
-                          "VALUES (?, ?, ?, ?, ?, ?)", (host, reason, reason_time, sweep_id, check, drained_at))
+        with self.transaction():
+            cursor = self._execute("INSERT INTO drains (host, reason, reason_time, sweep_id, check_name, drained_at) "
+                                   "VALUES (?, ?, ?, ?, ?, ?)", (host, reason, reason_time, sweep_id, check, drained_at))
+        return int(cursor.lastrowid)
+
+    def settle_drain(self, drain_id: int, reason: str, reason_time: str) -> None:
+        """A claimed drain made: the reason Slurm shows and its timestamp, read back."""
+        with self.transaction():
+            self._execute("UPDATE drains SET reason = ?, reason_time = ? WHERE id = ?", (reason, reason_time, drain_id))
+
+    def record_breaker(self, kind: str, *, at: float, site: str, rule: str, target: str, line: str) -> None:
+        """The breaker's trip (its line in `error`) or an admin's reset, as a sweep row that starts and ends at `at`."""
+        with self.transaction():
+            self._execute("INSERT INTO sweeps (kind, started_at, finished_at, site, via, target, checks, error) "
+                          "VALUES (?, ?, ?, ?, ?, ?, '', ?)", (kind, at, at, site, rule, target, line))
 
     def close_drain(self, drain_id: int, closed_at: float, how: str) -> None:
-        with self._transaction():
+        with self.transaction():
             self._execute("UPDATE drains SET closed_at = ?, closed_how = ? WHERE id = ? AND closed_at IS NULL",
                           (closed_at, how, drain_id))
 
     def prune(self, before: float) -> int:
         """Remove the sweeps started before `before` with their node and check rows, and the
-        drains closed before it; a drain still held (or closed later) keeps its sweep. Returns
+        drains closed before it; a drain still held (or closed later) keeps its sweep, and the
+        breaker's trips since its last reset stay. Returns
         the number of sweeps removed.
 
         SQLite keeps the freed pages in the file and the next sweeps write into them, so with a
         sweep a night the file stops growing at about `keep_days` sweeps; `vacuum()` gives the
         space back to the filesystem.
         """
-        with self._transaction():
+        with self.transaction():
             self._execute("DELETE FROM drains WHERE closed_at IS NOT NULL AND closed_at < ?", (before,))
             # A job's rows go with it; its journal, if still in the drop directory, is not folded in
             # again (`trainctl.sweep.fleet` skips journals that started before the history keeps).
             self._execute("DELETE FROM job_events WHERE job_id IN (SELECT job_id FROM jobs WHERE started_at < ?)",
                           (before,))
             self._execute("DELETE FROM jobs WHERE started_at < ?", (before,))
+            # A breaker trip no admin has reset yet stays: pruning must not close the breaker.
             old = [sweep_id for (sweep_id,) in self._rows(
                 "SELECT id FROM sweeps WHERE started_at < ? AND id NOT IN (SELECT sweep_id FROM drains) "
-                "ORDER BY id", (before,))]
+                "AND NOT (kind = ? AND started_at >= (SELECT COALESCE(MAX(started_at), 0) FROM sweeps "
+                "WHERE kind = ?)) ORDER BY id", (before, BREAKER_TRIP, BREAKER_RESET))]
             for sweep_id in old:
                 # results has no index by sweep: reach its rows through the sweep's nodes (primary key prefix)
                 hosts = self._rows("SELECT host FROM nodes WHERE sweep_id = ?", (sweep_id,))
@@ -395,6 +423,22 @@ class History:
             "AND status != 'unknown' ORDER BY sweep_id DESC LIMIT 1", (host, check, before_sweep)).fetchone()
         return None if row is None else (row[0], json.loads(row[1]))
 
+    def breaker_reset_at(self) -> float:
+        """When an admin last closed the breaker (0.0: never)."""
+        row = self._rows("SELECT MAX(started_at) FROM sweeps WHERE kind = ?", (BREAKER_RESET,))[0]
+        return 0.0 if row[0] is None else _time(self.path, row[0], "breaker reset")
+
+    def breaker_trips(self, since: float) -> list[SweepRow]:
+        """The breaker's trips since `since`, oldest first."""
+        rows = self._rows("SELECT id, kind, started_at, finished_at, site, via, target, checks, slurm_job_id, error "
+                          "FROM sweeps WHERE kind = ? AND started_at >= ? ORDER BY id", (BREAKER_TRIP, since))
+        return [_sweep(self.path, row) for row in rows]
+
+    def drains_made(self, since: float) -> int:
+        """Drains trainctl made (or has claimed) since `since`: not a shadow rule's, not one Slurm refused."""
+        return int(self._rows("SELECT COUNT(*) FROM drains WHERE drained_at >= ? AND closed_how != ? "
+                              "AND closed_how NOT LIKE ?", (since, SHADOW_CLOSE, REFUSED_CLOSE + "%"))[0][0])
+
     def drains(self, *, open_only: bool = False) -> list[DrainRow]:
         where = "WHERE closed_at IS NULL" if open_only else ""
         rows = self._rows(f"SELECT id, host, reason, reason_time, sweep_id, check_name, drained_at, "
@@ -421,7 +465,7 @@ class History:
                 check_node_name(event.host, "host")
                 event_rows.append((event.job_id, event.line, event.host, event.kind, event.at, event.what,
                                    event.detail))
-        with self._transaction():
+        with self.transaction():
             self._execute("INSERT OR REPLACE INTO jobs (job_id, site, started_at, ended_at, status, source, lines, "
                           "size, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", job_rows, many=True)
             self._execute("INSERT OR IGNORE INTO job_events (job_id, line, host, kind, at, what, detail) "

@@ -8,6 +8,8 @@ whose reason someone changed is let go (closed in the history), never resumed.
 
 Planning is pure (`plan_drains`, `plan_resumes`); `apply_*` do the Slurm calls, each
 preceded by a fresh look at the node, so a reason set a moment ago is still respected.
+Every drain, the gate's and the watch's too, is made by `drain_within`, inside the breaker
+(`trainctl.sweep.breaker`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from trainctl.slurm import (DRAIN_TAG, NodeState, drain_unclaimed, node_states, not_ours_any_more,
-                            resume_nodes, tagged_reason)
-from trainctl.sweep.db import History
+from trainctl.errors import PrivilegeError, TrainctlError
+from trainctl.slurm import (DRAIN_TAG, NodeState, drain_unclaimed, node_states, not_drainable, not_ours_any_more,
+                            partition_nodes, resume_nodes, tagged_reason)
+from trainctl.sweep.breaker import Breaker, claim, shadow
+from trainctl.sweep.db import REFUSED_CLOSE, History
 from trainctl.sweep.fleet import Lemon, LemonRule
 from trainctl.sweep.model import CHECKED, DrainRow, NodeOutcome, NodeRow, ResultRow, SweepRow
 
@@ -153,23 +157,77 @@ def latest_sweep(sweeps: list[SweepRow]) -> SweepRow | None:
     return finished[-1] if finished else None
 
 
-def apply_drains(history: History, sweep_id: int, actions: list[Action],
-                 clock: Callable[[], float] = time.time) -> list[Action]:
-    """Drain each DRAIN action's node unless a reason appeared meanwhile; record each drain."""
+@dataclass(frozen=True)
+class Drained:
+    host: str
+    outcome: str          # "drained", "shadow" (recorded only), or "not drained: why"
+    reason: str           # as Slurm shows it after draining (else as planned)
+    reason_time: str = ""
+
+
+HELD_BACK = "not drained: held back by the breaker"
+
+
+def drain_within(history: History, breaker: Breaker, *, rule: str, site: str, target: str, sweep_id: int,
+                 planned: list[tuple[str, str, str]], clock: Callable[[], float] = time.time
+                 ) -> tuple[list[Drained], str]:
+    """Every automatic drain goes through here: (host, reason, check) in order, within the breaker
+    (`trainctl.sweep.breaker`), each drain recorded against `sweep_id`. Returns what became of each
+    and the breaker's one line ("" when it held nothing back)."""
+    if not planned:
+        return [], ""
+    if rule in breaker.shadow:
+        line = shadow(history, rule=rule, sweep_id=sweep_id, planned=planned, now=clock())
+        return [Drained(host, "shadow", reason) for host, reason, _ in planned], line
+    states = node_states()
+    # Slurm's record too: a drain the Slurm hook or another history made holds a node as well.
+    slurm_held = {name for name, state in states.items() if state.drained and state.reason.startswith(DRAIN_TAG)}
+    # A node someone else holds is never drained, so it costs the breaker nothing.
+    left_alone = {host: why for host, _, _ in planned if (why := not_drainable(states.get(host)))}
+    ids, line = claim(history, breaker, rule=rule, site=site, target=target, sweep_id=sweep_id,
+                      planned=[p for p in planned if p[0] not in left_alone], slurm_held=slurm_held,
+                      partitions=partition_nodes(), now=clock())
+    done = []
+    for host, reason, _ in planned:
+        if host in left_alone:
+            done.append(Drained(host, f"not drained: {left_alone[host]}", reason))
+            continue
+        if host not in ids:
+            done.append(Drained(host, HELD_BACK, reason))
+            continue
+        try:
+            after, why = drain_unclaimed(host, reason)
+        except PrivilegeError:
+            after, why = None, "no operator rights"
+        except TrainctlError as exc:
+            after, why = None, str(exc)
+        if after is None:   # the claim is let go, and counts no more
+            history.close_drain(ids[host], clock(), f"{REFUSED_CLOSE}{why}")
+            done.append(Drained(host, f"not drained: {why}", reason))
+        else:
+            history.settle_drain(ids[host], after.reason or reason, after.reason_time)
+            done.append(Drained(host, "drained", after.reason or reason, after.reason_time))
+    return done, line
+
+
+def apply_drains(history: History, sweep_id: int, actions: list[Action], breaker: Breaker, *, rule: str, site: str,
+                 target: str, clock: Callable[[], float] = time.time) -> tuple[list[Action], str]:
+    """Drain each DRAIN action's node within the breaker unless a reason appeared meanwhile; each
+    drain is recorded. Returns the actions as done and the breaker's line ("" when it held nothing back)."""
+    planned = [(a.host, a.text, a.check) for a in actions if a.action == DRAIN]
+    drained, line = drain_within(history, breaker, rule=rule, site=site, target=target, sweep_id=sweep_id,
+                                 planned=planned, clock=clock)
+    outcomes = {d.host: d for d in drained}
     done = []
     for action in actions:
-        if action.action != DRAIN:
+        outcome = outcomes.get(action.host) if action.action == DRAIN else None
+        if outcome is None or outcome.outcome == "drained":
             done.append(action)
-            continue
-        after, why = drain_unclaimed(action.host, action.text)
-        if after is None:
-            done.append(Action(action.host, SKIP, f"not drained: {why}", action.check))
-            continue
-        history.record_drain(host=action.host, reason=after.reason or action.text,
-                             reason_time=after.reason_time, sweep_id=sweep_id,
-                             check=action.check, drained_at=clock())
-        done.append(action)
-    return done
+        elif outcome.outcome == "shadow":
+            done.append(Action(action.host, SKIP, f"shadow mode, would drain: {action.text}", action.check))
+        else:
+            done.append(Action(action.host, SKIP, outcome.outcome, action.check))
+    return done, line
 
 
 def apply_resumes(history: History, actions: list[Action], clock: Callable[[], float] = time.time) -> list[Action]:

@@ -1,5 +1,5 @@
 """`[gate] drain_on`: what the gate excluded reaches Slurm (pure plan; `gate decide` on the dev cluster,
-as root and as a user without operator rights)."""
+as root, as a user without operator rights, and with a probe broken on every node, held to the breaker)."""
 
 from __future__ import annotations
 
@@ -141,9 +141,27 @@ def test_gate_decide_drains_what_it_excluded_and_resume_resumes_it_as_trainctls(
         assert as_nobody.stdout.splitlines()[0] == "node[1,4]"
         assert "drain node2: not drained: no operator rights" in (nobody_dir / "report.txt").read_text()
         assert states(devcluster)["node2"].reason == ""
+
+        # A probe broken on every node, drain_on = ["unknown"]: the default breaker (10 % of the
+        # 4-node partition, at least one node) drains one node, and its line is in the job's output
+        # and the history; the gate fails for want of nodes, as it would without drains.
+        site.write_text(site.read_text().replace('drain_on = ["fail"]', 'drain_on = ["unknown"]'))
+        broken = {f"node{i}": node_report(f"node{i}", ("gpu.count", "unknown", "nvidia-smi: unexpected output"))
+                  for i in range(1, 5)}
+        probe = subprocess.run([*argv, "--dir", str(gate_dir_with(work / "broken", broken))],
+                               capture_output=True, text=True, timeout=60, env=env)
+        assert probe.returncode != 0
+        drained = [n for n, s in states(devcluster).items() if s.drained and s.reason.startswith("trainctl:")]
+        assert len(drained) == 1, drained
+        (line,) = [text for text in probe.stderr.splitlines() if text.startswith("trainctl: breaker tripped")]
+        assert "[breaker] max_share = 0.1 allows 1" in line
+        assert line in (work / "broken" / "report.txt").read_text().splitlines()
+        with History.open(db) as history:
+            assert [t.error for t in history.breaker_trips(since=0.0)] == [line]
     finally:
-        subprocess.run(["scontrol", "update", "NodeName=node[2-3]", "State=RESUME"], env=devcluster.client_env(),
-                       timeout=30)
+        for node in ("node1", "node2", "node3", "node4"):   # one at a time: an idle node refuses RESUME
+            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=devcluster.client_env(),
+                           timeout=30)
         shutil.rmtree(work, ignore_errors=True)
         devcluster.wait_idle(timeout_s=60)
 

@@ -23,6 +23,8 @@ from trainctl.signals import on_stop_signal
 
 # name -> (module, attribute, one-line help). The only place a subcommand is registered.
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "breaker": ("trainctl.sweep.cli", "breaker",
+                "The cap on trainctl's automatic drains: its state, and the admin's reset."),
     "contrib": ("trainctl.contrib_cli", "contrib",
                 "Print the files admins install: slurm.conf hook lines, the hook script, sweep units."),
     "dev-cluster": ("trainctl.devcluster.cli", "dev_cluster",

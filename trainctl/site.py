@@ -137,6 +137,22 @@ class FleetConfig:
         "submit --keep-lemons", False)
 
 
+# The automatic drains the breaker bounds, by the rule that asks for them.
+DRAIN_RULES = ("gate", "watch", "sweep", "lemons")
+
+
+@record
+class BreakerConfig:
+    max_drains: int = doc("automatic drains trainctl makes per window, all rules and jobs of the site together; "
+                          "past it the breaker trips and no rule drains until `trainctl breaker reset` (0: none)", 3)
+    window_s: float = doc("the sliding window max_drains counts over, in seconds", 3600.0)
+    max_share: float = doc("share of a partition's nodes trainctl may hold drained at once (at least one node)",
+                           0.1)
+    shadow: tuple[Literal["gate", "watch", "sweep", "lemons"], ...] = doc(
+        "rules that only record in the history what they would drain, and drain nothing: gate and watch "
+        "([gate] drain_on), sweep (`trainctl drain`), lemons (`trainctl drain --lemons`)", ())
+
+
 @record
 class LaunchConfig:
     trainctl: str = doc("trainctl on the compute nodes, run by the job script for the gate and rank-exec "
@@ -287,6 +303,7 @@ class SiteConfig:
     sweep: SweepConfig = doc("nightly sweeps: history database, checks, SSH access", default_factory=SweepConfig)
     watch: WatchConfig = doc("watching the training once it runs", default_factory=WatchConfig)
     fleet: FleetConfig = doc("fleet memory: jobs' verdicts in the sweep history, lemons", default_factory=FleetConfig)
+    breaker: BreakerConfig = doc("the cap on trainctl's automatic drains", default_factory=BreakerConfig)
     partitions: dict[str, PartitionConfig] = doc("partition name -> hardware")
 
 

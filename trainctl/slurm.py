@@ -14,7 +14,8 @@ from ClusterShell.RangeSet import RangeSet
 
 from trainctl.errors import ExternalCommandError, ParseError, PrivilegeError, UsageError
 from trainctl.proc import run, run_checked
-from trainctl.validate import MAX_NODES, check_node_name
+from trainctl.text import printable
+from trainctl.validate import MAX_NODES, check_job_id, check_node_name
 
 SCONTROL_TIMEOUT_S = 15.0
 
@@ -193,11 +194,10 @@ def job_port(environ: Mapping[str, str] = os.environ, offset: int = 0) -> int:
     Each job id owns two ports: offset 0 is the training job's MASTER_PORT (`rank-exec`),
     offset 1 the health gate's fabric test, so the two never collide within one job.
     """
-    text = environ.get("SLURM_JOB_ID", "0").strip()
-    # Slurm job ids are 32-bit (slurm.conf MaxJobId: at most 67,043,328; array and het jobs stay below 2^32)
-    if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) >= 2**32:
-        raise UsageError(f"SLURM_JOB_ID={_shown(text)} is not a Slurm job id (decimal, below 2^32)")
-    return 20000 + (int(text) * 2 + offset) % 10000
+    text = check_job_id(environ.get("SLURM_JOB_ID", "0").strip(), "SLURM_JOB_ID")
+    # Inside a job SLURM_JOB_ID is the job's own number (an array task and a het component have their
+    # own); the `_` and `+` forms are for people.
+    return 20000 + (int(re.split(r"[_+]", text)[0]) * 2 + offset) % 10000
 
 
 # ---------------------------------------------------------------- node states, drain and resume
@@ -275,9 +275,29 @@ def node_states(*, partition: str | None = None, nodes: list[str] | None = None,
     return parse_sinfo_states(run_checked(argv, timeout=timeout, env=env).stdout)
 
 
+PARTITION_FORMAT = "%N|%R"   # node, partition name (sinfo's %P marks the default partition with '*')
+
+
+def parse_sinfo_partitions(text: str) -> dict[str, frozenset[str]]:
+    """`sinfo -h -N -o PARTITION_FORMAT` -> {partition: its nodes}; a node in two partitions is in both."""
+    partitions: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        node, sep, partition = line.strip().partition("|")
+        if sep and node and partition:
+            partitions.setdefault(partition, set()).add(node)
+    return {name: frozenset(nodes) for name, nodes in partitions.items()}
+
+
+def partition_nodes(env: dict[str, str] | None = None, timeout: float = SCONTROL_TIMEOUT_S) -> dict[str, frozenset[str]]:
+    """Every partition and its nodes, as Slurm has them now."""
+    return parse_sinfo_partitions(run_checked(["sinfo", "-h", "-N", "-o", PARTITION_FORMAT], timeout=timeout,
+                                              env=env).stdout)
+
+
 def fit_reason(text: str, limit: int = REASON_MAX_BYTES) -> str:
-    """`text` on one line, cut to `limit` UTF-8 bytes (with an ellipsis when cut)."""
-    line = " ".join(text.split())
+    """`text` on one line, control characters escaped (a check's output or a job id may carry ESC or
+    BEL, and sinfo prints the reason raw), cut to `limit` UTF-8 bytes (with an ellipsis when cut)."""
+    line = printable(" ".join(text.split()))
     if len(line.encode()) <= limit:
         return line
     cut = line.encode()[:limit - len("...")].decode(errors="ignore")
@@ -299,6 +319,15 @@ def tagged_reason(failures: list[tuple[str, str]], context: str = "") -> tuple[s
     return check, fit_reason(head + fit_reason(reason, budget) + tail)
 
 
+def not_drainable(state: NodeState | None) -> str:
+    """Why trainctl leaves a node alone ("" if it may drain it): unknown to Slurm, or someone's reason on it."""
+    if state is None:
+        return "not known to Slurm"
+    if state.reason:
+        return f"has a reason trainctl did not set ({state.reason_user or 'someone'}: {state.reason!r})"
+    return ""
+
+
 def drain_unclaimed(node: str, reason: str, env: dict[str, str] | None = None,
                     timeout: float = SCONTROL_TIMEOUT_S) -> tuple[NodeState | None, str]:
     """Drain `node` with `reason` only if it has no reason from anyone; look right before.
@@ -308,10 +337,9 @@ def drain_unclaimed(node: str, reason: str, env: dict[str, str] | None = None,
     from a later one with the same text (`not_ours_any_more`).
     """
     state = node_states(nodes=[node], env=env, timeout=timeout).get(node)
-    if state is None:
-        return None, "not known to Slurm"
-    if state.reason:
-        return None, f"has a reason trainctl did not set ({state.reason_user or 'someone'}: {state.reason!r})"
+    why = not_drainable(state)
+    if why:
+        return None, why
     drain_nodes([node], reason, env, timeout=timeout)
     after = node_states(nodes=[node], env=env, timeout=timeout).get(node)
     return after or state, ""

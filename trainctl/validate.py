@@ -99,6 +99,9 @@ SITE_BOUNDS: dict[str, Bounds] = {
     "fleet.exclusion_strike": Bounds(0, 1e6),
     "fleet.detection_strike": Bounds(0, 1e6),
     "fleet.sweep_strike": Bounds(0, 1e6),
+    "breaker.max_drains": Bounds(0, MAX_NODES),
+    "breaker.window_s": Bounds(0, 30 * DAY_S, low_open=True),
+    "breaker.max_share": FRACTION,
     "watch.poll_s": Bounds(0.1, 3600),
     "watch.agent_write_s": Bounds(0.1, 3600),
     "watch.check_interval_s": Bounds(1, DAY_S),
@@ -212,6 +215,23 @@ def check_node_name(name: str, source: str) -> str:
     shown = printable(name[:80]) + ("..." if len(name) > 80 else "")
     raise UsageError(f"{source} '{shown}' is not a node name: Slurm node names are host names (letters, digits, "
                      f"'-', '_', '.', at most {NODE_NAME_MAX} characters; slurm.conf(5) NodeName), never a path")
+
+
+# Slurm job ids: a number below 2^32 (slurm.conf MaxJobId), an array task (`123_4`, sbatch --array) or
+# a het job component (`123+1`, squeue's form). Anything else never reaches a history, a drain
+# reason or a terminal: an id read from the environment or a file may carry ESC or BEL.
+JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,5})?")   # ASCII digits: \d takes any script's
+
+
+def check_job_id(job_id: str, source: str) -> str:
+    """`job_id` if it is a Slurm job id; else a UsageError naming `source` (SLURM_JOB_ID, an argument)."""
+    if JOB_ID.fullmatch(job_id) and int(job_id.split("_")[0].split("+")[0]) < 2**32:
+        return job_id
+    from trainctl.text import printable
+
+    cut = job_id if len(job_id) <= 40 else job_id[:40] + "..."
+    raise UsageError(f"{source}={printable(repr(cut))} is not a Slurm job id (digits below 2^32, an array task "
+                     "123_4 or a het job component 123+1)")
 
 
 def site_bounds(key: str) -> Bounds:
