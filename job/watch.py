@@ -61,7 +61,7 @@ MIN_BASELINE_SAMPLES = 5
 MIN_RECENT_SAMPLES = 3
 MAX_SAMPLES = 4096                      # bounded memory, whatever the job's length
 OWN_SHARE = 0.5                         # of the step's rise that a rank's own time must account for
-OWN_SAMPLES_PER_WINDOW = 6              # own-time samples per slow window (the verdict needs MIN_RECENT_SAMPLES)
+OWN_SAMPLES_PER_WINDOW = 10             # own-time samples per slow window (the verdict needs MIN_BASELINE_SAMPLES before it)
 
 Kind = Literal["slow", "sick", "hung"]
 
