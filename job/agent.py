@@ -34,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import glob
+import itertools
 import os
 import select
 import shutil
@@ -53,10 +55,12 @@ from trainctl.agent_socket import agent_socket_path
 from trainctl.errors import ParseError, UsageError
 from trainctl.files import write_atomically
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
+from trainctl.health.parse.link_counters import parse_ib_xmit_counters, parse_qdisc_stats
 from trainctl.health.parse.schedstat import LINE_MAX, SchedStat, parse_schedstat
 from trainctl.health.status import CheckResult, Status
 from trainctl.job import jobdir
-from trainctl.job.jobdir import CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, NodeReading, RankProgress, dump_done_file, stacks_file
+from trainctl.job.jobdir import (CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, LinkReading, NodeReading, RankProgress,
+                                 dump_done_file, stacks_file)
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
 from trainctl.guest.wire import SOCKET_ENV, claims_prefix, decode, request_path
 from trainctl.private_dir import ensure, write_file
@@ -72,6 +76,13 @@ NO_PIPE = "no pipe: not an NCCL job, or its flight recorder is off"
 NO_READER = "its pipe has no reader: no NCCL process group reads it now"
 BASELINE_WINDOW = "since the agent's first check run"
 NO_SOCKET = "no progress socket for this node"
+QDISC_ARGV = ("tc", "-s", "-j", "qdisc", "show")   # every interface's qdiscs, with their counters
+LINKS_TIMEOUT_S = 2.0                  # tc answers in milliseconds; a wedged one never holds the loop longer
+LINKS_CAP_BYTES = 256 << 10            # of tc's output: a node with hundreds of interfaces fits
+IB_COUNTER_GLOBS = tuple(f"/sys/class/infiniband/*/ports/*/counters/{name}" for name in ("port_xmit_wait",
+                                                                                          "port_xmit_data"))
+IB_COUNTER_FILES = 256                 # of each name read at most, each once a write
+IB_COUNTER_BYTES = 64                  # one decimal count
 WATCH_GOES_ON = ("; the watch goes on with this node's checks and node file, without its ranks' steps "
                  "or checkpoint requests")
 
@@ -165,11 +176,12 @@ def run_failed(state: ChecksState, checks: Iterable[str], why: str, t: float) ->
 # ---------------------------------------------------------------- the node file (pure)
 
 def node_reading(node: str, t: float, started_t: float, ranks: Mapping[int, RankProgress],
-                 checks: ChecksState) -> NodeReading:
+                 checks: ChecksState, links: tuple[LinkReading, ...] = (), links_t: float | None = None) -> NodeReading:
     """What the node file says (`trainctl.job.jobdir.node_file_json` writes it)."""
     return NodeReading(node, t, tuple(ranks[rank] for rank in sorted(ranks)),
                        tuple((p.check, p.reason) for p in checks.failed),
-                       tuple((p.check, p.reason) for p in checks.unknown), started_t, checks.t, checks.runs)
+                       tuple((p.check, p.reason) for p in checks.unknown), started_t, checks.t, checks.runs,
+                       links, links_t)
 
 
 def with_main_thread_times(ranks: Mapping[int, RankProgress],
@@ -496,7 +508,10 @@ class Agent:
     def _write(self) -> None:
         ranks = with_main_thread_times(self.ranks, {rank: main_thread_times(progress.pid)
                                                     for rank, progress in self.ranks.items()})
-        reading = node_reading(self.node, time.time(), self.started_t, ranks, self.checks)
+        links_t = time.time()
+        links = read_links()
+        reading = node_reading(self.node, time.time(), self.started_t, ranks, self.checks, links,
+                               links_t if links else None)
         try:
             jobdir.write_node_file(self.paths, reading)
         except UsageError as exc:   # the gate directory's filesystem hiccups: the next write tries again
@@ -522,6 +537,42 @@ def main_thread_times(pid: int) -> SchedStat | None:
     try:
         return parse_schedstat(os.read(fd, LINE_MAX + 1).decode("ascii", "replace"))
     except (OSError, ParseError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_links() -> tuple[LinkReading, ...]:
+    """The node's links as its kernel counts them now: every interface's root qdisc (`tc`, bounded
+    in time and output) and every InfiniBand port's transmit counters (sysfs). Which interfaces
+    carry the job's traffic is not known here: all of them are read, the watch compares each with
+    itself. A source that cannot be read adds nothing."""
+    from trainctl.proc import run
+
+    found = []
+    result = run(list(QDISC_ARGV), timeout=LINKS_TIMEOUT_S, output_cap=LINKS_CAP_BYTES)
+    if result.ok and not result.truncated:
+        with contextlib.suppress(ParseError):
+            found += parse_qdisc_stats(result.stdout)
+    files = {}
+    for path in (path for pattern in IB_COUNTER_GLOBS for path in itertools.islice(glob.iglob(pattern), IB_COUNTER_FILES)):
+        text = _read_small(path, IB_COUNTER_BYTES)
+        if text is not None:
+            files[path] = text
+    with contextlib.suppress(ParseError):
+        found += parse_ib_xmit_counters(files)
+    return tuple(LinkReading(c.link, c.source, c.sent_bytes, c.wait, c.queued_bytes) for c in found)
+
+
+def _read_small(path: str, cap: int) -> str | None:
+    """A sysfs file's first `cap` bytes; never blocks (O_NONBLOCK), None where it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, cap).decode("ascii", "replace")
+    except OSError:
         return None
     finally:
         os.close(fd)

@@ -407,9 +407,25 @@ class RankProgress(NamedTuple):      # a tuple: one per rank per poll, built by 
     step_seconds_sq: float = 0.0        # summed squares of the steps' durations (`trainctl.job.agent.squares`)
 
 
+class LinkReading(NamedTuple):
+    """One of the node's links as its agent last read it (health/parse/link_counters.py): cumulative
+    counts since the kernel made them."""
+
+    link: str                           # "eth0" (its root qdisc) or "mlx5_0:1" (an InfiniBand port)
+    source: str                         # "qdisc" or "ib"
+    sent_bytes: int
+    wait: int                           # the times the link held its sender back or dropped (qdisc), or
+                                        # its ticks waiting for credit to send (ib)
+    queued_bytes: int = 0               # qdisc: its queue as read (a gauge, not a count); ib: 0
+
+
+LINK_SOURCES = ("qdisc", "ib")
+LINK_COUNT_LIMIT = 1 << 66              # a kernel's 64-bit counter, of 4-byte words (InfiniBand's data)
+
+
 @dataclass(frozen=True)
 class NodeReading:
-    """One node agent's file: what its ranks reported and which of its checks newly fail."""
+    """One node agent's file: what its ranks reported, which of its checks newly fail, and its links."""
 
     node: str
     written_t: float
@@ -419,6 +435,8 @@ class NodeReading:
     started_t: float = 0.0
     checks_t: float | None = None                       # the last check run's end
     check_runs: int = 0
+    links: tuple[LinkReading, ...] = ()
+    links_t: float | None = None                        # when they were read (None: not read)
 
 
 def node_file_json(reading: NodeReading) -> dict[str, Any]:
@@ -429,7 +447,11 @@ def node_file_json(reading: NodeReading) -> dict[str, Any]:
                          "last_step_t": 1764236000.5, "checkpoint_step": 50, "checkpoint_t": ...,
                          "activity": 812, "cpu_seconds": 9.8, "runq_seconds": 0.4, "step_seconds_sq": 3.6}},
          "checks": {"t": <last run's end or null>, "runs": 3,
-                    "failed": [{"check": "gpu.xid", "reason": "..."}], "unknown": [...]}}
+                    "failed": [{"check": "gpu.xid", "reason": "..."}], "unknown": [...]},
+         "links": {"t": <read>, "ports": {"eth0": {"source": "qdisc", "sent_bytes": 9e8, "wait": 4711,
+                                                          "queued_bytes": 126262}}}}
+
+    "links" is absent where the agent read none (and in files of agents before it read them).
     """
     return {
         "format": NODE_FILE_FORMAT, "node": reading.node, "t": reading.written_t, "started_t": reading.started_t,
@@ -442,6 +464,10 @@ def node_file_json(reading: NodeReading) -> dict[str, Any]:
         "checks": {"t": reading.checks_t, "runs": reading.check_runs,
                    "failed": [{"check": check, "reason": reason} for check, reason in reading.failed_checks],
                    "unknown": [{"check": check, "reason": reason} for check, reason in reading.unknown_checks]},
+        **({"links": {"t": reading.links_t, "ports": {link.link: {"source": link.source, "sent_bytes": link.sent_bytes,
+                                                                  "wait": link.wait, "queued_bytes": link.queued_bytes}
+                                                      for link in reading.links}}}
+           if reading.links_t is not None else {}),
     }
 
 
@@ -455,9 +481,12 @@ def parse_node_file(text: str | bytes) -> NodeReading | None:
         ranks = tuple(sorted(_rank(rank, r) for rank, r in _object(data.get("ranks")).items()))
         checks = _object(data.get("checks"))
         written = _time(data.get("t"), required=True)
+        links = _object(data.get("links"))
         return NodeReading(data["node"], written, ranks, _problems(checks.get("failed")),
                            _problems(checks.get("unknown")), _time(data.get("started_t")),
-                           _time(checks.get("t")) or None, int(_count(checks.get("runs"))))
+                           _time(checks.get("t")) or None, int(_count(checks.get("runs"))),
+                           tuple(_link(name, port) for name, port in sorted(_object(links.get("ports")).items())),
+                           _time(links["t"], required=True) if links else None)
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
         return None
 
@@ -514,6 +543,16 @@ def _rank(rank: str, r: Any) -> RankProgress:
     if type(progress.step_seconds_sq) not in _NUMBER or not 0 <= progress.step_seconds_sq <= NUMBER_LIMIT:
         raise ValueError("not a sum of squares")
     return progress
+
+
+def _link(name: str, port: Any) -> LinkReading:
+    port = _object(port)
+    if port.get("source") not in LINK_SOURCES:
+        raise ValueError(f"not a link source: {port.get('source')!r}")
+    counts = (port["sent_bytes"], port["wait"], port.get("queued_bytes", 0))
+    if not all(type(count) is int and 0 <= count <= LINK_COUNT_LIMIT for count in counts):
+        raise ValueError("not a count")
+    return LinkReading(name, port["source"], *counts)
 
 
 def _problems(items: Any) -> tuple[tuple[str, str], ...]:

@@ -55,13 +55,14 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Literal, Mapping, NamedTuple
 
-from trainctl.job.jobdir import NodeReading, RankProgress
+from trainctl.job.jobdir import LinkReading, NodeReading, RankProgress
 
 MIN_BASELINE_SAMPLES = 5
 MIN_RECENT_SAMPLES = 3
 MAX_SAMPLES = 4096                      # bounded memory, whatever the job's length
 OWN_SHARE = 0.5                         # of the step's rise that a rank's own time must account for
 OWN_SAMPLES_PER_WINDOW = 10             # own-time samples per slow window (the verdict needs MIN_BASELINE_SAMPLES before it)
+LINK_WAIT_FACTOR = 2.0                  # a node's link holds back this many times as much as the others'
 
 Kind = Literal["slow", "sick", "hung"]
 
@@ -105,6 +106,11 @@ class ComputeSample:
     compute_s: float                     # a node's compute seconds per step since the last poll
 
 
+class LinkSample(NamedTuple):            # a tuple of untracked values: the collector stops tracking it
+    t: float                             # when the node's agent read its links
+    links: tuple[LinkReading, ...]       # cumulative counts
+
+
 class OwnSample(NamedTuple):             # a tuple of numbers: Python's collector stops tracking it
     t: float
     cpu_s: float                         # a rank's main thread on a CPU, per step since the node's last sample
@@ -138,6 +144,8 @@ class WatchState:
     own_last: Mapping[int, tuple[int, float, float]] = field(default_factory=dict)
     own_due: float = 0.0                 # when the next own samples are taken
     stepped_before: bool = False         # an earlier training step of the job reported steps
+    # node -> its agent's readings of its links, over the baseline and slow windows only
+    links: Mapping[str, tuple[LinkSample, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -294,7 +302,25 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
                    last={r.rank: (r.steps, r.step_seconds, r.compute_seconds, r.step_seconds_sq) for r in ranks}
                    or state.last,
                    heard=heard, compute=_compute_samples(limits, state, now, before, readings),
-                   **_own_samples(limits, state, now, readings))
+                   links=_link_samples(limits, state, now, readings), **_own_samples(limits, state, now, readings))
+
+
+def _link_samples(limits: WatchLimits, state: WatchState, now: float,
+                  readings: Mapping[str, NodeReading | None]) -> Mapping[str, tuple[LinkSample, ...]]:
+    """Each node's link readings, one per new read, kept only as far back as the detectors look
+    (a node whose file is missing this poll keeps its own)."""
+    keep_after = now - limits.slow_window_s - limits.baseline_window_s
+    links = {}
+    for node in set(state.links) | set(readings):
+        kept = state.links.get(node, ())
+        if kept and kept[0].t < keep_after:
+            kept = tuple(s for s in kept if s.t >= keep_after)
+        reading = readings.get(node)
+        if reading and reading.links_t is not None and (not kept or reading.links_t > kept[-1].t):
+            kept += (LinkSample(reading.links_t, reading.links),)
+        if kept:
+            links[node] = kept
+    return links
 
 
 def split_longest(steps: int, seconds: float, squares: float) -> tuple[float, float | None]:
@@ -418,6 +444,11 @@ def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | 
     if own:
         suspects, note, details["own"] = own_time_verdict(own, current - normal)
         evidence += "; " + note
+    if not _made_the_rise(own, current - normal):   # the time goes to waiting: the wire?
+        links = _link_waits(limits, state, now)
+        if links:
+            suspects, note, details["links"] = link_wait_verdict(links)
+            evidence += "; " + note
     ratios = _compute_ratios(limits, state, now)
     if ratios:
         details["compute_ratio"] = ratios
@@ -478,7 +509,7 @@ def own_time_verdict(own: list[OwnTime], step_rise_s: float) -> tuple[tuple[str,
     job's (the others are their peers, and flat); when more rose, the program or every node
     slowed alike; when none did, the time goes to waiting (the wire, the input, a slow GPU: its
     kernels are not the main thread's time)."""
-    rose = [o for o in own if o.rise_s >= OWN_SHARE * step_rise_s]
+    rose = _made_the_rise(own, step_rise_s)
     fields = [o.fields() for o in own]
     if not rose:
         return (), ("own time per step is flat on every node: the time goes to waiting (the wire, the input, "
@@ -491,6 +522,121 @@ def own_time_verdict(own: list[OwnTime], step_rise_s: float) -> tuple[tuple[str,
     return nodes, (f"{'; '.join(o.line() for o in rose)}; the other nodes' own time rose by at most "
                    f"{round(max(peers, 0.0), 3):g} s (rule own-time: a rank's own time per step rose by "
                    f"{OWN_SHARE:.0%} or more of the step's rise)"), fields
+
+
+def _made_the_rise(own: list[OwnTime], step_rise_s: float) -> list[OwnTime]:
+    return [o for o in own if o.rise_s >= OWN_SHARE * step_rise_s]
+
+
+@dataclass(frozen=True)
+class LinkWait:
+    """One of a node's links before the slow window and over it: how much it held its sender back
+    (`held`: a qdisc's share of the reads that found it queuing; an InfiniBand port's ticks a
+    second waiting for credit), what it counted a second (qdisc: overlimits + requeues + drops;
+    ib: the same ticks) and the bytes it sent a second."""
+
+    node: str
+    link: str
+    source: str                          # "qdisc" or "ib"
+    held: tuple[float, float]            # (before, now)
+    wait_per_s: tuple[float, float]
+    sent_per_s: tuple[float, float]
+
+    def fields(self) -> dict:
+        return {"node": self.node, "link": self.link, "source": self.source,
+                "held": [round(v, 3) for v in self.held], "wait_per_s": [round(v, 1) for v in self.wait_per_s],
+                "sent_bytes_per_s": [round(v) for v in self.sent_per_s]}
+
+    def line(self) -> str:
+        return link_line(self.fields())
+
+
+def link_line(item: Mapping) -> str:
+    """One link's numbers (`LinkWait.fields`), as the evidence and `job show` say them."""
+    (held_before, held_now), (wait_before, wait_now) = item["held"], item["wait_per_s"]
+    sent_before, sent_now = item["sent_bytes_per_s"]
+    held = (f"queued in {held_now:.0%} of reads, {held_before:.0%} before" if item["source"] == "qdisc"
+            else f"waited for credit {held_now:.3g} ticks a second, {held_before:.3g} before")
+    return (f"{item['node']} {item['link']}: {held}; {WAIT_WHAT[item['source']]} {wait_now:.3g} a second, "
+            f"{wait_before:.3g} before; sent {sent_now / 1e6:.3g} MB/s, {sent_before / 1e6:.3g} before")
+
+
+# what a link's cumulative wait counts, by source (health/parse/link_counters.py)
+WAIT_WHAT = {"qdisc": "overlimits + requeues + drops", "ib": "PortXmitWait"}
+# how much holding back counts at all: a qdisc found queuing in this share of the reads, a port
+# waiting this many ticks a second
+LINK_HELD_FLOOR = {"qdisc": 0.25, "ib": 10.0}
+
+
+def _link_waits(limits: WatchLimits, state: WatchState, now: float) -> list[LinkWait]:
+    """Each node's links over the baseline window and over the last half of the slow window (a
+    slowdown is detected once it fills half the window: that half is surely in it), for the links
+    read often enough in both whose counts never went back (a qdisc replaced, a port reset)."""
+    since = max(state.started_t + limits.warmup_s, now - limits.slow_window_s - limits.baseline_window_s)
+    found = []
+    for node, samples in sorted(state.links.items()):
+        earlier = [s for s in samples if since <= s.t <= now - limits.slow_window_s]
+        before_half = [s for s in samples if s.t <= now - limits.slow_window_s / 2]
+        recent = [s for s in samples if s.t > now - limits.slow_window_s / 2]
+        if len(earlier) < MIN_BASELINE_SAMPLES or len(recent) < MIN_RECENT_SAMPLES:
+            continue
+        # the counts run from the read before the half window, the queue shares from its own reads
+        spans = ((earlier, earlier), ([before_half[-1], *recent], recent))
+        for name in sorted({link.link for link in recent[-1].links}):
+            judged = [_window(counted, gauged, name) for counted, gauged in spans]
+            if None not in judged:
+                (held_before, wait_before, sent_before), (held_now, wait_now, sent_now) = judged
+                source = next(link.source for link in recent[-1].links if link.link == name)
+                found.append(LinkWait(node, name, source, (held_before, held_now) if source == "qdisc"
+                                      else (wait_before, wait_now), (wait_before, wait_now), (sent_before, sent_now)))
+    return found
+
+
+def _window(counted: list[LinkSample], gauged: list[LinkSample], name: str) -> tuple[float, float, float] | None:
+    """Link `name` over a window: (the share of `gauged`'s reads that found it queuing, its wait a
+    second and its bytes sent a second from `counted`'s first read to its last); None when a read
+    lacks it or a count went back."""
+    links = [{link.link: link for link in s.links}.get(name) for s in counted]
+    queued = [{link.link: link for link in s.links}.get(name) for s in gauged]
+    if None in links or None in queued or counted[-1].t <= counted[0].t:
+        return None
+    if any(b.wait < a.wait or b.sent_bytes < a.sent_bytes for a, b in zip(links, links[1:])):
+        return None
+    seconds = counted[-1].t - counted[0].t
+    return (sum(1 for link in queued if link.queued_bytes) / len(queued),
+            (links[-1].wait - links[0].wait) / seconds, (links[-1].sent_bytes - links[0].sent_bytes) / seconds)
+
+
+def link_wait_verdict(links: list[LinkWait]) -> tuple[tuple[str, ...], str, list[dict]]:
+    """Whom the nodes' own links name for a slowdown spent waiting (the rule, `link-wait`).
+
+    In synchronous training every node sends its share of each step, so a slow link is the one
+    still holding its sender back while the others, waiting for it, are not: before, every link
+    of a wire-bound job queued alike; during, the slow one queues as before and the others idle.
+    A node is named when one of its links holds back at least LINK_WAIT_FACTOR x as much as every
+    other node's link of the same kind over the slow window, by LINK_HELD_FLOOR or more, and was
+    not so apart from them before (a node whose link always held back most is no new fault).
+    What a link counts a second (a qdisc's overlimits, drops) rises and falls with the traffic
+    that a slow step cuts everywhere; the numbers show it, the rule does not use it."""
+    fields = [link.fields() for link in links]
+    apart = []
+    for link in links:
+        others = [o for o in links if o.node != link.node and o.source == link.source]
+        if not others:
+            continue
+        before, now = link.held
+        if (now >= LINK_HELD_FLOOR[link.source] and now >= LINK_WAIT_FACTOR * max(o.held[1] for o in others)
+                and before < LINK_WAIT_FACTOR * max(o.held[0] for o in others)):
+            apart.append(link)
+    looked_at = ", ".join(f"{link.node} {link.link}" for link in links)
+    if not apart:
+        return (), f"no node's link holds back apart from the others' (looked at: {looked_at}): nobody is named by the links", fields
+    named = tuple(sorted({link.node for link in apart}))
+    others = max((o.held[1] for o in links if o.node not in named and o.source == apart[0].source), default=0.0)
+    most = f"{others:.0%} of reads" if apart[0].source == "qdisc" else f"{others:.3g} ticks a second"
+    return named, (f"{'; '.join(link.line() for link in apart)}; the other nodes' links at most {most} "
+                   f"(rule link-wait: a link holds its sender back {LINK_WAIT_FACTOR:g}x or more as much as every "
+                   "other node's, and did not before)"), fields
 
 
 def _compute_ratios(limits: WatchLimits, state: WatchState, now: float) -> dict[str, float]:

@@ -37,6 +37,21 @@ class Job:
         # node -> its rank's main thread per step: (on a CPU, waiting for one); none: not read
         self.own: dict[str, tuple[float, float]] = {}
         self.sched = {node: [0.0, 0.0] for node in NODES}
+        # node -> its link's share of reads that find it queuing, and its overlimits a second; none: not read
+        self.link: dict[str, tuple[float, float]] = {}
+        self.link_counts = {node: [0, 0, 0.0] for node in NODES}   # sent bytes, wait, queued reads so far
+
+    def _links(self, node: str, seconds: float) -> tuple[tuple[w.LinkReading, ...], float | None]:
+        if node not in self.link:
+            return (), None
+        share, wait_per_s = self.link[node]
+        counts = self.link_counts[node]
+        queued_before = int(counts[2])
+        counts[0] += int(seconds * 1e6 * self.step_s ** -1 * 0.25)
+        counts[1] += int(seconds * wait_per_s)
+        counts[2] += share
+        queued = 126262 if int(counts[2]) > queued_before else 0   # spread evenly over the reads
+        return (w.LinkReading("eth0", "qdisc", counts[0], counts[1], queued),), self.t
 
     def poll(self, seconds: float = 1.0) -> w.Observation:
         self.t += seconds
@@ -60,8 +75,9 @@ class Job:
                     activity=self.activity[node], cpu_seconds=self.sched[node][0] if own else None,
                     runq_seconds=self.sched[node][1] if own else None),)
                 self.written[node] = self.t
+            links, links_t = self._links(node, seconds) if node not in self.frozen else ((), None)
             readings[node] = w.NodeReading(node, self.written[node], self.last_ranks.get(node, ()),
-                                           self.failed.get(node, ()))
+                                           self.failed.get(node, ()), links=links, links_t=links_t)
         observation = w.observe(LIMITS, self.state, self.t, readings)
         self.state = observation.state
         return observation
@@ -208,6 +224,89 @@ def test_confirm_leaves_out_the_detections_suspects_and_the_training_nodes_the_g
                           ("node1", "node2", "node3"), 0.4)
     assert confirmed.named == {"node3": "hung: no rank finished a step for 31 s", "node1": "fabric: 0.3x the median"}
     assert (confirmed.note, confirmed.accepted_step_s) == ("", 0.0)
+
+
+def link_slowed(link_after: dict[str, tuple[float, float]], own: tuple[float, float] | None = (0.2, 0.01),
+                link_before: tuple[float, float] = (0.8, 300.0)) -> w.Detection:
+    """Every node's link queuing in `link_before`'s share of reads, then the nodes in `link_after`
+    at theirs and the others idle, as a wire-bound job's links are while one of them is slow."""
+    job = Job()
+    job.own = dict.fromkeys(NODES, own) if own else {}
+    job.link = dict.fromkeys(NODES, link_before)
+    assert job.run(60) == []
+    job.step_s, job.link = 0.8, {**dict.fromkeys(NODES, (0.0, 60.0)), **link_after}
+    found = job.run(30)
+    assert found and found[0].kind == "slow"
+    return found[0]
+
+
+def test_the_one_link_still_queuing_while_the_others_idle_names_its_node_with_the_numbers():
+    # every link queued in 80% of reads; now node2's still does in 60%, the others' in none.
+    # Its overlimits a second fell like everyone's (the traffic fell): the rule does not use them
+    detection = link_slowed({"node2": (0.6, 80.0)})
+    assert detection.suspects == ("node2",)
+    assert "rule link-wait" in detection.evidence and "own time per step is flat" in detection.evidence
+    assert ("node2 eth0: queued in 62% of reads, 79% before; overlimits + requeues + drops 80 a second, 300 before; "
+            "sent 0.312 MB/s, 1 before; the other nodes' links at most 0% of reads") in detection.evidence
+    per_node = {item["node"]: item for item in detection.details["links"]}
+    assert set(per_node) == set(NODES) and per_node["node2"]["held"] == [0.792, 0.625]
+    assert per_node["node1"]["held"] == [0.792, 0.0] and per_node["node1"]["wait_per_s"] == [300.0, 60.0]
+
+
+def test_links_that_idle_alike_or_queue_alike_name_nobody_and_say_where_they_looked():
+    idle = link_slowed({})
+    assert idle.suspects == () and "no node's link holds back apart from the others'" in idle.evidence
+    assert "looked at: node1 eth0, node2 eth0, node3 eth0, node4 eth0" in idle.evidence
+    busy = link_slowed(dict.fromkeys(NODES, (0.8, 300.0)))
+    assert busy.suspects == () and "nobody is named by the links" in busy.evidence
+
+
+def test_a_link_queuing_apart_only_a_little_or_rarely_names_nobody():
+    assert link_slowed({"node2": (0.6, 80.0), "node3": (0.4, 80.0)}).suspects == ()   # not 2x node3's
+    assert link_slowed({"node2": (0.1, 80.0)}).suspects == ()                         # under the floor
+
+
+def test_a_link_that_always_queued_most_is_no_new_fault():
+    job_links = {**dict.fromkeys(NODES, (0.2, 50.0)), "node2": (0.8, 300.0)}
+    job = Job()
+    job.link = job_links
+    assert job.run(60) == []
+    job.step_s = 0.8
+    found = job.run(30)
+    assert found and found[0].suspects == () and "nobody is named by the links" in found[0].evidence
+
+
+def test_links_are_judged_without_own_times_and_not_where_a_ranks_own_time_named_its_node():
+    named = link_slowed({"node2": (0.6, 80.0)}, own=None)
+    assert named.suspects == ("node2",) and "own" not in named.details
+    # node3's own time made the rise: the links are not looked at
+    job = Job()
+    job.own, job.link = dict.fromkeys(NODES, (0.2, 0.01)), dict.fromkeys(NODES, (0.8, 300.0))
+    assert job.run(60) == []
+    job.step_s = 0.8
+    job.own = {**job.own, "node3": (0.2, 0.57)}
+    job.link = {**dict.fromkeys(NODES, (0.0, 60.0)), "node2": (0.6, 80.0)}
+    found = job.run(30)
+    assert found[0].suspects == ("node3",) and "links" not in found[0].details
+
+
+def test_a_link_whose_counts_went_back_is_not_judged():
+    job = Job()
+    job.link = dict.fromkeys(NODES, (0.8, 300.0))
+    assert job.run(60) == []
+    job.step_s, job.link = 0.8, {**dict.fromkeys(NODES, (0.0, 60.0)), "node2": (0.6, 80.0)}
+    job.run(5)
+    job.link_counts["node2"] = [0, 0, 0.0]               # its qdisc replaced: the counts start again
+    found = job.run(25)
+    assert found and "node2" not in {item["node"] for item in found[0].details["links"]}
+
+
+def test_link_samples_are_kept_only_as_far_back_as_the_windows_look():
+    job = Job()
+    job.link = dict.fromkeys(NODES, (0.5, 100.0))
+    job.run(400)
+    oldest = min(s.t for samples in job.state.links.values() for s in samples)
+    assert oldest >= job.t - LIMITS.slow_window_s - LIMITS.baseline_window_s
 
 
 def test_confirm_makes_an_unexplained_slowdown_the_new_normal_and_keeps_it_after_an_unexplained_hang():
