@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from trainctl.job.jobdir import KINDS, Kind
+from trainctl.job.watch import link_line
 
 
 def timeline_lines(attempts: list[tuple[str, list[dict]]], start: float) -> list[str]:
@@ -20,7 +21,7 @@ def timeline_lines(attempts: list[tuple[str, list[dict]]], start: float) -> list
     for when, job_id, event in sorted(timed, key=lambda item: item[0]):
         lines.append(f"  +{hms(when - start)} job {job_id}: {describe(event)}")
         if event["event"] in (Kind.DETECTION, Kind.WEIGHED):
-            lines += [f"      {line}" for line in own_time_lines(event)]
+            lines += [f"      {line}" for line in own_time_lines(event) + link_lines(event)]
     return lines
 
 
@@ -76,6 +77,19 @@ def own_time_lines(event: dict) -> list[str]:
             lines.append(f"rank {int(item['rank'])} on {item['node']}: own time a step "
                          f"{cpu_now + runq_now:.3g} s (on a CPU {cpu_now:.3g} + waiting for one {runq_now:.3g}), "
                          f"{cpu_before + runq_before:.3g} s before ({cpu_before:.3g} + {runq_before:.3g})")
+        except (KeyError, TypeError, ValueError):
+            continue   # a journal line from another version: the evidence line above still says it
+    return lines
+
+
+def link_lines(event: dict) -> list[str]:
+    """A slowdown's evidence per link (`trainctl.job.watch.LinkWait.fields`), a line each, for under the event."""
+    details = event.get("details")
+    links = details.get("links") if isinstance(details, dict) else None
+    lines = []
+    for item in links if isinstance(links, list) else ():
+        try:
+            lines.append(link_line(item))
         except (KeyError, TypeError, ValueError):
             continue   # a journal line from another version: the evidence line above still says it
     return lines

@@ -24,7 +24,7 @@ from trainctl.job.agent import (NO_PIPE, NO_READER, ChecksState, Problem, RankPr
                                 await_flight_recorder_dumps, dump_stacks, flight_recorder_text, fold, judge_run,
                                 main_thread_times, node_reading, run_failed, squares, stacks_text,
                                 with_main_thread_times)
-from trainctl.job.jobdir import node_file_json, parse_node_file
+from trainctl.job.jobdir import LinkReading, node_file_json, parse_node_file
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
@@ -157,6 +157,24 @@ def test_the_node_file_is_the_designs_document_and_the_supervisor_reads_back_wha
     assert parse_node_file(json.dumps(node_file_json(reading))) == reading   # one schema, both ends
     empty = node_file_json(node_reading("n", 1.0, 1.0, {}, ChecksState()))
     assert json.loads(json.dumps(empty))["checks"]["t"] is None
+
+
+def test_the_node_files_links_are_read_back_and_a_file_without_them_has_none():
+    links = (LinkReading("eth0", "qdisc", 105624843, 5712, 126262), LinkReading("mlx5_0:1", "ib", 4 << 40, 3))
+    reading = node_reading("node2", 10.0, 1.0, {}, ChecksState(), links, 9.5)
+    assert node_file_json(reading)["links"] == {"t": 9.5, "ports": {
+        "eth0": {"source": "qdisc", "sent_bytes": 105624843, "wait": 5712, "queued_bytes": 126262},
+        "mlx5_0:1": {"source": "ib", "sent_bytes": 4 << 40, "wait": 3, "queued_bytes": 0}}}
+    assert parse_node_file(json.dumps(node_file_json(reading))) == reading
+    without = node_file_json(node_reading("node2", 10.0, 1.0, {}, ChecksState()))
+    assert "links" not in without                    # as every agent's file before links were read
+    assert parse_node_file(json.dumps(without)).links_t is None
+    for port in ({"source": "tcp", "sent_bytes": 1, "wait": 1}, {"source": "qdisc", "sent_bytes": -1, "wait": 1},
+                 {"source": "qdisc", "sent_bytes": 1.5, "wait": 1}, {"source": "ib", "sent_bytes": 1, "wait": True},
+                 {"source": "ib", "sent_bytes": 1, "wait": 1 << 70}):
+        data = node_file_json(reading)
+        data["links"]["ports"]["eth0"] = port
+        assert parse_node_file(json.dumps(data)) is None, port
 
 
 def test_a_node_file_with_a_negative_or_non_numeric_thread_time_is_not_one():
