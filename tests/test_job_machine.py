@@ -10,7 +10,7 @@ import pytest
 from trainctl.job import machine
 from trainctl.job.goodput import goodput
 from trainctl.job.jobdir import Journal, parse_journal
-from trainctl.job.watch import Detection, NodeReading, RankProgress, WatchLimits
+from trainctl.job.watch import Detection, LinkReading, NodeReading, RankProgress, WatchLimits
 from trainctl.launcher.plan import JobPlan, SubmitRequest, plan_job
 from trainctl.site import load_site
 
@@ -364,6 +364,31 @@ def test_a_slowdown_a_ranks_own_time_pins_on_its_node_stops_without_weighing_and
     assert tuple(seen[-2:]) == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
     state, effects = feed(job, state, machine.StepStopped(143))
     assert state.condemned == ("node2",) and isinstance(effects[-1], machine.Retry)
+
+
+def test_a_slowdown_a_nodes_link_pins_on_it_stops_without_weighing_and_leaves_the_node_out():
+    # every rank's own time flat; from 1060 the step doubles and node2's link queues at every read
+    # while node1's, which queued at every other read like node2's before, no longer does
+    job = facts(release=False, restarts=1, successors=2, watch=WATCH)
+    state, _ = training(job)
+    seen = []
+    for t in [1001.0 + i for i in range(90)]:
+        steps = int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0))
+        slow = t > 1060.0
+        queued = {"node1": not slow and int(t) % 2 == 0, "node2": slow or int(t) % 2 == 0}
+        readings = {node: NodeReading(node, t, (RankProgress(int(node[-1]), steps, t - 1000.0, t, cpu_seconds=0.2 * steps,
+                                                             runq_seconds=0.01 * steps),),
+                                      links=(LinkReading("eth0", "qdisc", 1000 * steps, 3 * steps,
+                                                         126262 if queued[node] else 0),), links_t=t)
+                    for node in ("node1", "node2")}
+        state, effects = feed(job, state, machine.Polled(t, readings))
+        seen += effects
+        if state.phase != "train":
+            break
+    assert state.phase == "stopping" and state.detection.suspects == ("node2",)
+    assert weighed(seen) == [] and "rule link-wait" in state.detection.evidence
+    state, effects = feed(job, state, machine.StepStopped(143))   # a restart is left: the gate, without node2
+    assert state.condemned == ("node2",) and effects[-1] == machine.RunGate(("node1", "node3", "node4"), 1)
 
 
 def test_a_slowdown_the_gate_localises_names_the_node_the_gate_excluded():
