@@ -561,7 +561,7 @@ def read_links() -> tuple[LinkReading, ...]:
             files[path] = text
     with contextlib.suppress(ParseError):
         found += parse_ib_xmit_counters(files)
-    return tuple(LinkReading(c.link, c.source, c.sent_bytes, c.wait, c.queued_bytes) for c in found)
+    return tuple(LinkReading(c.link, c.source, c.sent_bytes, c.wait) for c in found)
 
 
 def _read_small(path: str, cap: int) -> str | None:

@@ -416,7 +416,6 @@ class LinkReading(NamedTuple):
     sent_bytes: int
     wait: int                           # the times the link held its sender back or dropped (qdisc), or
                                         # its ticks waiting for credit to send (ib)
-    queued_bytes: int = 0               # qdisc: its queue as read (a gauge, not a count); ib: 0
 
 
 LINK_SOURCES = ("qdisc", "ib")
@@ -448,8 +447,7 @@ def node_file_json(reading: NodeReading) -> dict[str, Any]:
                          "activity": 812, "cpu_seconds": 9.8, "runq_seconds": 0.4, "step_seconds_sq": 3.6}},
          "checks": {"t": <last run's end or null>, "runs": 3,
                     "failed": [{"check": "gpu.xid", "reason": "..."}], "unknown": [...]},
-         "links": {"t": <read>, "ports": {"eth0": {"source": "qdisc", "sent_bytes": 9e8, "wait": 4711,
-                                                          "queued_bytes": 126262}}}}
+         "links": {"t": <read>, "ports": {"eth0": {"source": "qdisc", "sent_bytes": 9e8, "wait": 4711}}}}
 
     "links" is absent where the agent read none (and in files of agents before it read them).
     """
@@ -465,7 +463,7 @@ def node_file_json(reading: NodeReading) -> dict[str, Any]:
                    "failed": [{"check": check, "reason": reason} for check, reason in reading.failed_checks],
                    "unknown": [{"check": check, "reason": reason} for check, reason in reading.unknown_checks]},
         **({"links": {"t": reading.links_t, "ports": {link.link: {"source": link.source, "sent_bytes": link.sent_bytes,
-                                                                  "wait": link.wait, "queued_bytes": link.queued_bytes}
+                                                                  "wait": link.wait}
                                                       for link in reading.links}}}
            if reading.links_t is not None else {}),
     }
@@ -549,7 +547,7 @@ def _link(name: str, port: Any) -> LinkReading:
     port = _object(port)
     if port.get("source") not in LINK_SOURCES:
         raise ValueError(f"not a link source: {port.get('source')!r}")
-    counts = (port["sent_bytes"], port["wait"], port.get("queued_bytes", 0))
+    counts = (port["sent_bytes"], port["wait"])
     if not all(type(count) is int and 0 <= count <= LINK_COUNT_LIMIT for count in counts):
         raise ValueError("not a count")
     return LinkReading(name, port["source"], *counts)

@@ -62,7 +62,8 @@ MIN_RECENT_SAMPLES = 3
 MAX_SAMPLES = 4096                      # bounded memory, whatever the job's length
 OWN_SHARE = 0.5                         # of the step's rise that a rank's own time must account for
 OWN_SAMPLES_PER_WINDOW = 10             # own-time samples per slow window (the verdict needs MIN_BASELINE_SAMPLES before it)
-LINK_WAIT_FACTOR = 2.0                  # a node's link holds back this many times as much as the others'
+LINK_WAIT_FACTOR = 1.5                  # a node's link holds back this many times as much per MB as the others'
+LINK_SAMPLES_PER_WINDOW = 6             # link samples per slow window: the counts are cumulative, two span it
 
 Kind = Literal["slow", "sick", "hung"]
 
@@ -146,6 +147,7 @@ class WatchState:
     stepped_before: bool = False         # an earlier training step of the job reported steps
     # node -> its agent's readings of its links, over the baseline and slow windows only
     links: Mapping[str, tuple[LinkSample, ...]] = field(default_factory=dict)
+    links_due: float = 0.0               # when the next link samples are taken
 
 
 @dataclass(frozen=True)
@@ -302,13 +304,16 @@ def _sample(limits: WatchLimits, state: WatchState, now: float, ranks: list[Rank
                    last={r.rank: (r.steps, r.step_seconds, r.compute_seconds, r.step_seconds_sq) for r in ranks}
                    or state.last,
                    heard=heard, compute=_compute_samples(limits, state, now, before, readings),
-                   links=_link_samples(limits, state, now, readings), **_own_samples(limits, state, now, readings))
+                   **_link_samples(limits, state, now, readings), **_own_samples(limits, state, now, readings))
 
 
 def _link_samples(limits: WatchLimits, state: WatchState, now: float,
-                  readings: Mapping[str, NodeReading | None]) -> Mapping[str, tuple[LinkSample, ...]]:
-    """Each node's link readings, one per new read, kept only as far back as the detectors look
-    (a node whose file is missing this poll keeps its own)."""
+                  readings: Mapping[str, NodeReading | None]) -> dict:
+    """Each node's link readings every LINK_SAMPLES_PER_WINDOW-th of the slow window (their counts
+    are cumulative: two samples span a window, however many reads lie between), kept only as far
+    back as the detectors look (a node whose file is missing then keeps its own)."""
+    if now < state.links_due:
+        return {}
     keep_after = now - limits.slow_window_s - limits.baseline_window_s
     links = {}
     for node in set(state.links) | set(readings):
@@ -320,7 +325,7 @@ def _link_samples(limits: WatchLimits, state: WatchState, now: float,
             kept += (LinkSample(reading.links_t, reading.links),)
         if kept:
             links[node] = kept
-    return links
+    return {"links": links, "links_due": now + limits.slow_window_s / LINK_SAMPLES_PER_WINDOW}
 
 
 def split_longest(steps: int, seconds: float, squares: float) -> tuple[float, float | None]:
@@ -530,21 +535,19 @@ def _made_the_rise(own: list[OwnTime], step_rise_s: float) -> list[OwnTime]:
 
 @dataclass(frozen=True)
 class LinkWait:
-    """One of a node's links before the slow window and over it: how much it held its sender back
-    (`held`: a qdisc's share of the reads that found it queuing; an InfiniBand port's ticks a
-    second waiting for credit), what it counted a second (qdisc: overlimits + requeues + drops;
-    ib: the same ticks) and the bytes it sent a second."""
+    """One of a node's links before the slow window and over it: how often it held its sender back
+    for each MB it sent (qdisc: overlimits + requeues + drops; ib: PortXmitWait ticks), and the
+    bytes it sent a second."""
 
     node: str
     link: str
     source: str                          # "qdisc" or "ib"
-    held: tuple[float, float]            # (before, now)
-    wait_per_s: tuple[float, float]
+    wait_per_mb: tuple[float, float]     # (before, now)
     sent_per_s: tuple[float, float]
 
     def fields(self) -> dict:
         return {"node": self.node, "link": self.link, "source": self.source,
-                "held": [round(v, 3) for v in self.held], "wait_per_s": [round(v, 1) for v in self.wait_per_s],
+                "wait_per_mb": [round(v, 1) for v in self.wait_per_mb],
                 "sent_bytes_per_s": [round(v) for v in self.sent_per_s]}
 
     def line(self) -> str:
@@ -553,90 +556,83 @@ class LinkWait:
 
 def link_line(item: Mapping) -> str:
     """One link's numbers (`LinkWait.fields`), as the evidence and `job show` say them."""
-    (held_before, held_now), (wait_before, wait_now) = item["held"], item["wait_per_s"]
-    sent_before, sent_now = item["sent_bytes_per_s"]
-    held = (f"queued in {held_now:.0%} of reads, {held_before:.0%} before" if item["source"] == "qdisc"
-            else f"waited for credit {held_now:.3g} ticks a second, {held_before:.3g} before")
-    return (f"{item['node']} {item['link']}: {held}; {WAIT_WHAT[item['source']]} {wait_now:.3g} a second, "
+    (wait_before, wait_now), (sent_before, sent_now) = item["wait_per_mb"], item["sent_bytes_per_s"]
+    return (f"{item['node']} {item['link']}: {WAIT_WHAT[item['source']]} {wait_now:.3g} per MB sent, "
             f"{wait_before:.3g} before; sent {sent_now / 1e6:.3g} MB/s, {sent_before / 1e6:.3g} before")
 
 
-# what a link's cumulative wait counts, by source (health/parse/link_counters.py)
-WAIT_WHAT = {"qdisc": "overlimits + requeues + drops", "ib": "PortXmitWait"}
-# how much holding back counts at all: a qdisc found queuing in this share of the reads, a port
-# waiting this many ticks a second
-LINK_HELD_FLOOR = {"qdisc": 0.25, "ib": 10.0}
+# what a link's wait counts, by source (health/parse/link_counters.py)
+WAIT_WHAT = {"qdisc": "held back (qdisc overlimits + requeues + drops)", "ib": "waited for credit (PortXmitWait ticks)"}
+# how much holding back counts at all, per MB sent
+LINK_WAIT_FLOOR_PER_MB = 10.0
 
 
 def _link_waits(limits: WatchLimits, state: WatchState, now: float) -> list[LinkWait]:
     """Each node's links over the baseline window and over the last half of the slow window (a
-    slowdown is detected once it fills half the window: that half is surely in it), for the links
-    read often enough in both whose counts never went back (a qdisc replaced, a port reset)."""
+    slowdown is detected once it fills half the window: that half is surely in it), each from the
+    sample before it to its last, for the links that sent in both and whose counts never went back
+    (a qdisc replaced, a port reset)."""
     since = max(state.started_t + limits.warmup_s, now - limits.slow_window_s - limits.baseline_window_s)
+    half = now - limits.slow_window_s / 2
     found = []
     for node, samples in sorted(state.links.items()):
         earlier = [s for s in samples if since <= s.t <= now - limits.slow_window_s]
-        before_half = [s for s in samples if s.t <= now - limits.slow_window_s / 2]
-        recent = [s for s in samples if s.t > now - limits.slow_window_s / 2]
-        if len(earlier) < MIN_BASELINE_SAMPLES or len(recent) < MIN_RECENT_SAMPLES:
+        before_half = [s for s in samples if s.t <= half]
+        if len(earlier) < 2 or not before_half or samples[-1].t <= half:
             continue
-        # the counts run from the read before the half window, the queue shares from its own reads
-        spans = ((earlier, earlier), ([before_half[-1], *recent], recent))
-        for name in sorted({link.link for link in recent[-1].links}):
-            judged = [_window(counted, gauged, name) for counted, gauged in spans]
+        for link in samples[-1].links:
+            judged = [_window(start, end, link.link) for start, end in ((earlier[0], earlier[-1]),
+                                                                         (before_half[-1], samples[-1]))]
             if None not in judged:
-                (held_before, wait_before, sent_before), (held_now, wait_now, sent_now) = judged
-                source = next(link.source for link in recent[-1].links if link.link == name)
-                found.append(LinkWait(node, name, source, (held_before, held_now) if source == "qdisc"
-                                      else (wait_before, wait_now), (wait_before, wait_now), (sent_before, sent_now)))
+                (wait_before, sent_before), (wait_now, sent_now) = judged
+                found.append(LinkWait(node, link.link, link.source, (wait_before, wait_now), (sent_before, sent_now)))
     return found
 
 
-def _window(counted: list[LinkSample], gauged: list[LinkSample], name: str) -> tuple[float, float, float] | None:
-    """Link `name` over a window: (the share of `gauged`'s reads that found it queuing, its wait a
-    second and its bytes sent a second from `counted`'s first read to its last); None when a read
-    lacks it or a count went back."""
-    links = [{link.link: link for link in s.links}.get(name) for s in counted]
-    queued = [{link.link: link for link in s.links}.get(name) for s in gauged]
-    if None in links or None in queued or counted[-1].t <= counted[0].t:
+def _window(start: LinkSample, end: LinkSample, name: str) -> tuple[float, float] | None:
+    """Link `name` from `start` to `end`: (its wait per MB sent, its bytes sent a second); None when
+    a sample lacks it, it sent nothing, or a count went back."""
+    first = next((link for link in start.links if link.link == name), None)
+    last = next((link for link in end.links if link.link == name), None)
+    if first is None or last is None or end.t <= start.t:
         return None
-    if any(b.wait < a.wait or b.sent_bytes < a.sent_bytes for a, b in zip(links, links[1:])):
+    sent = last.sent_bytes - first.sent_bytes
+    if sent <= 0 or last.wait < first.wait:
         return None
-    seconds = counted[-1].t - counted[0].t
-    return (sum(1 for link in queued if link.queued_bytes) / len(queued),
-            (links[-1].wait - links[0].wait) / seconds, (links[-1].sent_bytes - links[0].sent_bytes) / seconds)
+    return (last.wait - first.wait) / (sent / 1e6), sent / (end.t - start.t)
 
 
 def link_wait_verdict(links: list[LinkWait]) -> tuple[tuple[str, ...], str, list[dict]]:
     """Whom the nodes' own links name for a slowdown spent waiting (the rule, `link-wait`).
 
-    In synchronous training every node sends its share of each step, so a slow link is the one
-    still holding its sender back while the others, waiting for it, are not: before, every link
-    of a wire-bound job queued alike; during, the slow one queues as before and the others idle.
-    A node is named when one of its links holds back at least LINK_WAIT_FACTOR x as much as every
-    other node's link of the same kind over the slow window, by LINK_HELD_FLOOR or more, and was
-    not so apart from them before (a node whose link always held back most is no new fault).
-    What a link counts a second (a qdisc's overlimits, drops) rises and falls with the traffic
-    that a slow step cuts everywhere; the numbers show it, the rule does not use it."""
+    In synchronous training every node sends its share of each step. A link that cannot keep up
+    holds back most of what its node sends (a shaper's tokens run out, the far end grants no
+    credit), while the other nodes, waiting for it, send less and in short bursts that go out at
+    once: their links hold back less for each byte they send. What a link holds back a second
+    falls on every node with the traffic, the slow one's too; per byte sent it singles the slow
+    one out. A node is named when one of its links holds back at least LINK_WAIT_FACTOR x as much
+    per MB sent as every other node's link of the same kind over the slow window, and at least
+    LINK_WAIT_FLOOR_PER_MB, and did not before (a node whose link always held back most is no new
+    fault)."""
     fields = [link.fields() for link in links]
     apart = []
     for link in links:
         others = [o for o in links if o.node != link.node and o.source == link.source]
         if not others:
             continue
-        before, now = link.held
-        if (now >= LINK_HELD_FLOOR[link.source] and now >= LINK_WAIT_FACTOR * max(o.held[1] for o in others)
-                and before < LINK_WAIT_FACTOR * max(o.held[0] for o in others)):
+        before, now = link.wait_per_mb
+        if (now >= LINK_WAIT_FLOOR_PER_MB and now >= LINK_WAIT_FACTOR * max(o.wait_per_mb[1] for o in others)
+                and before < LINK_WAIT_FACTOR * max(o.wait_per_mb[0] for o in others)):
             apart.append(link)
     looked_at = ", ".join(f"{link.node} {link.link}" for link in links)
     if not apart:
-        return (), f"no node's link holds back apart from the others' (looked at: {looked_at}): nobody is named by the links", fields
+        return (), (f"no node's link holds back apart from the others' (looked at: {looked_at}): "
+                    "nobody is named by the links"), fields
     named = tuple(sorted({link.node for link in apart}))
-    others = max((o.held[1] for o in links if o.node not in named and o.source == apart[0].source), default=0.0)
-    most = f"{others:.0%} of reads" if apart[0].source == "qdisc" else f"{others:.3g} ticks a second"
-    return named, (f"{'; '.join(link.line() for link in apart)}; the other nodes' links at most {most} "
-                   f"(rule link-wait: a link holds its sender back {LINK_WAIT_FACTOR:g}x or more as much as every "
-                   "other node's, and did not before)"), fields
+    others = max((o.wait_per_mb[1] for o in links if o.node not in named and o.source == apart[0].source), default=0.0)
+    return named, (f"{'; '.join(link.line() for link in apart)}; the other nodes' links at most {others:.3g} per MB "
+                   f"(rule link-wait: a link holds its sender back {LINK_WAIT_FACTOR:g}x or more as much per MB sent as "
+                   "every other node's, and did not before)"), fields
 
 
 def _compute_ratios(limits: WatchLimits, state: WatchState, now: float) -> dict[str, float]:

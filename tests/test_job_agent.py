@@ -160,18 +160,18 @@ def test_the_node_file_is_the_designs_document_and_the_supervisor_reads_back_wha
 
 
 def test_the_node_files_links_are_read_back_and_a_file_without_them_has_none():
-    links = (LinkReading("eth0", "qdisc", 105624843, 5712, 126262), LinkReading("mlx5_0:1", "ib", 4 << 40, 3))
+    links = (LinkReading("eth0", "qdisc", 105624843, 5712), LinkReading("mlx5_0:1", "ib", 4 << 40, 3))
     reading = node_reading("node2", 10.0, 1.0, {}, ChecksState(), links, 9.5)
     assert node_file_json(reading)["links"] == {"t": 9.5, "ports": {
-        "eth0": {"source": "qdisc", "sent_bytes": 105624843, "wait": 5712, "queued_bytes": 126262},
-        "mlx5_0:1": {"source": "ib", "sent_bytes": 4 << 40, "wait": 3, "queued_bytes": 0}}}
+        "eth0": {"source": "qdisc", "sent_bytes": 105624843, "wait": 5712},
+        "mlx5_0:1": {"source": "ib", "sent_bytes": 4 << 40, "wait": 3}}}
     assert parse_node_file(json.dumps(node_file_json(reading))) == reading
     without = node_file_json(node_reading("node2", 10.0, 1.0, {}, ChecksState()))
     assert "links" not in without                    # as every agent's file before links were read
     assert parse_node_file(json.dumps(without)).links_t is None
     for port in ({"source": "tcp", "sent_bytes": 1, "wait": 1}, {"source": "qdisc", "sent_bytes": -1, "wait": 1},
                  {"source": "qdisc", "sent_bytes": 1.5, "wait": 1}, {"source": "ib", "sent_bytes": 1, "wait": True},
-                 {"source": "ib", "sent_bytes": 1, "wait": 1 << 70}):
+                 {"source": "ib", "sent_bytes": 1, "wait": 1 << 70}, {"source": "qdisc", "sent_bytes": 1}):
         data = node_file_json(reading)
         data["links"]["ports"]["eth0"] = port
         assert parse_node_file(json.dumps(data)) is None, port

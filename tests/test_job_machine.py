@@ -367,19 +367,19 @@ def test_a_slowdown_a_ranks_own_time_pins_on_its_node_stops_without_weighing_and
 
 
 def test_a_slowdown_a_nodes_link_pins_on_it_stops_without_weighing_and_leaves_the_node_out():
-    # every rank's own time flat; from 1060 the step doubles and node2's link queues at every read
-    # while node1's, which queued at every other read like node2's before, no longer does
+    # every rank's own time flat; from 1060 the step doubles, node2's link holds back 60 times per
+    # MB sent as before while node1's, waiting for it, holds back 20 (it held back 55 like node2's)
     job = facts(release=False, restarts=1, successors=2, watch=WATCH)
     state, _ = training(job)
-    seen = []
+    seen, held = [], {"node1": 0.0, "node2": 0.0}
     for t in [1001.0 + i for i in range(90)]:
         steps = int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0))
-        slow = t > 1060.0
-        queued = {"node1": not slow and int(t) % 2 == 0, "node2": slow or int(t) % 2 == 0}
+        sent = 250_000 * steps                          # each step sends 0.25 MB
+        per_mb = {"node1": 20.0 if t > 1060.0 else 55.0, "node2": 60.0 if t > 1060.0 else 55.0}
+        held = {node: held[node] + per_mb[node] * (0.5 if t <= 1060.0 else 0.25) for node in held}
         readings = {node: NodeReading(node, t, (RankProgress(int(node[-1]), steps, t - 1000.0, t, cpu_seconds=0.2 * steps,
                                                              runq_seconds=0.01 * steps),),
-                                      links=(LinkReading("eth0", "qdisc", 1000 * steps, 3 * steps,
-                                                         126262 if queued[node] else 0),), links_t=t)
+                                      links=(LinkReading("eth0", "qdisc", sent, int(held[node])),), links_t=t)
                     for node in ("node1", "node2")}
         state, effects = feed(job, state, machine.Polled(t, readings))
         seen += effects

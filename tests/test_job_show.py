@@ -243,11 +243,11 @@ def test_a_slowdown_named_by_its_links_shows_each_links_numbers_under_the_detect
 
     gate = tmp_path / "trainctl-gate-9"
     gate.mkdir()
-    links = [{"node": "node2", "link": "eth0", "source": "qdisc", "held": [0.8, 0.6], "wait_per_s": [300.0, 80.0],
+    links = [{"node": "node2", "link": "eth0", "source": "qdisc", "wait_per_mb": [54.8, 61.7],
+              "sent_bytes_per_s": [5696037, 2859026]},
+             {"node": "node3", "link": "mlx5_0:1", "source": "ib", "wait_per_mb": [12.0, 0.0],
               "sent_bytes_per_s": [5600000, 2800000]},
-             {"node": "node3", "link": "mlx5_0:1", "source": "ib", "held": [12.0, 0.0], "wait_per_s": [12.0, 0.0],
-              "sent_bytes_per_s": [5600000, 2800000]},
-             {"node": "node4", "link": "eth0", "source": "qdisc", "held": "from another version"}]
+             {"node": "node4", "link": "eth0", "source": "qdisc", "wait_per_mb": "from another version"}]
     events = [(100, "job_start", {"attempt": 1}), (110, "training_start", {"nodes": "node[2-4]"}),
               (140, "detection", {"kind": "slow", "suspects": ["node2"], "evidence": "step time 0.965 s ...",
                                   "details": {"step_s": 0.965, "baseline_s": 0.512, "links": links}})]
@@ -255,8 +255,7 @@ def test_a_slowdown_named_by_its_links_shows_each_links_numbers_under_the_detect
     lines = format_job(collect_job(LocalFiles(), "9", str(gate), 5), 5, now=10_000).splitlines()
     at = next(i for i, line in enumerate(lines) if "watch: slow (node2)" in line)
     assert [line.strip() for line in lines[at + 1:at + 3]] == [
-        "node2 eth0: queued in 60% of reads, 80% before; overlimits + requeues + drops 80 a second, 300 before; "
-        "sent 2.8 MB/s, 5.6 before",
-        "node3 mlx5_0:1: waited for credit 0 ticks a second, 12 before; PortXmitWait 0 a second, 12 before; "
-        "sent 2.8 MB/s, 5.6 before"]
+        "node2 eth0: held back (qdisc overlimits + requeues + drops) 61.7 per MB sent, 54.8 before; "
+        "sent 2.86 MB/s, 5.7 before",
+        "node3 mlx5_0:1: waited for credit (PortXmitWait ticks) 0 per MB sent, 12 before; sent 2.8 MB/s, 5.6 before"]
     assert "node4" not in lines[at + 3]

@@ -6,10 +6,8 @@ were made):
   `packets` sent, `drops`, `overlimits` and `requeues`. A shaping qdisc (tbf) counts an
   overlimit each time it holds a packet back because the link's tokens ran out; a qdisc drops
   what it cannot queue; a driver that refuses a packet has it requeued. Their sum is the link's
-  `wait`: the times it made its sender wait or lose a packet. `backlog` is no count but the
-  bytes queued at the moment of reading: a link that holds its sender back has a queue. Only
-  root qdiscs (`"root": true`), and never the loopback interface: a child qdisc's counts are in
-  its root's already.
+  `wait`: the times it made its sender wait or lose a packet. Only root qdiscs (`"root": true`),
+  and never the loopback interface: a child qdisc's counts are in its root's already.
 - sysfs `infiniband/<hca>/ports/<n>/counters/port_xmit_wait` and `port_xmit_data`: the port's
   ticks with data to send and no flow-control credit to send it (PortXmitWait), and its data
   sent in units of 4 bytes (PortXmitData). These 32-bit counters stop at their largest value
@@ -37,7 +35,6 @@ class LinkCounters(NamedTuple):
     source: str                # "qdisc" or "ib"
     sent_bytes: int
     wait: int                  # qdisc: overlimits + requeues + drops; ib: port_xmit_wait ticks
-    queued_bytes: int = 0      # qdisc: its backlog as read (a gauge); ib: none kept
 
 
 def parse_qdisc_stats(text: str, *, source: str = "tc -s -j qdisc show") -> tuple[LinkCounters, ...]:
@@ -52,11 +49,11 @@ def parse_qdisc_stats(text: str, *, source: str = "tc -s -j qdisc show") -> tupl
         if device == LOOPBACK or not json_field(qdisc, "root", bool, where=device, source=source, required=False):
             continue
         count = {name: json_field(qdisc, name, int, where=device, source=source)
-                 for name in ("bytes", "drops", "overlimits", "requeues", "backlog")}
+                 for name in ("bytes", "drops", "overlimits", "requeues")}
         if any(value < 0 for value in count.values()):
             raise ParseError(f"{device}: a negative count", source=source)
         links[device] = LinkCounters(device, "qdisc", count["bytes"],
-                                     count["overlimits"] + count["requeues"] + count["drops"], count["backlog"])
+                                     count["overlimits"] + count["requeues"] + count["drops"])
     return tuple(links[device] for device in sorted(links))
 
 
