@@ -4,7 +4,9 @@ It reads the ranks' progress reports (`trainctl.progress`) from the node's socke
 (`trainctl.agent_socket`), re-runs the site's `watch.checks` every `watch.check_interval_s`
 through the node health path (health/node.py: collect -> load -> evaluate), and rewrites
 GATE_DIR/watch/NODE.json every `watch.agent_write_s` for the supervisor (its schema, shared
-with the supervisor's reader: `trainctl.job.jobdir.node_file_json`).
+with the supervisor's reader: `trainctl.job.jobdir.node_file_json`), with its ranks' main
+threads' times and its own links' counters as read at that moment (`main_thread_times`,
+`read_links`).
 
 The first check run is the baseline: `failed` holds the checks that FAIL now and did not at the
 baseline (counter checks: their growth since the baseline's reading). `unknown` holds what the

@@ -13,7 +13,10 @@ The evidence is relative to the job itself, never to a fixed figure:
   per step (on a CPU, and runnable but waiting for one, as the node's agent reads it from the
   kernel with no help from the program) before and during the slow window. A rank whose own time
   made the rise names its node while its peers' stays flat (`own_time_verdict`): a throttled or
-  crowded CPU, a slower core. Otherwise the detection names nobody, and the machine weighs it
+  crowded CPU, a slower core. Where no rank's own time made the rise (the time goes to waiting),
+  each node's own links (`link_wait_verdict`): a link that holds its sender back per byte sent as
+  before, while every other node's holds back less, names its node. Otherwise the detection
+  names nobody, and the machine weighs it
   (`weigh`: the gate's gain over the time left against a restart's price) and lets training go
   on, or stops for the gate, whose fabric and compute tests, re-run on the job's nodes, decide
   who (or "slowdown not localised"). Where the ranks time their compute section

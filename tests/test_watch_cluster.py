@@ -7,8 +7,8 @@ no node.
 step plus an all_reduce of `--grad-mb` MiB, so that a step is bound by the wire, not by the
 2 shared cores. Scenarios (`TRAINCTL_WATCH_SCENARIOS`, default the two CI runs: a,f):
 
-  a  every link at WIRE; from step 20 the victim's at 0.3 x WIRE (tc tbf, changed mid-run): its
-     own link's queue names it (rule link-wait), with no gate needed to find it
+  a  every link at WIRE; from step 20 the victim's at 0.3 x WIRE (tc tbf, changed mid-run): what
+     its own link holds back per MB sent names it (rule link-wait), with no gate needed to find it
   c  from step 20 the victim is hung: SIGSTOP every process in its namespace
   d  from step 20 the victim's replayed kernel log (`dmesg`) has an Xid line
   e  from step 20 the program itself slows on every rank (--slow-from-step)
@@ -140,10 +140,9 @@ def watch_site(tmp_path: Path, spare: int, slow_fault: bool = False) -> Path:
         "watch.hold_spares": spare,
         # a slowdown no node is named for is weighed against the time left (watch.pay_factor): a few
         # minutes here, never worth a restart. Where a link is cut, the nodes' own links name it
-        # (rule link-wait); where they single out nobody (a read or two either way in the 5 s they
-        # are judged over), the gate's fabric test must still get to name it, so there every
-        # slowdown no node is named for goes to the gate (0: any gain pays); elsewhere the site's
-        # own weighing holds
+        # (rule link-wait); where they would single out nobody, the gate's fabric test must still
+        # get to name it, so there every slowdown no node is named for goes to the gate (0: any
+        # gain pays); elsewhere the site's own weighing holds
         **({"watch.pay_factor": 0.0} if slow_fault else {}),
         # the gate again after a detection must take seconds: one size, 6 iterations a pair
         # (about 0.1 s each at WIRE, 0.3 s at SLOW_WIRE), so it confirms within about 15 s
@@ -368,10 +367,10 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
     # unchanged. A slower program raises it on every node, but the detection may come first from
     # a busy machine's slower all_reduce: then it is unchanged too. Never on some nodes only.
     slow_evidence = [line for line in outcome["evidence"] if line.startswith("step time")][:1]
-    if scenario.name == "a":   # the victim's own link named it: its queue stayed busy while the others' emptied
+    if scenario.name == "a":   # the victim's own link named it: it held back per MB sent as before, the others' less
         assert slow_evidence and "compute time per step is unchanged on every node" in slow_evidence[0], outcome
         assert outcome["detections"][0] == ("slow", [outcome["victim"]]), outcome
-        assert "rule link-wait" in slow_evidence[0] and f"{outcome['victim']} eth0: queued in" in slow_evidence[0], outcome
+        assert "rule link-wait" in slow_evidence[0] and f"{outcome['victim']} eth0: held back" in slow_evidence[0], outcome
     if scenario.name == "b":   # the ranks' own time named the node: no gate was needed to find it
         assert outcome["detections"][0] == ("slow", [outcome["victim"]]), outcome
         assert "rule own-time" in slow_evidence[0] and "waiting for one" in slow_evidence[0], outcome
