@@ -10,8 +10,9 @@ were made):
   and never the loopback interface: a child qdisc's counts are in its root's already.
 - sysfs `infiniband/<hca>/ports/<n>/counters/port_xmit_wait` and `port_xmit_data`: the port's
   ticks with data to send and no flow-control credit to send it (PortXmitWait), and its data
-  sent in units of 4 bytes (PortXmitData). These 32-bit counters stop at their largest value
-  rather than wrap; a port whose adapter has no performance agent (`N/A (no PMA)`) is left out.
+  sent in units of 4 bytes (PortXmitData). Where an adapter keeps them in 32 bits they stop at
+  their largest value rather than wrap (mlx4's port_xmit_wait in node_exporter's recording); a
+  port whose adapter has no performance agent (`N/A (no PMA)`) is left out.
 """
 
 from __future__ import annotations
