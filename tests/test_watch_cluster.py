@@ -362,7 +362,8 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
     else:
         assert outcome["named"] == [], outcome
     if scenario.program == "lightning":   # USR1 is Lightning's requeue signal: never sent by the watch
-        assert outcome["signals_sent"] and set(outcome["signals_sent"]) == {None}, outcome
+        assert set(outcome["signals_sent"]) <= {None}, outcome
+        assert bool(outcome["signals_sent"]) == scenario.condemns, outcome   # asked for a save only when it acts
         assert outcome["requeues"] == "0", outcome
     # The example times its sleep as compute, outside the all_reduce: a slow wire leaves it
     # unchanged. A slower program raises it on every node, but the detection may come first from
