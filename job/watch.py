@@ -64,6 +64,7 @@ MIN_BASELINE_SAMPLES = 5
 MIN_RECENT_SAMPLES = 3
 MAX_SAMPLES = 4096                      # bounded memory, whatever the job's length
 OWN_SHARE = 0.5                         # of the step's rise that a rank's own time must account for
+FLAT_SHARE = 0.25                       # of the step's rise that the named nodes' peers may have risen by
 OWN_SAMPLES_PER_WINDOW = 10             # own-time samples per slow window (the verdict needs MIN_BASELINE_SAMPLES before it)
 LINK_WAIT_FACTOR = 1.5                  # a node's link holds back this many times as much per MB as the others'
 LINK_SAMPLES_PER_WINDOW = 6             # link samples per slow window: the counts are cumulative, two span it
@@ -514,9 +515,11 @@ def own_time_verdict(own: list[OwnTime], step_rise_s: float) -> tuple[tuple[str,
     about the step's rise made that rise, and the others' own time stays flat: their extra time is
     spent asleep, waiting for it. A node's rank made the rise when its own time per step rose by at
     least OWN_SHARE of the step's rise. Such nodes are named when they are at most half of the
-    job's (the others are their peers, and flat); when more rose, the program or every node
-    slowed alike; when none did, the time goes to waiting (the wire, the input, a slow GPU: its
-    kernels are not the main thread's time)."""
+    job's and their peers stayed flat (rose by less than FLAT_SHARE of the step's rise); when more
+    rose, the program or every node slowed alike; when a peer rose part of the way too, no node
+    stands out (a machine busy everywhere starves its nodes' ranks by turns); when none rose,
+    the time goes to waiting (the wire, the input, a slow GPU: its kernels are not the main
+    thread's time)."""
     rose = _made_the_rise(own, step_rise_s)
     fields = [o.fields() for o in own]
     if not rose:
@@ -527,6 +530,12 @@ def own_time_verdict(own: list[OwnTime], step_rise_s: float) -> tuple[tuple[str,
                     "every node at once): nobody is named"), fields
     nodes = tuple(o.node for o in rose)
     peers = max((o.rise_s for o in own if o not in rose), default=0.0)
+    if peers >= FLAT_SHARE * step_rise_s:
+        top = max(o.rise_s for o in rose)
+        return (), (f"own time per step rose on {', '.join(nodes)} by up to {round(top, 3):g} s and on the other "
+                    f"nodes by up to {round(peers, 3):g} s, of the step's {round(step_rise_s, 3):g} s: no node "
+                    f"stands out (rule own-time: the others must stay under {FLAT_SHARE:.0%} of the step's rise), "
+                    "nobody is named by it"), fields
     return nodes, (f"{'; '.join(o.line() for o in rose)}; the other nodes' own time rose by at most "
                    f"{round(max(peers, 0.0), 3):g} s (rule own-time: a rank's own time per step rose by "
                    f"{OWN_SHARE:.0%} or more of the step's rise)"), fields

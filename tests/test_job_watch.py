@@ -178,6 +178,27 @@ def test_a_rise_too_small_to_explain_the_step_names_nobody():
     assert own_slowed({"node3": (0.2, 0.21)}).suspects == ()
 
 
+def test_a_peer_that_rose_part_of_the_way_too_leaves_no_node_standing_out():
+    # a machine busy everywhere: node3's rank waits 0.45 s more a step, node2's 0.2 s more, of the
+    # step's 0.55 s: node3 made most of the rise, but node2 is not flat, so nobody is named
+    detection = own_slowed({"node3": (0.2, 0.46), "node2": (0.2, 0.21)})
+    assert detection.suspects == ()
+    assert "no node stands out" in detection.evidence and "on node3 by up to 0.45 s" in detection.evidence
+    # and a peer just under a quarter of the rise is still flat enough: node3 is named
+    assert own_slowed({"node3": (0.2, 0.46), "node2": (0.2, 0.14)}).suspects == ("node3",)
+
+
+def test_the_recorded_slow_node_and_busy_machine_cases_are_told_apart():
+    # own time (before, now) per node and the step's rise, as two journals of the dev cluster
+    # recorded them: a node's CPU quota halved (named), and a healthy DDP tutorial job on a machine
+    # loaded to 7 on 2 cores, where one node's rank was starved a little more than the other's
+    quota = [w.OwnTime("node2", 0, (0.141, 0.147), (0.125, 0.375)), w.OwnTime("node3", 1, (0.141, 0.14), (0.177, 0.11))]
+    assert w.own_time_verdict(quota, 0.575 - 0.303)[0] == ("node2",)
+    busy = [w.OwnTime("node2", 0, (0.0025, 0.0006), (0.0039, 0.007)),
+            w.OwnTime("node3", 1, (0.002, 0.0027), (0.0048, 0.0025))]
+    assert w.own_time_verdict(busy, 0.0145 - 0.0076)[0] == ()
+
+
 def test_ranks_whose_times_were_not_read_add_no_own_time_evidence():
     job = Job()
     assert job.run(60) == []
