@@ -10,12 +10,12 @@ Slurm refuses (a controller busy with the node's failure). Without it, a --no-ki
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainctl.files import open_append_regular
 from trainctl.job.jobdir import BATCH_HOST_BEAT   # a counter the job script rewrites every 2 s
 from trainctl.job.jobdir import read_token
 
@@ -73,11 +73,8 @@ def write_output_to(path: Path) -> bool:
     False where it cannot be written (or is not a regular file): the sentinel watches on, with
     its output where srun put it, since its log is not worth the job's safety net."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+        fd = open_append_regular(path)
     except OSError:
-        return False
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
         return False
     for target in (1, 2):
         os.dup2(fd, target)

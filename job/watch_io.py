@@ -15,9 +15,11 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from trainctl.files import write_atomically
+from trainctl.errors import UsageError
+from trainctl.files import open_directory, replace_in
 from trainctl.job import jobdir
 from trainctl.job.jobdir import CHECKPOINT_LISTENING, SIGNAL_REFUSED, JobPaths, NodeReading
 
@@ -29,14 +31,30 @@ RANKS_SAY = (CHECKPOINT_LISTENING, SIGNAL_REFUSED)
 
 def prepare_watch_dir(gate_dir: str) -> str:
     """`watch/`, emptied of an earlier training step's node files, stack requests and what its
-    ranks said of themselves (a listener, a signal refusal): the new step's ranks say it again."""
+    ranks said of themselves (a listener, a signal refusal): the new step's ranks say it again.
+    UsageError where `watch/` is a symlink or no directory: nothing is removed through it."""
     path = JobPaths(Path(gate_dir)).watch
-    os.makedirs(path, exist_ok=True)
-    for name in os.listdir(path):
-        if name.endswith(".json") or name.startswith(("dump-", "stacks-")) or name in RANKS_SAY:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(path, name))
+    with _watch_folder(path) as folder:
+        for name in os.listdir(folder):
+            if name.endswith(".json") or name.startswith(("dump-", "stacks-")) or name in RANKS_SAY:
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    os.unlink(name, dir_fd=folder)
     return str(path)
+
+
+@contextlib.contextmanager
+def _watch_folder(path: Path) -> Iterator[int]:
+    """A descriptor of `watch/` itself (made when missing), never of what a symlink there points to."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        folder = open_directory(path)
+    except OSError as exc:   # a symlink (ELOOP, or EEXIST when it dangles), a file in its place
+        what = "is a symbolic link" if path.is_symlink() else f"cannot be used: {exc.strerror or exc}"
+        raise UsageError(f"the watch folder {path} {what}: remove it") from None
+    try:
+        yield folder
+    finally:
+        os.close(folder)
 
 
 def read_node_files(gate_dir: str, nodes: tuple[str, ...]) -> dict[str, NodeReading | None]:
@@ -44,10 +62,16 @@ def read_node_files(gate_dir: str, nodes: tuple[str, ...]) -> dict[str, NodeRead
 
 
 def post_request(gate_dir: str, name: str) -> str:
-    """A new token in the watch folder's request file `name` (written whole), for every node's
-    agent to see; the token. UsageError where the folder cannot be written."""
+    """A new token in the watch folder's request file `name`, for every node's agent to see; the
+    token. Written whole, as a new file renamed over the name (`trainctl.files.replace_in`): a FIFO
+    or a symlink put there is replaced, never written into. UsageError where it cannot be written."""
     token = secrets.token_hex(8)
-    write_atomically(JobPaths(Path(gate_dir)).watch / name, token + "\n")
+    path = JobPaths(Path(gate_dir)).watch
+    with _watch_folder(path) as folder:
+        try:
+            replace_in(folder, name, token + "\n", mode=0o644)
+        except OSError as exc:   # a full disk; a directory at `name`
+            raise UsageError(f"cannot write {path / name}: {exc.strerror or exc}") from None
     return token
 
 

@@ -53,12 +53,21 @@ def show_process(*args, path="/nonexistent"):
 
 
 def finishes(function, *args):
-    """`function(*args)` in a thread: its result, or a failure where it does not return."""
+    """`function(*args)` in a thread: its result or its exception, or a failure where it does not return."""
     result = {}
-    thread = threading.Thread(target=lambda: result.setdefault("value", function(*args)), daemon=True)
+
+    def call():
+        try:
+            result["value"] = function(*args)
+        except BaseException as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=call, daemon=True)
     thread.start()
     thread.join(NO_BLOCK_S)
     assert not thread.is_alive(), f"{function.__name__} blocked"
+    if "error" in result:
+        raise result["error"]
     return result["value"]
 
 
@@ -319,3 +328,27 @@ def test_the_agent_is_one_line_and_binds_nothing_when_another_user_holds_its_dir
     assert said == (f"no progress socket for this node: {os.path.dirname(path)} belongs to uid 0, not to uid 65534 "
                     "(this job's user): remove it (another user may have put it there); the watch goes on with "
                     "this node's checks and node file, without its ranks' steps or checkpoint requests"), said
+
+
+# ---------------------------------------------------------------- the job's own parts, read and written
+
+def test_a_symlinked_watch_folder_is_refused_and_nothing_is_removed_or_written_through_it(tmp_path):
+    """The supervisor empties watch/ before each training step and posts its requests there: where
+    watch/ is a symlink (to the user's results, say), it says so in one line and touches nothing."""
+    from trainctl.errors import UsageError
+    from trainctl.job.watch_io import post_request, prepare_watch_dir
+
+    elsewhere = tmp_path / "results"
+    elsewhere.mkdir()
+    kept = ["dump-request", "metrics.json", "stacks-node1.txt"]
+    for name in kept:
+        (elsewhere / name).write_text("mine\n")
+    gate = tmp_path / "trainctl-gate-9"
+    gate.mkdir()
+    (gate / "watch").symlink_to(elsewhere)
+    for attempt in (lambda: prepare_watch_dir(str(gate)), lambda: post_request(str(gate), "dump-request")):
+        with pytest.raises(UsageError) as refused:
+            finishes(attempt)
+        assert str(refused.value) == f"the watch folder {gate / 'watch'} is a symbolic link: remove it"
+    assert sorted(os.listdir(elsewhere)) == kept
+    assert all((elsewhere / name).read_text() == "mine\n" for name in kept)

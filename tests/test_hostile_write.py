@@ -16,14 +16,78 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from support.sweeps import night
+from test_hostile_jobdir import finishes
 from test_hostile import (as_nobody, digest, history_with_one_sweep, needs_root, one_line, site_file,  # noqa: F401
                                 trainctl, trainctl_process, world_readable_dir)
 from trainctl.sweep.db import History
+
+
+# ---------------------------------------------------------------- the job's own files: never into a FIFO
+
+@contextmanager
+def fifo_with_reader(path: Path, reader: bool):
+    """A FIFO at `path`; with `reader`, held open for reading (so a blocking open for writing succeeds
+    and whatever is written into it is there to read); yields what was read from it in the end."""
+    os.mkfifo(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK) if reader else None
+    got: list[bytes] = []
+    try:
+        yield got
+    finally:
+        if fd is not None:
+            try:
+                got.append(os.read(fd, 1 << 16))
+            except BlockingIOError:    # a writer still holds it open, nothing written
+                got.append(b"")
+            os.close(fd)
+
+
+@pytest.mark.parametrize("reader", [False, True], ids=["no reader", "a reader"])
+def test_the_journal_writer_refuses_a_fifo_in_one_line_and_never_blocks(tmp_path, capfd, reader):
+    from trainctl.job.jobdir import Journal, Kind
+
+    path = tmp_path / "journal.jsonl"
+    with fifo_with_reader(path, reader) as got:
+        journal = Journal(path)
+        for kind in (Kind.GATE_START, Kind.GATE_END):
+            finishes(journal.add, kind)
+    assert got in ([], [b""]) and stat.S_ISFIFO(os.lstat(path).st_mode)
+    said = capfd.readouterr().err
+    assert said == f"trainctl: warning: cannot write the journal {path}: not a regular file\n"
+
+
+@pytest.mark.parametrize("reader", [False, True], ids=["no reader", "a reader"])
+@pytest.mark.parametrize("name", ["checkpoint-request", "dump-request"])
+def test_a_fifo_as_a_watch_request_is_replaced_never_written_into(tmp_path, name, reader):
+    """The supervisor's requests to the node agents are new files renamed over their names: a FIFO
+    left there (by a rank: the watch folder is the job's to write) is replaced, never opened."""
+    from trainctl.job.watch_io import post_request
+
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    with fifo_with_reader(watch / name, reader) as got:
+        token = finishes(post_request, str(tmp_path), name)
+    assert got in ([], [b""])
+    assert stat.S_ISREG(os.lstat(watch / name).st_mode) and (watch / name).read_text() == token + "\n"
+
+
+def test_a_symlink_as_a_watch_request_is_replaced_and_its_target_kept(tmp_path):
+    from trainctl.job.watch_io import post_request
+
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    target = tmp_path / "train.py"
+    target.write_text("print('mine')\n")
+    (watch / "checkpoint-request").symlink_to(target)
+    token = finishes(post_request, str(tmp_path), "checkpoint-request")
+    assert not (watch / "checkpoint-request").is_symlink()
+    assert (watch / "checkpoint-request").read_text() == token + "\n" and target.read_text() == "print('mine')\n"
 
 
 # ---------------------------------------------------------------- output files

@@ -4,11 +4,15 @@ of something that is not a file of ours.
 Every file trainctl writes for a reader (reports, node_exporter's textfile, the gate directory,
 the slurm-hook's state) goes through `write_atomically`. Files that anyone else may have put in
 place (the job directory's, journals handed to fleet memory) are read through `open_regular`
-and `read_bytes`: a regular file only, never blocking, at most so many bytes.
+and `read_bytes`: a regular file only, never blocking, at most so many bytes. Where a program
+may have put a FIFO or a link in place of a file trainctl writes itself, it is appended to
+through `open_append_regular` (the journal) or replaced through `replace_in` (the watch's
+requests): never written into, never waited on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -74,6 +78,58 @@ def read_fd(fd: int, cap: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+class NotRegularFile(OSError):
+    """A name that holds something other than a regular file (a FIFO, a device, a directory)."""
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(errno.EINVAL, "not a regular file", str(path))
+
+
+def open_append_regular(path: str | os.PathLike) -> int:
+    """A descriptor appending to the regular file `path` (made when missing). It never blocks: a
+    FIFO is opened non-blocking (with no reader that fails, with one it is refused), so nothing is
+    written into it. NotRegularFile or another OSError where it cannot be."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                     0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:   # a FIFO no one reads (or a socket)
+            raise NotRegularFile(path) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegularFile(path)
+    return fd
+
+
+def open_directory(path: str | os.PathLike) -> int:
+    """A descriptor of the directory `path` itself: never through a symlink (ELOOP), never blocking
+    (O_DIRECTORY fails on a FIFO before opening it: ENOTDIR). Work done through it with `dir_fd`
+    stays in that directory whatever is renamed meanwhile."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def replace_in(directory_fd: int, name: str, text: str, mode: int = 0o600) -> None:
+    """`text` at `name` in the directory `directory_fd`, whole or not at all: a new file (O_EXCL,
+    O_NOFOLLOW) renamed over the name. The rename replaces whatever entry is there, a symlink or a
+    FIFO too, without following or opening it, so nothing blocks and nothing outside is written.
+    OSError where it cannot be (a full disk; a directory at `name`)."""
+    tmp = f".{name}.{os.getpid()}.tmp"
+    try:
+        with contextlib.suppress(FileNotFoundError):   # left by a process of ours with this pid, killed
+            os.unlink(tmp, dir_fd=directory_fd)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                      dir_fd=directory_fd)
+        with os.fdopen(out, "w") as handle:
+            os.fchmod(out, mode)       # whatever the umask
+            handle.write(text)
+        os.replace(tmp, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=directory_fd)
+        raise
 
 
 def write_atomically(path: str | os.PathLike, text: str) -> None:

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-from trainctl.files import open_regular
+from trainctl.files import open_append_regular, open_regular
 
 JOURNAL_LINE_MAX_BYTES = 1 << 20        # one event; a longer line is skipped, never cut
 NUMBER_LIMIT = 1e15                     # beyond any clock (Unix seconds), step count or duration
@@ -229,7 +229,7 @@ class Journal:
         except ValueError:   # a NaN in a value: written as null, so the journal stays JSON
             line = json.dumps(clean(entry), default=str, allow_nan=False)
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = open_append_regular(self.path)   # a FIFO in its place is refused, never waited on
             try:
                 os.write(fd, (line + "\n").encode())
             finally:

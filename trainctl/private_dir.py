@@ -12,12 +12,12 @@ never repaired: whoever put it there may have put files in it too. Inside Slurm'
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from collections.abc import Mapping
 
 from trainctl.errors import UsageError
+from trainctl.files import open_directory, replace_in
 
 FALLBACK_BASE = "/tmp"
 PRIVATE_MODE = 0o700
@@ -78,10 +78,10 @@ def ensure(path: str, uid: int | None = None) -> None:
 def open_checked(path: str, uid: int | None = None) -> int:
     """A descriptor of the directory `path`, checked through that descriptor (so the check and
     what is done through it concern the same directory); UnsafeDir when it is unfit. Never
-    follows a link (O_NOFOLLOW) nor blocks (O_DIRECTORY fails on a FIFO before opening it)."""
+    follows a link nor blocks (`trainctl.files.open_directory`)."""
     uid = os.geteuid() if uid is None else uid
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_directory(path)
     except OSError as exc:   # a link (ELOOP), not a directory (ENOTDIR), gone (ENOENT)
         try:
             wrong = problem(os.lstat(path), uid)
@@ -97,23 +97,12 @@ def open_checked(path: str, uid: int | None = None) -> int:
 
 
 def write_file(directory: str, name: str, text: str) -> None:
-    """`text` into `directory`/`name`, whole or not at all, only when `directory` is fit: a new
-    file (O_EXCL, O_NOFOLLOW) renamed over the name. The rename replaces whatever entry is there,
-    a link or a FIFO too, without following or opening it, so the write never blocks."""
+    """`text` into `directory`/`name`, whole or not at all, only when `directory` is fit
+    (`trainctl.files.replace_in`: a link or a FIFO at `name` is replaced, never followed or opened)."""
     fd = open_checked(directory)
-    tmp = f".{name}.{os.getpid()}.tmp"
     try:
-        with contextlib.suppress(FileNotFoundError):   # left by a process of ours with this pid, killed
-            os.unlink(tmp, dir_fd=fd)
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
-        try:
-            os.write(out, text.encode())
-        finally:
-            os.close(out)
-        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        replace_in(fd, name, text)
     except OSError as exc:   # the disk filled up; a directory stands at `name`
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd)
         raise UsageError(f"cannot write {os.path.join(directory, name)}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
