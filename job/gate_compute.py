@@ -111,8 +111,9 @@ def _take_turn(out: Path, rank: int, world: int, turn: float, phase_start: float
         write_atomically(order_file, json.dumps(order) + "\n")
         return order
     _wait_until([order_file], phase_start + turn + ORDER_GRACE_S)
-    try:
-        order = [int(r) for r in json.loads(order_file.read_text())]
+    try:   # a regular file only, never blocking on a FIFO, at most so many bytes (`jobdir.read_bytes`)
+        written = jobdir.read_bytes(order_file, jobdir.JSON_MAX_BYTES, root=out)
+        order = [int(r) for r in jobdir.loads(written or b"")]
     except (OSError, ValueError, TypeError):
         order = list(range(1, world))  # node 0 is gone: rank order among the others
     if rank not in order:
@@ -127,9 +128,8 @@ def judge_gate_dir(gate_dir: Path, policy: ComputePolicy) -> tuple[list[GpuVerdi
     """Every node's figures judged together -> (per-GPU verdicts, host -> exclusion reasons)."""
     figures = []
     for path in sorted(compute_dir(gate_dir).glob("*.json")):
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
+        report = jobdir.read_json(path, root=gate_dir)   # a regular file's JSON object, never blocking
+        if report is None:
             continue  # a node without a readable file is judged by its missing health report
         figures += figures_from_report(str(report.get("host", path.stem)), report)
     verdicts = judge(figures, policy.factor, policy.floor_tflops, policy.floor_copy_gbps)

@@ -37,9 +37,9 @@ from trainctl.jobdir_names import JOURNAL, dir_name
 from trainctl.files import inside, open_regular, read_bytes, write_atomically  # noqa: F401 (open_regular: re-exported)
 # The journal's lines are owned below job/ (the fleet history reads them too); re-exported here
 # with the rest of the job directory's readers and writers.
-from trainctl.journal_events import (KINDS, NUMBER_LIMIT, Journal, Kind, all_strings, clean,  # noqa: F401
-                                     integer, job_ended, loads, number, parse_event, parse_journal, read_journal,
-                                     string_list)
+from trainctl.journal_events import (KINDS, NUMBER_LIMIT, Journal, JournalUnreadable, Kind,  # noqa: F401
+                                     all_strings, clean, integer, job_ended, loads, number, parse_event,
+                                     parse_journal, read_journal, read_journal_bytes, string_list)
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.guest import wire as guest_wire
@@ -361,12 +361,15 @@ def read_attempt(paths: JobPaths) -> AttemptRecord | None:
 
 def drop_journal(path: str, directory: str, job_id: str) -> str:
     """Copy the journal at `path` to `directory`/<job_id>.jsonl (a partial copy is never seen
-    under that name); returns "" or what went wrong, in a few words."""
+    under that name); returns "" or what went wrong, in a few words. The journal is read by its
+    own reader (`read_journal_bytes`): a FIFO or device in its place is refused, never waited on."""
     target = os.path.join(os.path.expanduser(directory), f"{job_id}.jsonl")
     part = os.path.join(os.path.dirname(target), f".{job_id}.part-{os.getpid()}")
     try:
-        with open(path, "rb") as source:
-            data = source.read()
+        data = read_journal_bytes(path)
+    except JournalUnreadable as exc:
+        return f"{path}: {exc}"
+    try:
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, data)

@@ -8,9 +8,11 @@ it names, keyed by (job id, journal line, node), so a journal folded twice, or t
 it, add nothing. A journal that is damaged, from another site, from the future, or shorter
 than when it was folded in is refused with one line and changes nothing.
 
-Each journal line is read by the journal's typed reader (`trainctl.journal_events.parse_event`,
-the journal's one reader); `parse_journal_bytes` adds what folding needs: only complete lines,
-and a refusal, with one line, for anything the supervisor never writes.
+A journal is read by the journal's own readers (`trainctl.journal_events`): its bytes by
+`read_journal_bytes` (a regular file only, never blocking, capped), each line by `parse_event`.
+Where `job show` skips a bad line and shows the rest, folding refuses the whole journal
+(`parse_journal_bytes`): its rows are keyed by line number and count what the events say, so a
+journal with a line the supervisor never writes is damaged, and nothing of it is counted.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from trainctl.jobdir_names import DIR_PREFIX, JOURNAL
 from trainctl.sweep.model import JobEventRow, JobRow
 
 JOURNAL_SUFFIX = ".jsonl"
-JOURNAL_MAX_BYTES = 64 << 20      # a journal is a few kB; a watch's details make it tens of kB at most
+LEMONS_FILE_MAX_BYTES = 64 << 20  # a host and its jobs a lemon: far below for any fleet
 FUTURE_SLACK_S = 300.0            # clocks of the batch hosts and the sweep host may differ this much
 FOLD_BATCH_JOBS = 500             # jobs per transaction: the write lock is held for milliseconds
 WHAT_MAX, DETAIL_MAX = 200, 1000  # characters kept of an exclusion's checks and reasons, a detection's evidence
@@ -166,31 +168,6 @@ def journal_paths(journal_dir: str, extra: Iterable[str] = ()) -> list[str]:
     return found
 
 
-def read_journal(path: str) -> tuple[bytes, os.stat_result]:
-    """A journal's bytes: only a regular file, never blocking (a FIFO), at most JOURNAL_MAX_BYTES."""
-    from trainctl.files import open_regular, read_fd   # here: it loads tempfile, which submit need not
-
-    try:
-        fd = open_regular(path)
-    except OSError as exc:
-        raise JournalRefused(f"cannot read: {exc.strerror or exc}") from None
-    if fd is None:
-        raise JournalRefused("not a regular file" if os.path.lexists(path)
-                             else f"cannot read: {os.strerror(errno.ENOENT)}")
-    try:
-        info = os.fstat(fd)
-        if info.st_size > JOURNAL_MAX_BYTES:
-            raise JournalRefused(f"{info.st_size} bytes, more than a journal's {JOURNAL_MAX_BYTES}")
-        data = read_fd(fd, JOURNAL_MAX_BYTES + 1)
-        if len(data) > JOURNAL_MAX_BYTES:
-            raise JournalRefused(f"grew past a journal's {JOURNAL_MAX_BYTES} bytes while read")
-        return data, info
-    except OSError as exc:
-        raise JournalRefused(f"cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-
-
 # ------------------------------------------------------------------ fold
 
 @dataclass
@@ -204,6 +181,8 @@ class FoldResult:
 def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_after: float = 0.0,
                   say: Callable[[str], None] = lambda line: None) -> FoldResult:
     """Fold `paths` into `history` (open for writing). Each refused journal costs one `say` line."""
+    from trainctl.journal_events import JournalUnreadable, read_journal_bytes
+
     known = history.folded_jobs()
     result = FoldResult()
     batch: list[tuple[JobRow, list[JobEventRow]]] = []
@@ -215,7 +194,7 @@ def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_
             if before is not None and before.source == path and os.stat(path).st_size == before.size:
                 result.unchanged += 1
                 continue
-            data, _ = read_journal(path)
+            data = read_journal_bytes(path)   # the journal's reader: regular, non-blocking, capped
             parsed = parse_journal_bytes(data, named_job=named, site=site, now=now)
             before = known.get(parsed.job_id)
             if parsed.started_at < keep_after:
@@ -230,7 +209,7 @@ def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_
                 if parsed.lines == before.lines:
                     result.unchanged += 1
                     continue
-        except JournalRefused as exc:
+        except (JournalRefused, JournalUnreadable) as exc:
             line = f"journal {path}: {exc}; skipped"
             result.refused.append(line)
             say(line)
@@ -357,12 +336,18 @@ def read_lemons_file(path: str, site: str, now: float, max_age_s: float) -> list
     import json
 
     from trainctl.errors import UsageError
+    from trainctl.files import read_bytes
     from trainctl.validate import check_node_name
 
     try:
-        data, _ = read_journal(path)   # the same guarded read: a regular file, no blocking, a size cap
-    except JournalRefused as exc:
-        raise UsageError(f"lemons file {path}: {exc}") from None
+        data = read_bytes(path, LEMONS_FILE_MAX_BYTES + 1)   # a regular file only, never blocking
+    except OSError as exc:
+        raise UsageError(f"lemons file {path}: cannot read: {exc.strerror or exc}") from None
+    if data is None:
+        raise UsageError(f"lemons file {path}: " + ("not a regular file" if os.path.lexists(path) else
+                                                     f"cannot read: {os.strerror(errno.ENOENT)}"))
+    if len(data) > LEMONS_FILE_MAX_BYTES:
+        raise UsageError(f"lemons file {path}: more than a lemons file's {LEMONS_FILE_MAX_BYTES} bytes")
     try:
         document = json.loads(data.decode("utf-8"))
         hosts = [check_node_name(item["host"], f"lemons file {path}") for item in document["lemons"]]

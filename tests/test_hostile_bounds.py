@@ -101,6 +101,27 @@ def test_a_stray_gigabyte_in_a_snapshot_costs_nothing_and_an_oversized_known_fil
     assert xid["status"] == "unknown" and "dmesg.txt" in xid["reason"] and "not read" in xid["reason"]
 
 
+def test_a_journal_past_a_journals_size_is_neither_copied_nor_read_into_memory(tmp_path):
+    """The journal copied at the job's end (and folded into fleet memory) is read whole by one
+    reader, up to JOURNAL_MAX_BYTES: a sparse file larger than that is one line, and no copy."""
+    from trainctl.job.jobdir import drop_journal
+    from trainctl.journal_events import JOURNAL_MAX_BYTES
+
+    journal = tmp_path / "journal.jsonl"
+    with open(journal, "wb") as handle:
+        handle.truncate(1 << 30)
+    drop = tmp_path / "drop"
+    drop.mkdir()
+    tracemalloc.start()
+    try:
+        problem = drop_journal(str(journal), str(drop), "9")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert problem == f"{journal}: {1 << 30} bytes, more than a journal's {JOURNAL_MAX_BYTES}"
+    assert list(drop.iterdir()) == [] and peak < 1 << 20
+
+
 # ---------------------------------------------------------------- Ctrl-C before the CLI has loaded
 
 def test_ctrl_c_while_the_cli_is_still_importing_is_one_line_130():

@@ -352,3 +352,67 @@ def test_a_symlinked_watch_folder_is_refused_and_nothing_is_removed_or_written_t
         assert str(refused.value) == f"the watch folder {gate / 'watch'} is a symbolic link: remove it"
     assert sorted(os.listdir(elsewhere)) == kept
     assert all((elsewhere / name).read_text() == "mine\n" for name in kept)
+
+
+def test_a_fifo_or_a_list_as_a_nodes_compute_file_never_blocks_or_kills_gate_decide(tmp_path):
+    """`gate decide` judges every node's compute/<node>.json: a FIFO there is no figures (the node is
+    judged by its health report), and so is JSON that is not a report."""
+    from trainctl.job.gate_compute import ComputePolicy, judge_gate_dir
+    from trainctl.site import GateConfig
+
+    compute = tmp_path / "compute"
+    compute.mkdir()
+    os.mkfifo(compute / "node1.json")
+    (compute / "node2.json").write_text("[1, 2]\n")
+    (compute / "node3.json").write_text(json.dumps({"host": "node3", "devices": [
+        {"index": 0, "name": "CPU", "tflops": 1.0, "copy_gbps": 2.0, "error": ""}]}))
+    verdicts, reasons = finishes(judge_gate_dir, tmp_path, ComputePolicy.from_gate(GateConfig()))
+    assert [verdict.figures.host for verdict in verdicts] == ["node3"] and reasons == {}
+
+
+def test_a_fifo_as_the_compute_turns_order_never_blocks_a_node(tmp_path, monkeypatch):
+    """A node waiting its turn reads node 0's order; a FIFO there reads as no order: rank order."""
+    import trainctl.job.gate_compute as gate_step
+
+    monkeypatch.setattr(gate_step, "turn_limit_s", lambda budget_s: 0.3)
+    (tmp_path / "compute").mkdir()
+    os.mkfifo(tmp_path / "compute" / ".order")
+    report = finishes(gate_step.run_for_gate, tmp_path, "node1", 1, 2, 0.1, True)
+    assert report["host"] == "node1" and (tmp_path / "compute" / "node1.json").is_file()
+
+
+def test_a_fifo_as_the_journal_never_blocks_the_jobs_end(tmp_path):
+    """At the job's end the supervisor copies its journal to the site's journal directory: a FIFO
+    in the journal's place is one line of why not, and nothing in the directory."""
+    from trainctl.job.jobdir import drop_journal
+
+    os.mkfifo(tmp_path / "journal.jsonl")
+    drop = tmp_path / "drop"
+    drop.mkdir()
+    problem = finishes(drop_journal, str(tmp_path / "journal.jsonl"), str(drop), "9")
+    assert problem == f"{tmp_path / 'journal.jsonl'}: not a regular file" and list(drop.iterdir()) == []
+
+
+BAD_LINES = {"not JSON": '{"t": 105, "event": "node_verdict", "no',
+             "a field of another type": event(105, "node_verdict", node=7, verdict="excluded", reasons=["gpu.xid"])}
+
+
+@pytest.mark.parametrize("bad", BAD_LINES)
+def test_job_show_reads_past_a_bad_journal_line_and_fleet_memory_refuses_the_journal(tmp_path, bad):
+    """One reader of the journal's bytes and lines, two rules on purpose: `job show` shows what
+    the other lines say; fleet memory keys its rows by line and counts what the events say, so a
+    line the supervisor never writes refuses the whole journal (nothing of it is counted)."""
+    from trainctl.job.jobdir import read_journal, read_journal_bytes
+    from trainctl.sweep.fleet import JournalRefused, parse_journal_bytes
+
+    gate = tmp_path / "trainctl-gate-9"
+    journal(gate, event(100, "job_start", job="9", attempt=1), BAD_LINES[bad],
+            event(110, "training_start", nodes="node[1-2]"), event(130, "step_end", status=0, training_start_t=110),
+            event(131, "job_end", status=0))
+    kinds = [str(entry["event"]) for entry in read_journal(gate / "journal.jsonl")]
+    assert kinds == ["job_start", *(["node_verdict"] if bad != "not JSON" else []), "training_start", "step_end",
+                     "job_end"]
+    out = show("9", "--dir", gate)
+    assert out.returncode == 0 and "training step started" in out.stdout and "job ended" in out.stdout, out.stderr
+    with pytest.raises(JournalRefused, match="^line 2 is not a journal event: damaged$"):
+        parse_journal_bytes(read_journal_bytes(gate / "journal.jsonl"), named_job="9", site="", now=200.0)

@@ -12,6 +12,7 @@ kind it does not know), and each field of the kind's type; a field of another ty
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -21,9 +22,10 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-from trainctl.files import open_append_regular, open_regular
+from trainctl.files import open_append_regular, open_regular, read_fd
 
 JOURNAL_LINE_MAX_BYTES = 1 << 20        # one event; a longer line is skipped, never cut
+JOURNAL_MAX_BYTES = 64 << 20            # copied or folded whole; a few kB, tens of kB with a watch's details
 NUMBER_LIMIT = 1e15                     # beyond any clock (Unix seconds), step count or duration
 MAX_DEPTH = 16                          # of a value inside an event
 
@@ -202,8 +204,38 @@ def iter_journal(path: str | os.PathLike, root: str | os.PathLike | None = None)
 
 
 def read_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> list[dict]:
-    """Every event of a journal (see the module's docstring for their shape); [] without one."""
+    """Every event of a journal (see the module's docstring for their shape); [] without one.
+    A bad line is skipped: the job's own readers show what the rest says."""
     return list(iter_journal(path, root))
+
+
+class JournalUnreadable(Exception):
+    """A journal that `read_journal_bytes` will not read; the message is the one line that says why."""
+
+
+def read_journal_bytes(path: str | os.PathLike) -> bytes:
+    """A journal's bytes, whole, for copying it or folding it into the fleet history (which refuses
+    a journal with a bad line, `trainctl.sweep.fleet`): only a regular file, never blocking (a FIFO),
+    at most JOURNAL_MAX_BYTES. JournalUnreadable, saying why, for anything else."""
+    try:
+        fd = open_regular(path)
+    except OSError as exc:
+        raise JournalUnreadable(f"cannot read: {exc.strerror or exc}") from None
+    if fd is None:
+        raise JournalUnreadable("not a regular file" if os.path.lexists(path)
+                                else f"cannot read: {os.strerror(errno.ENOENT)}")
+    try:
+        size = os.fstat(fd).st_size
+        if size > JOURNAL_MAX_BYTES:
+            raise JournalUnreadable(f"{size} bytes, more than a journal's {JOURNAL_MAX_BYTES}")
+        data = read_fd(fd, JOURNAL_MAX_BYTES + 1)
+    except OSError as exc:
+        raise JournalUnreadable(f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > JOURNAL_MAX_BYTES:
+        raise JournalUnreadable(f"grew past a journal's {JOURNAL_MAX_BYTES} bytes while read")
+    return data
 
 
 def job_ended(events: Iterable[Mapping]) -> bool:
