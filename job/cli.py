@@ -49,7 +49,7 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
     import getpass
     import time
 
-    from trainctl.job.show import LocalFiles, RemoteFiles, collect_job, format_job, to_json
+    from trainctl.job.show import LocalFiles, RemoteFiles, collect_job, format_job, json_text, to_json
 
     if remote:
         from trainctl.launcher.submit import parse_remote
@@ -66,8 +66,7 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
         if remote:
             files.close()
     now = time.time()
-    text = (json.dumps(to_json(view, line_count, now), indent=1, allow_nan=False) + "\n" if as_json
-            else format_job(view, line_count, now))
+    text = json_text(to_json(view, line_count, now)) if as_json else format_job(view, line_count, now)
     click.echo(text, nl=False)
 
 

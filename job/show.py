@@ -12,6 +12,7 @@ Collect (`collect_job`, through a `Files` that reads here or over SSH: SFTP and 
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
@@ -26,6 +27,7 @@ from trainctl.job.decision import Decision
 from trainctl.job.goodput import Goodput, WatchAccount, goodput, goodput_lines, watch_account, watch_lines
 from trainctl.job.journal import timeline_lines
 from trainctl.job.retry import summary_line
+from trainctl.journal_events import without_lone_surrogates
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.proc import run
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
@@ -228,6 +230,22 @@ def to_json(view: JobView, line_count: int, now: float) -> dict:
                          for link in view.chain],
             "groups": [{"ranks": list(g.ranks), "nodes": list(g.nodes), "tail": list(g.tail),
                         "newest": g.newest} for g in fold_tails(list(view.ranks))]}
+
+
+def json_text(document: dict) -> str:
+    """`job show --json`'s output, strict JSON (RFC 8259) for any parser: no NaN, and a lone
+    surrogate (from a journal's "\\ud800", or a file name that is not UTF-8) as U+FFFD."""
+    return json.dumps(_without_lone_surrogates(document), indent=1, allow_nan=False) + "\n"
+
+
+def _without_lone_surrogates(value):
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
+    if isinstance(value, dict):
+        return {without_lone_surrogates(str(key)): _without_lone_surrogates(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_lone_surrogates(item) for item in value]
+    return value
 
 
 # ---------------------------------------------------------------- collect

@@ -416,3 +416,39 @@ def test_job_show_reads_past_a_bad_journal_line_and_fleet_memory_refuses_the_jou
     assert out.returncode == 0 and "training step started" in out.stdout and "job ended" in out.stdout, out.stderr
     with pytest.raises(JournalRefused, match="^line 2 is not a journal event: damaged$"):
         parse_journal_bytes(read_journal_bytes(gate / "journal.jsonl"), named_job="9", site="", now=200.0)
+
+
+def strict_utf8_json(text: str):
+    """JSON that a strict parser takes: also no lone surrogate, escaped or not (RFC 8259 §8.2)."""
+    document = strict_json(text)
+    json.dumps(document, ensure_ascii=False).encode("utf-8")   # UnicodeEncodeError for a lone surrogate
+    return document
+
+
+def test_job_show_json_is_strict_json_where_the_journal_spells_a_lone_surrogate(tmp_path):
+    gate = tmp_path / "trainctl-gate-9"
+    journal(gate, *HEALTHY, r'{"t": 120, "event": "checkpoint", "checkpoint_t": 120, "note": "saved \ud800",'
+            r' "\udfff": "x"}', event(130, "step_end", status=0, training_start_t=110),
+            event(131, "job_end", status=0))
+    data = show("9", "--dir", gate, "--json")
+    assert data.returncode == 0, data.stderr
+    events = strict_utf8_json(data.stdout)["timeline"][0]["events"]
+    assert {"note": "saved \ufffd", "\ufffd": "x"}.items() <= events[2].items()
+    text = show("9", "--dir", gate)
+    assert text.returncode == 0 and "saved \ufffd" in text.stdout, text.stderr
+
+
+def test_a_journal_line_with_a_lone_surrogate_folds_into_fleet_memory(tmp_path):
+    """SQLite takes no lone surrogate: the journal's reader makes it U+FFFD first."""
+    from trainctl.sweep.db import History
+    from trainctl.sweep.fleet import fold_journals
+
+    gate = tmp_path / "trainctl-gate-9"
+    journal(gate, event(100, "job_start", job="9", attempt=1),
+            r'{"t": 105, "event": "node_verdict", "node": "node3", "verdict": "excluded",'
+            r' "reasons": ["gpu.xid: \ud800"]}',
+            event(131, "job_end", status=0))
+    with History.open(tmp_path / "h.db", write=True) as history:
+        result = fold_journals(history, [str(gate / "journal.jsonl")], site="", now=200.0)
+        assert (result.folded, result.refused) == (1, [])
+        assert [row.detail for row in history.job_events(0.0, ("exclusion",))] == ["gpu.xid: \ufffd"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -59,10 +60,23 @@ def integer(value: Any) -> int | None:
     return value if isinstance(value, int) and number(value) is not None else None
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")   # JSON's "\ud800" alone: no character, and no UTF-8
+
+
+def without_lone_surrogates(value: str) -> str:
+    """`value` with each lone surrogate (which JSON's escapes can spell, but no UTF-8 output can
+    hold, and strict JSON parsers refuse) as U+FFFD; a pair the escapes spell is one character already."""
+    return _LONE_SURROGATE.sub("\ufffd", value)
+
+
 def clean(value: Any, depth: int = 0) -> Any:
-    """`value` with numbers out of range and anything nested past MAX_DEPTH as None."""
+    """`value` with numbers out of range and anything nested past MAX_DEPTH as None, and lone
+    surrogates in strings and keys as U+FFFD (`without_lone_surrogates`)."""
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
     if isinstance(value, dict):
-        return None if depth >= MAX_DEPTH else {str(k): clean(v, depth + 1) for k, v in value.items()}
+        return None if depth >= MAX_DEPTH else {without_lone_surrogates(str(k)): clean(v, depth + 1)
+                                                for k, v in value.items()}
     if isinstance(value, list):
         return None if depth >= MAX_DEPTH else [clean(v, depth + 1) for v in value]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
