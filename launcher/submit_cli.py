@@ -50,8 +50,9 @@ class _CommandRecordingArgs(click.Command):
                    "--sbatch=--qos=high --sbatch=--constraint=h100 (repeat it; options trainctl sets itself "
                    "are refused).")
 @click.option("--checkpoints", metavar="PATH|GLOB", default=None,
-              help="The program's own checkpoint files, relative to the submit directory, e.g. 'checkpoints/*.pt': "
-                   "each one written during training counts as a checkpoint for goodput and lost work "
+              help="The program's own checkpoint files or directories, relative to the submit directory, e.g. "
+                   "'checkpoints/*.pt' or 'out/checkpoint-*': each one written during training (a directory: once "
+                   "its writing has ended) counts as a checkpoint for goodput and lost work "
                    "(default: the site's launch.checkpoints; '' for none).")
 @click.option("--watch/--no-watch", "watch", default=None,
               help="Watch the training for slow, sick and hung nodes and restart around them, or not, for this "
