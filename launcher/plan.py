@@ -303,7 +303,7 @@ def launcher_note(launched: Translation, program: tuple[str, ...], kept: tuple[s
 
     from trainctl.text import printable   # here: a plan without a launcher does without its patterns
 
-    line = f"{launched.launcher} translated: trainctl starts each rank and runs {shlex.join(program)}"
+    line = f"{launched.launcher} translated, one rank per GPU started by trainctl: each runs {shlex.join(program)}"
     if kept:
         line += "; kept " + ", ".join(kept)
     reasons: dict[str, list[str]] = {}

@@ -217,7 +217,7 @@ def test_submit_translates_torchrun_says_so_in_one_line_and_runs_the_script(tmp_
                     TRAIN_DDP, "--steps", "3")
     assert result.returncode == 0, result.stderr
     note, dry_run = result.stderr.splitlines()
-    assert note.startswith(f"trainctl: torchrun translated: trainctl starts each rank and runs ")
+    assert note.startswith("trainctl: torchrun translated, one rank per GPU started by trainctl: each runs ")
     assert note.endswith(f"{TRAIN_DDP} --steps 3; kept --nproc_per_node=1 as 1 rank per node; dropped "
                          f"--rdzv-backend=c10d, --rdzv-endpoint node1:29500 ({RENDEZVOUS})")
     assert dry_run.startswith("trainctl: dry run, nothing submitted")
