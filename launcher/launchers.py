@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+PYTHON_MODULE = "-m"      # a program `-m MODULE ARGS` runs under Python, which finds the module
+
 # Why trainctl drops an option, by what trainctl does in its place.
 RENDEZVOUS = "rendezvous: trainctl's ranks meet at the MASTER_ADDR and MASTER_PORT it sets"
 RESTARTS = "restarts: trainctl restarts the job around a bad node (--retries)"
@@ -306,7 +308,7 @@ def _program(launcher: _Launcher, translation: Translation, module: bool, no_pyt
             return Refusal(launcher.name, f"{launcher.name} --no-python {script}: trainctl runs a .py program under "
                                           "Python; give it a name without .py, or drop --no-python")
         return translation
-    program = ("-m", script, *args) if module else (script, *args)
+    program = (PYTHON_MODULE, script, *args) if module else (script, *args)
     if launcher.python:      # the Python the user named runs the program, as the launcher ran it
         program = (launcher.python, *program)
     elif not module and not script.endswith(".py"):

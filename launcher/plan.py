@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from trainctl.errors import UsageError
-from trainctl.launcher.launchers import Refusal, Translation, is_python, translate
+from trainctl.launcher.launchers import PYTHON_MODULE, Refusal, Translation, is_python, translate
 from trainctl.records import record
 from trainctl.site import PartitionConfig, SiteConfig, partition
 from trainctl.validate import MAX_NODES, InvalidValue, check_slurm_signal, check_text
@@ -189,7 +189,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
     request = with_launcher(request)
     request, kept = _launcher_counts(request, part, partition_name)
     _check_counts(request, part, partition_name)
-    if not request.program or not request.program[0] or request.program == ("-m",):
+    if not request.program or not request.program[0] or request.program == (PYTHON_MODULE,):
         raise UsageError("no SCRIPT given: put the program and its arguments after `--`")
     gpus = part.gpus_per_node if request.gpus_per_node is None else request.gpus_per_node
     time_limit = request.time_limit
@@ -213,7 +213,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
 
     script = request.program[0]
     python = site.launch.python or node_python
-    program = (python, *request.program) if script.endswith(".py") or script == "-m" else request.program
+    program = (python, *request.program) if script.endswith(".py") or script == PYTHON_MODULE else request.program
     return JobPlan(
         site_name=site.name, site_ref=request.site_ref, partition=partition_name,
         nodes=request.nodes, spare=request.spare,
@@ -276,10 +276,12 @@ def _launcher_counts(request: SubmitRequest, part: PartitionConfig,
     per_node, count = launched.ranks_per_node, "ranks_per_node"
     if launched.total_ranks is not None:
         count = "total_ranks"
-        if nodes is None or launched.total_ranks % nodes:
-            raise UsageError(f"{name} {written[count]} is not a number of ranks per node times "
-                             f"{'--nodes' if nodes is None else f'{nodes} nodes'}: give --nodes, and "
-                             "processes that fill every node alike")
+        if nodes is None:
+            raise UsageError(f"{name} {written[count]} counts the ranks of all nodes: give --nodes (or "
+                             f"{name}'s own node count) to split them into ranks per node")
+        if launched.total_ranks % nodes:
+            raise UsageError(f"{name} {written[count]} does not split evenly over {nodes} nodes: trainctl runs "
+                             "as many ranks on every node")
         per_node = launched.total_ranks // nodes
     if per_node is not None:
         asks = f"{name} {written[count]} asks for {per_node} ranks per node"
@@ -291,7 +293,8 @@ def _launcher_counts(request: SubmitRequest, part: PartitionConfig,
         if per_node > part.gpus_per_node > 0:
             raise UsageError(f"{asks}; trainctl runs one per GPU and partition {partition_name} has "
                              f"{part.gpus_per_node} per node: drop it, or choose a partition with {per_node}")
-        gpus = per_node if part.gpus_per_node else gpus
+        if gpus is None and part.gpus_per_node:
+            gpus = per_node
         kept.append(f"{written[count]} as {per_node} rank{'s' if per_node > 1 else ''} per node")
     return dataclasses.replace(request, nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus), tuple(kept)
 
@@ -359,7 +362,7 @@ def _default_job_name(request: SubmitRequest) -> str:
     """The script's file name without suffix, or the module's last name (-m MODULE); the script's,
     not its Python's, where a translated launcher named the Python that runs it."""
     words = request.program[1:] if request.launcher and is_python(request.program[0]) else request.program
-    if words[0] == "-m" and len(words) > 1:
+    if words[0] == PYTHON_MODULE and len(words) > 1:
         return words[1].rsplit(".", 1)[-1]
     name = PurePosixPath(words[0]).name
     return name.rsplit(".", 1)[0] if "." in name[1:] else name

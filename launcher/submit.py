@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from trainctl.errors import ExternalCommandError, UsageError
+from trainctl.launcher.launchers import PYTHON_MODULE
 from trainctl.validate import not_a_regular_file
 
 SBATCH_TIMEOUT_S = 60.0
@@ -26,7 +27,6 @@ SSH_PORT = 22
 REMOTE_OUTPUT_CAP_BYTES = 1 << 20  # per stream: sbatch, scontrol and `command -v` print a few lines
 REMOTE_READ_CHUNK = 32768
 REMOTE_POLL_S = 0.02
-PYTHON_MODULE = "-m"      # a program `-m MODULE ARGS` runs under Python, which finds the module
 _JOB_ID = re.compile(r"\d+(_\d+)?")
 _REMOTE = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>[^@\s:]+)(?::(?P<port>\d+))?")
 

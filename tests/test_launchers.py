@@ -190,12 +190,14 @@ def test_the_launchers_node_count_is_the_jobs_when_it_gave_none():
     ({"nodes": 4, "min_nodes": 1}, ("torchrun", "--nnodes=2:4", "t.py"), "--nnodes=2:4 and --min-nodes 1 disagree"),
     ({"nodes": 1}, ("torchrun", "--nproc-per-node", "2", "t.py"), "partition gpu has 1 per node"),
     ({"nodes": 1, "gpus_per_node": 0}, ("torchrun", "--nproc-per-node", "1", "t.py"), None),
-    ({"nodes": 3}, ("accelerate", "launch", "--num_processes", "4", "t.py"), "--num_processes 4 is not"),
+    ({"nodes": 3}, ("accelerate", "launch", "--num_processes", "4", "t.py"), "does not split evenly over 3 nodes"),
+    ({}, ("accelerate", "launch", "--num_processes", "4", "t.py"), "--num_processes 4 counts the ranks of all"),
     ({}, ("torchrun", "t.py"), "--nodes is missing"),
 ])
 def test_counts_that_disagree_with_the_jobs_are_refused(fields, program, message):
     if message is None:
-        assert plan(request(*program, **fields)).tasks_per_node == 1
+        planned = plan(request(*program, **fields))
+        assert (planned.gpus_per_node, planned.tasks_per_node) == (0, 1)
         return
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
         plan(request(*program, **fields))
