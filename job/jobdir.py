@@ -28,7 +28,8 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -590,6 +591,9 @@ MARKER_NOTE_BYTES = 200
 MAX_GLOB_MATCHES = 10_000               # a pattern is looked at this far each poll, no further
 MAX_WALK_ENTRIES = 10_000               # entries inside a pattern's matched directories looked at each poll
 MAX_WALK_DEPTH = 8                      # levels below a matched directory (Megatron: iter_N/mp_rank_00/...)
+# A directory's newest time must hold this long to be a finished save: one of the watch's polls
+# (watch.poll_s, 1 s), five of the 0.2 s ones while the supervisor waits for a save it asked for.
+DIRECTORY_QUIET_S = 1.0
 
 
 class Save(NamedTuple):
@@ -606,17 +610,26 @@ def checkpoint_seen(last: float | None, since: float, saves: Iterable[Save]) -> 
     return newest
 
 
-def file_saves(patterns: Iterable[str], base: str | os.PathLike,
-               directories_before: Mapping[str, float] | None = None) -> tuple[list[Save], dict[str, float]]:
+class Written(NamedTuple):
+    """A matched directory's newest time, and when (the poller's clock) it was first seen so."""
+
+    newest: float
+    seen_at: float
+
+
+def file_saves(patterns: Iterable[str], base: str | os.PathLike, directories_before: Mapping[str, Written] | None = None,
+               now: float = 0.0) -> tuple[list[Save], dict[str, Written]]:
     """The newest save matching each pattern (a path or a glob, relative to `base`), looking at most
-    MAX_GLOB_MATCHES names a pattern; and each matched directory's newest time now, for the next poll.
+    MAX_GLOB_MATCHES names a pattern; and each matched directory's newest time at `now`, for the
+    next poll.
 
     A regular file is a save at its mtime. A directory (Transformers' checkpoint-N/, Accelerate's
     save_state folder, torch.distributed.checkpoint, Megatron's iter_N/) is one once its writing
-    has ended: it holds a regular file, and its newest time (`newest_inside`) is the one it had at
-    the last poll, in `directories_before` (none given: no directory has had a poll yet). The
-    newest directories (by their own mtime) are looked into first, MAX_WALK_ENTRIES entries in
-    all a pattern. stat never blocks and no file is opened; directories are only listed."""
+    has ended: it holds a regular file, and its newest time (`newest_inside`) is the one a
+    previous poll saw (`directories_before`; none given: no directory has had a poll yet),
+    DIRECTORY_QUIET_S or more before `now`. The newest directories (by their own mtime) are
+    looked into first, MAX_WALK_ENTRIES entries in all a pattern. stat never blocks and no file
+    is opened; directories are only listed."""
     saves, directories = [], {}
     before = directories_before or {}
     for pattern in patterns:
@@ -640,8 +653,10 @@ def file_saves(patterns: Iterable[str], base: str | os.PathLike,
             budget -= looked
             if written is None:
                 continue
-            directories[name] = written
-            if before.get(name) == written and (newest is None or written > newest[0]):
+            seen = before.get(name)
+            held = seen is not None and seen.newest == written
+            directories[name] = seen if held else Written(written, now)
+            if held and now - seen.seen_at >= DIRECTORY_QUIET_S and (newest is None or written > newest[0]):
                 newest = (written, name)
         if newest is not None:
             saves.append(Save(newest[0], pattern, os.path.relpath(newest[1], base)))
@@ -706,18 +721,19 @@ def rank_saves(readings: Iterable[NodeReading | None]) -> list[Save]:
 class Checkpoints:
     """The program's saves during one training step, from every source it has: the marker at
     $TRAINCTL_CHECKPOINT_FILE, the files and directories the site's `launch.checkpoints` or
-    submit's `--checkpoints` name (a directory once it was the same at two polls in a row), and
+    submit's `--checkpoints` name (a directory once its newest time held DIRECTORY_QUIET_S), and
     progress.checkpoint() through the node files."""
 
-    def __init__(self, paths: JobPaths, patterns: Iterable[str], base: str | os.PathLike, since: float):
+    def __init__(self, paths: JobPaths, patterns: Iterable[str], base: str | os.PathLike, since: float,
+                 clock: Callable[[], float] = time.monotonic):
         self.paths, self.patterns, self.base = paths, tuple(pattern for pattern in patterns if pattern), base
-        self.since = since
+        self.since, self.clock = since, clock
         self.last: float | None = None
-        self.directories: dict[str, float] = {}   # each matched directory's newest time at the last poll
+        self.directories: dict[str, Written] = {}   # each matched directory's newest time, since when
 
     def poll(self, journal: Journal, readings: Iterable[NodeReading | None] = ()) -> Save | None:
         marker = marker_save(self.paths)
-        files, self.directories = file_saves(self.patterns, self.base, self.directories)
+        files, self.directories = file_saves(self.patterns, self.base, self.directories, self.clock())
         saves = [*([marker] if marker else []), *files, *rank_saves(readings)]
         seen = checkpoint_seen(self.last, self.since, saves)
         if seen is not None:

@@ -5,6 +5,7 @@ File times are set with os.utime: no test here waits for a clock."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -56,11 +57,14 @@ def stamp(*paths, mtime):
         os.utime(path, (mtime, mtime), follow_symlinks=False)
 
 
-def saves_seen(tmp_path, pattern):
-    """A training step's Checkpoints for `pattern` under tmp_path, started at t=100, and its journal."""
+def saves_seen(tmp_path, pattern, poll_s=jobdir.DIRECTORY_QUIET_S):
+    """A training step's Checkpoints for `pattern` under tmp_path, started at t=100, polled every
+    `poll_s` seconds of its clock, and its journal."""
     paths = JobPaths(tmp_path / "trainctl-gate-9")
     paths.root.mkdir(exist_ok=True)
-    return Checkpoints(paths, (pattern,), tmp_path, since=100.0), Journal(paths.journal, clock=lambda: 1000.0)
+    ticks = itertools.count(0.0, poll_s)
+    return (Checkpoints(paths, (pattern,), tmp_path, since=100.0, clock=lambda: next(ticks)),
+            Journal(paths.journal, clock=lambda: 1000.0))
 
 
 def test_a_directory_is_a_save_once_its_newest_time_held_for_a_poll(tmp_path):
@@ -95,6 +99,16 @@ def test_a_nested_checkpoint_counts_by_its_newest_file_and_a_renamed_one_by_its_
     assert seen.poll(journal) is None and seen.poll(journal).t == 450.0
 
 
+def test_a_directory_held_for_less_than_the_quiet_time_is_not_a_save_yet(tmp_path):
+    """The supervisor polls every 0.2 s while it waits for a save it asked for: a writer's pause
+    that short does not end a save."""
+    write(tmp_path / "state" / "step-7" / "model.pt", 700.0)
+    stamp(tmp_path / "state" / "step-7", mtime=690.0)
+    seen, journal = saves_seen(tmp_path, "state/*", poll_s=0.2)
+    polls = [seen.poll(journal) for _ in range(round(jobdir.DIRECTORY_QUIET_S / 0.2) + 1)]
+    assert polls[:-1] == [None] * (len(polls) - 1) and polls[-1].t == 700.0
+
+
 def test_an_empty_directory_or_one_of_empty_folders_is_never_a_save(tmp_path):
     (tmp_path / "state" / "empty").mkdir(parents=True)
     (tmp_path / "state" / "folders" / "a" / "b").mkdir(parents=True)
@@ -112,9 +126,9 @@ def test_links_inside_a_checkpoint_are_not_followed_and_a_fifo_is_never_opened(t
     (tmp_path / "ckpt" / "a").symlink_to("b")                          # a loop of links matched by the glob
     (tmp_path / "ckpt" / "b").symlink_to("a")
     stamp(folder / "loop", folder / "up", folder / "elsewhere", folder / "pipe", folder, mtime=120.0)
-    saves, directories = finishes(file_saves, ["ckpt/*"], tmp_path)
-    assert saves == [] and directories == {str(folder): 500.0}
-    saves, _ = finishes(file_saves, ["ckpt/*"], tmp_path, directories)
+    saves, directories = finishes(file_saves, ["ckpt/*"], tmp_path, {}, 0.0)
+    assert saves == [] and directories == {str(folder): (500.0, 0.0)}
+    saves, _ = finishes(file_saves, ["ckpt/*"], tmp_path, directories, jobdir.DIRECTORY_QUIET_S)
     assert saves == [Save(500.0, "ckpt/*", "ckpt/step-5")]
 
 
