@@ -28,7 +28,8 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -591,6 +592,11 @@ def write_node_file(paths: JobPaths, reading: NodeReading) -> None:
 
 MARKER_NOTE_BYTES = 200
 MAX_GLOB_MATCHES = 10_000               # a pattern is looked at this far each poll, no further
+MAX_WALK_ENTRIES = 10_000               # entries inside a pattern's matched directories looked at each poll
+MAX_WALK_DEPTH = 8                      # levels below a matched directory (Megatron: iter_N/mp_rank_00/...)
+# A directory's newest time must hold this long to be a finished save: one of the watch's polls
+# (watch.poll_s, 1 s), five of the 0.2 s ones while the supervisor waits for a save it asked for.
+DIRECTORY_QUIET_S = 1.0
 
 
 class Save(NamedTuple):
@@ -607,13 +613,32 @@ def checkpoint_seen(last: float | None, since: float, saves: Iterable[Save]) -> 
     return newest
 
 
-def file_saves(patterns: Iterable[str], base: str | os.PathLike) -> list[Save]:
-    """The mtime of the newest regular file matching each pattern (a path or a glob, relative to
-    `base`), looking at most MAX_GLOB_MATCHES names a pattern; stat never blocks, nothing is opened."""
-    saves = []
+class Written(NamedTuple):
+    """A matched directory's newest time, and when (the poller's clock) it was first seen so."""
+
+    newest: float
+    seen_at: float
+
+
+def file_saves(patterns: Iterable[str], base: str | os.PathLike, directories_before: Mapping[str, Written] | None = None,
+               now: float = 0.0) -> tuple[list[Save], dict[str, Written]]:
+    """The newest save matching each pattern (a path or a glob, relative to `base`), looking at most
+    MAX_GLOB_MATCHES names a pattern; and each matched directory's newest time at `now`, for the
+    next poll.
+
+    A regular file is a save at its mtime. A directory (Transformers' checkpoint-N/, Accelerate's
+    save_state folder, torch.distributed.checkpoint, Megatron's iter_N/) is one once its writing
+    has ended: it holds a regular file, and its newest time (`newest_inside`) is the one a
+    previous poll saw (`directories_before`; none given: no directory has had a poll yet),
+    DIRECTORY_QUIET_S or more before `now`. The newest directories (by their own mtime) are
+    looked into first, MAX_WALK_ENTRIES entries in all a pattern. stat never blocks and no file
+    is opened; directories are only listed."""
+    saves, directories = [], {}
+    before = directories_before or {}
     for pattern in patterns:
         full = os.path.join(base, pattern)
         newest: tuple[float, str] | None = None
+        matched_directories = []
         for name in itertools.islice(glob.iglob(full) if glob.has_magic(full) else [full], MAX_GLOB_MATCHES):
             try:
                 found = os.stat(name)
@@ -621,9 +646,59 @@ def file_saves(patterns: Iterable[str], base: str | os.PathLike) -> list[Save]:
                 continue
             if stat.S_ISREG(found.st_mode) and (newest is None or found.st_mtime > newest[0]):
                 newest = (found.st_mtime, name)
+            elif stat.S_ISDIR(found.st_mode):
+                matched_directories.append((found.st_mtime, name))
+        budget = MAX_WALK_ENTRIES
+        for _, name in sorted(matched_directories, reverse=True):
+            if budget <= 0:
+                break
+            written, looked = newest_inside(name, budget)
+            budget -= looked
+            if written is None:
+                continue
+            seen = before.get(name)
+            held = seen is not None and seen.newest == written
+            directories[name] = seen if held else Written(written, now)
+            if held and now - seen.seen_at >= DIRECTORY_QUIET_S and (newest is None or written > newest[0]):
+                newest = (written, name)
         if newest is not None:
             saves.append(Save(newest[0], pattern, os.path.relpath(newest[1], base)))
-    return saves
+    return saves, directories
+
+
+def newest_inside(directory: str, budget: int) -> tuple[float | None, int]:
+    """The newest mtime under `directory`: of its regular files, and of the directories on the way
+    (a file renamed into place changes only its directory's), with how many entries were looked
+    at. None when no regular file was seen: an empty directory is no save. At most `budget`
+    entries and MAX_WALK_DEPTH levels; no symlink inside is followed (a loop cannot hold it), and
+    nothing but a directory is opened, to list it (a FIFO or a device is only lstat'ed)."""
+    try:
+        newest = os.stat(directory).st_mtime
+    except OSError:
+        return None, 0
+    saw_file, looked = False, 0
+    folders = [(directory, 0)]
+    while folders and looked < budget:
+        folder, depth = folders.pop()
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    looked += 1
+                    if looked > budget:
+                        break
+                    try:
+                        found = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(found.st_mode):
+                        saw_file, newest = True, max(newest, found.st_mtime)
+                    elif stat.S_ISDIR(found.st_mode):
+                        newest = max(newest, found.st_mtime)
+                        if depth + 1 < MAX_WALK_DEPTH:
+                            folders.append((entry.path, depth + 1))
+        except OSError:          # gone, or no longer a directory, since it was listed
+            continue
+    return (newest if saw_file else None), min(looked, budget)
 
 
 def marker_save(paths: JobPaths) -> Save | None:
@@ -648,17 +723,21 @@ def rank_saves(readings: Iterable[NodeReading | None]) -> list[Save]:
 
 class Checkpoints:
     """The program's saves during one training step, from every source it has: the marker at
-    $TRAINCTL_CHECKPOINT_FILE, the files the site's `launch.checkpoints` or submit's
-    `--checkpoints` name, and progress.checkpoint() through the node files."""
+    $TRAINCTL_CHECKPOINT_FILE, the files and directories the site's `launch.checkpoints` or
+    submit's `--checkpoints` name (a directory once its newest time held DIRECTORY_QUIET_S), and
+    progress.checkpoint() through the node files."""
 
-    def __init__(self, paths: JobPaths, patterns: Iterable[str], base: str | os.PathLike, since: float):
+    def __init__(self, paths: JobPaths, patterns: Iterable[str], base: str | os.PathLike, since: float,
+                 clock: Callable[[], float] = time.monotonic):
         self.paths, self.patterns, self.base = paths, tuple(pattern for pattern in patterns if pattern), base
-        self.since = since
+        self.since, self.clock = since, clock
         self.last: float | None = None
+        self.directories: dict[str, Written] = {}   # each matched directory's newest time, since when
 
     def poll(self, journal: Journal, readings: Iterable[NodeReading | None] = ()) -> Save | None:
         marker = marker_save(self.paths)
-        saves = [*([marker] if marker else []), *file_saves(self.patterns, self.base), *rank_saves(readings)]
+        files, self.directories = file_saves(self.patterns, self.base, self.directories, self.clock())
+        saves = [*([marker] if marker else []), *files, *rank_saves(readings)]
         seen = checkpoint_seen(self.last, self.since, saves)
         if seen is not None:
             self.last = seen.t

@@ -8,11 +8,13 @@ dry run shows exactly what a real submission would do.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from trainctl.errors import UsageError
+from trainctl.launcher.launchers import PYTHON_MODULE, Refusal, Translation, is_python, translate
 from trainctl.records import record
 from trainctl.site import PartitionConfig, SiteConfig, partition
 from trainctl.validate import MAX_NODES, InvalidValue, check_slurm_signal, check_text
@@ -43,8 +45,8 @@ class SubmitRequest:
     """What the user asked for on the command line (already typed, not yet checked)."""
 
     site_ref: str                        # --site as the nodes should see it: a name or a file path
-    program: tuple[str, ...]             # SCRIPT ARGS...
-    nodes: int
+    program: tuple[str, ...]             # SCRIPT ARGS..., or -m MODULE ARGS...
+    nodes: int | None                    # None: the launcher's node count (torchrun --nnodes), or missing
     partition: str | None = None
     spare: int = 0
     min_nodes: int | None = None         # None: all --nodes must be healthy
@@ -57,6 +59,7 @@ class SubmitRequest:
     sbatch: tuple[str, ...] = ()         # submit --sbatch: more sbatch options for this job, e.g. --qos=high
     checkpoints: str | None = None       # None: the site's launch.checkpoints; "": none
     watch: bool | None = None            # submit --watch/--no-watch; None: the site's watch.enabled
+    launcher: Translation | None = None  # the launcher the program was given with, translated (`with_launcher`)
 
 
 class SbatchOption(NamedTuple):  # NamedTuple, not dataclass: a third of the import time
@@ -106,6 +109,7 @@ class JobPlan:
     environment: tuple[EnvSetting, ...]  # exported by the batch script, in this order
     trainctl: str                        # trainctl on the compute nodes
     program: tuple[str, ...]             # what each rank execs (after rank-exec's binding)
+    launcher: str                        # what became of a launcher on the command line, one line ("": none)
     command: tuple[str, ...]             # the trainctl command line that produced this plan
     version: str
 
@@ -117,7 +121,7 @@ class JobPlan:
         return {"site": self.site_name, "partition": self.partition, "nodes": self.nodes,
                 "spare": self.spare, "min_nodes": self.min_nodes, "gpus_per_node": self.gpus_per_node,
                 "tasks_per_node": self.tasks_per_node, "job_name": self.job_name,
-                "program": list(self.program),
+                "program": list(self.program), "launcher": self.launcher or None,
                 "rank_output": f"${{gate_dir}}/{RANK_OUTPUT}" if self.rank_output else None,
                 "release_unused": self.release_unused, "retries": self.retries,
                 "signal": self.signal or None, "checkpoints": self.checkpoints or None, "watch": self.watch,
@@ -153,7 +157,7 @@ class JobPlan:
 PLAN_FORMAT = 1
 # Fields added to format 1 after its first release, with what a plan written before them meant:
 # a job queued before an upgrade runs after it as it was submitted.
-LATER_FIELDS = {"checkpoints": "", "watch": None}
+LATER_FIELDS = {"checkpoints": "", "watch": None, "launcher": ""}
 JOB_PLAN_FIELDS = tuple(JobPlan.__dataclass_fields__)
 # the plan's JSON for each field's type (the annotations are strings: `from __future__ import annotations`)
 _PLAIN = {"str": (str,), "bool": (bool,), "bool | None": (bool, type(None)), "int": (int,), "tuple[str, ...]": None}
@@ -182,8 +186,10 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
     empty (the caller passes its own paths: a shared filesystem puts them on the nodes too).
     """
     partition_name, part = partition(site, request.partition)
+    request = with_launcher(request)
+    request, kept = _launcher_counts(request, part, partition_name)
     _check_counts(request, part, partition_name)
-    if not request.program or not request.program[0]:
+    if not request.program or not request.program[0] or request.program == (PYTHON_MODULE,):
         raise UsageError("no SCRIPT given: put the program and its arguments after `--`")
     gpus = part.gpus_per_node if request.gpus_per_node is None else request.gpus_per_node
     time_limit = request.time_limit
@@ -194,7 +200,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
     if nccl_debug is not None and nccl_debug not in NCCL_DEBUG_LEVELS:
         raise UsageError(f"--nccl-debug {request.nccl_debug!r}: "
                          f"expected one of {', '.join(NCCL_DEBUG_LEVELS)}")
-    job_name = request.job_name if request.job_name is not None else _default_job_name(request.program[0])
+    job_name = request.job_name if request.job_name is not None else _default_job_name(request)
     if not job_name:
         raise UsageError("--job-name is empty")
 
@@ -207,7 +213,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
 
     script = request.program[0]
     python = site.launch.python or node_python
-    program = (python, *request.program) if script.endswith(".py") else request.program
+    program = (python, *request.program) if script.endswith(".py") or script == PYTHON_MODULE else request.program
     return JobPlan(
         site_name=site.name, site_ref=request.site_ref, partition=partition_name,
         nodes=request.nodes, spare=request.spare,
@@ -223,10 +229,97 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
                      + flight_recorder_environment(site.launch.flight_recorder_entries)
                      + site_environment(site)),
         trainctl=site.launch.trainctl or node_trainctl,
-        program=program, command=command, version=version)
+        program=program, launcher=launcher_note(request.launcher, program, kept) if request.launcher else "",
+        command=command, version=version)
+
+
+def with_launcher(request: SubmitRequest) -> SubmitRequest:
+    """`request` with a launcher on its command line (torchrun, accelerate launch, deepspeed ...)
+    translated into what trainctl runs itself (`trainctl.launcher.launchers`); UsageError, one
+    line, for a launcher option trainctl cannot honour. Unchanged without a launcher, or when
+    translated already."""
+    if request.launcher is not None:
+        return request
+    translated = translate(request.program)
+    if translated is None:
+        return request
+    if isinstance(translated, Refusal):
+        raise UsageError(translated.reason)
+    return dataclasses.replace(request, program=translated.program, launcher=translated)
+
+
+def _launcher_counts(request: SubmitRequest, part: PartitionConfig,
+                     partition_name: str) -> tuple[SubmitRequest, tuple[str, ...]]:
+    """The launcher's node and rank counts as trainctl's own options, where the command line gave
+    none; UsageError where it gave others. Also says, for each, which option it became."""
+    launched = request.launcher
+    if launched is None:
+        return request, ()
+    written, name = dict(launched.mapped), launched.launcher
+    nodes, min_nodes, gpus = request.nodes, request.min_nodes, request.gpus_per_node
+    kept = []
+
+    def disagree(count: str, theirs: int, ours: str) -> UsageError:
+        return UsageError(f"{name} {written[count]} and {ours} disagree ({theirs} against {ours.split()[-1]}): "
+                          f"give one of them")
+
+    if launched.nodes is not None:
+        if nodes is not None and nodes != launched.nodes:
+            raise disagree("nodes", launched.nodes, f"--nodes {nodes}")
+        nodes = launched.nodes
+        kept.append(f"{written['nodes']} as --nodes {nodes}")
+    if launched.min_nodes is not None:
+        if min_nodes is not None and min_nodes != launched.min_nodes:
+            raise disagree("nodes", launched.min_nodes, f"--min-nodes {min_nodes}")
+        min_nodes = launched.min_nodes
+        kept[-1] += f" --min-nodes {min_nodes}"
+    per_node, count = launched.ranks_per_node, "ranks_per_node"
+    if launched.total_ranks is not None:
+        count = "total_ranks"
+        if nodes is None:
+            raise UsageError(f"{name} {written[count]} counts the ranks of all nodes: give --nodes (or "
+                             f"{name}'s own node count) to split them into ranks per node")
+        if launched.total_ranks % nodes:
+            raise UsageError(f"{name} {written[count]} does not split evenly over {nodes} nodes: trainctl runs "
+                             "as many ranks on every node")
+        per_node = launched.total_ranks // nodes
+    if per_node is not None:
+        asks = f"{name} {written[count]} asks for {per_node} ranks per node"
+        if gpus is not None and max(gpus, 1) != per_node:
+            raise disagree(count, per_node, f"--gpus-per-node {gpus}")
+        if not part.gpus_per_node and per_node != 1:
+            raise UsageError(f"{asks}; partition {partition_name} has no GPUs, and trainctl runs one rank per node "
+                             "without GPUs: drop it")
+        if per_node > part.gpus_per_node > 0:
+            raise UsageError(f"{asks}; trainctl runs one per GPU and partition {partition_name} has "
+                             f"{part.gpus_per_node} per node: drop it, or choose a partition with {per_node}")
+        if gpus is None and part.gpus_per_node:
+            gpus = per_node
+        kept.append(f"{written[count]} as {per_node} rank{'s' if per_node > 1 else ''} per node")
+    return dataclasses.replace(request, nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus), tuple(kept)
+
+
+def launcher_note(launched: Translation, program: tuple[str, ...], kept: tuple[str, ...]) -> str:
+    """The one line that says what trainctl does with the launcher: what each rank runs, which of
+    its options were kept as trainctl's own, which were dropped and why."""
+    import shlex
+
+    from trainctl.text import printable   # here: a plan without a launcher does without its patterns
+
+    line = f"{launched.launcher} translated, one rank per GPU started by trainctl: each runs {shlex.join(program)}"
+    if kept:
+        line += "; kept " + ", ".join(kept)
+    reasons: dict[str, list[str]] = {}
+    for dropped in launched.dropped:
+        reasons.setdefault(dropped.reason, []).append(dropped.option)
+    if reasons:
+        line += "; dropped " + "; ".join(f"{', '.join(options)} ({reason})" for reason, options in reasons.items())
+    return printable(line)
 
 
 def _check_counts(request: SubmitRequest, part: PartitionConfig, partition_name: str) -> None:
+    if request.nodes is None:
+        raise UsageError("--nodes is missing: how many nodes the program runs on")
     if request.nodes < 1:
         raise UsageError(f"--nodes must be at least 1, got {request.nodes}")
     if request.spare < 0:
@@ -265,8 +358,13 @@ def check_signal(value: str) -> str:
         raise UsageError(f"--signal {value!r}: {exc}") from None
 
 
-def _default_job_name(script: str) -> str:
-    name = PurePosixPath(script).name
+def _default_job_name(request: SubmitRequest) -> str:
+    """The script's file name without suffix, or the module's last name (-m MODULE); the script's,
+    not its Python's, where a translated launcher named the Python that runs it."""
+    words = request.program[1:] if request.launcher and is_python(request.program[0]) else request.program
+    if words[0] == PYTHON_MODULE and len(words) > 1:
+        return words[1].rsplit(".", 1)[-1]
+    name = PurePosixPath(words[0]).name
     return name.rsplit(".", 1)[0] if "." in name[1:] else name
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from trainctl.errors import ExternalCommandError, UsageError
+from trainctl.launcher.launchers import PYTHON_MODULE
 from trainctl.validate import not_a_regular_file
 
 SBATCH_TIMEOUT_S = 60.0
@@ -54,8 +55,10 @@ def check_local_script(script: str, base_dir: Path) -> str:
 
     Returns the program as the job must run it, the file this check found: its absolute path.
     A bare name (`run.sh`) found in `base_dir` would otherwise be searched on PATH by the exec
-    inside the job and not be found, or find another file.
+    inside the job and not be found, or find another file. `-m` (a module) is Python's to find.
     """
+    if script == PYTHON_MODULE:
+        return script
     path = base_dir / script
     if path.is_file():
         _check_runnable(script, os.stat(path).st_mode, os.access(path, os.X_OK))
@@ -139,6 +142,9 @@ def check_remote_script(client, script: str, chdir: str | None) -> str:
     """The remote twin of `check_local_script`: SFTP stat, or `command -v` for a bare name.
     Returns the absolute path it found (a bare name where `command -v` names no file)."""
     import shlex
+
+    if script == PYTHON_MODULE:
+        return script
 
     import paramiko
 

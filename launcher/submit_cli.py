@@ -29,7 +29,8 @@ class _CommandRecordingArgs(click.Command):
 @click.command("submit", cls=_CommandRecordingArgs, context_settings={"allow_interspersed_args": False})
 @click.option("--site", required=True, help="Site name (searched on the site path) or a .toml file.")
 @click.option("--partition", help="Partition of the site (default: the site's default_partition).")
-@click.option("--nodes", type=int, required=True, help="Nodes the program runs on.")
+@click.option("--nodes", type=int, help="Nodes the program runs on (default: a launcher's node count, "
+              "e.g. torchrun --nnodes).")
 @click.option("--spare", type=int, default=0, show_default=True,
               help="Extra nodes allocated so the gate can leave failed ones out.")
 @click.option("--min-nodes", type=int, help="Start with at least this many healthy nodes (default: --nodes).")
@@ -49,8 +50,9 @@ class _CommandRecordingArgs(click.Command):
                    "--sbatch=--qos=high --sbatch=--constraint=h100 (repeat it; options trainctl sets itself "
                    "are refused).")
 @click.option("--checkpoints", metavar="PATH|GLOB", default=None,
-              help="The program's own checkpoint files, relative to the submit directory, e.g. 'checkpoints/*.pt': "
-                   "each one written during training counts as a checkpoint for goodput and lost work "
+              help="The program's own checkpoint files or directories, relative to the submit directory, e.g. "
+                   "'checkpoints/*.pt' or 'out/checkpoint-*': each one written during training (a directory: once "
+                   "its writing has ended) counts as a checkpoint for goodput and lost work "
                    "(default: the site's launch.checkpoints; '' for none).")
 @click.option("--watch/--no-watch", "watch", default=None,
               help="Watch the training for slow, sick and hung nodes and restart around them, or not, for this "
@@ -70,7 +72,7 @@ class _CommandRecordingArgs(click.Command):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: job id, sbatch command, script, plan.")
 @click.argument("program", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- SCRIPT [ARGS]...")
 @click.pass_context
-def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spare: int,
+def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | None, spare: int,
            min_nodes: int | None, gpus_per_node: int | None, time_limit: str | None, job_name: str | None,
            nccl_debug: str | None, retries: int | None, signal_spec: str | None, sbatch: tuple[str, ...],
            checkpoints: str | None, watch: bool | None, chdir: str | None, exclude_lemons: bool | None, dry_run: bool, remote: str | None,
@@ -81,11 +83,14 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     healthy ones (one rank per GPU, each bound to its GPU's CPUs and NUMA node; every rank of
     a node gets the node's HCA list for NCCL),
     or fails with one line naming the bad nodes if fewer than --min-nodes are healthy.
-    A SCRIPT ending in .py runs under the site's launch.python.
+    A SCRIPT ending in .py, or `-m MODULE`, runs under the site's launch.python. A launcher
+    before SCRIPT (torchrun, python -m torch.distributed.run, accelerate launch, deepspeed,
+    after srun too) is replaced by trainctl's own ranks: one line says what was kept and dropped,
+    and an option trainctl cannot honour is refused.
     """
     from trainctl import __version__
     from trainctl.errors import UsageError
-    from trainctl.launcher.plan import SubmitRequest, plan_job
+    from trainctl.launcher.plan import SubmitRequest, plan_job, with_launcher
     from trainctl.launcher.render import command_line, render_script, sbatch_argv
     from trainctl.health.check_names import check_site_check_names
     from trainctl.site import load_site
@@ -107,10 +112,11 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
     # find another copy (/etc/trainctl/site-configs). Over --remote the file here may not exist
     # there, so the login node's search path resolves the name.
     site_ref = str(loaded.path.resolve()) if target is None else site
-    request = SubmitRequest(site_ref=site_ref, program=program, nodes=nodes, partition=partition, spare=spare,
-                            min_nodes=min_nodes, gpus_per_node=gpus_per_node, time_limit=time_limit,
-                            job_name=job_name, nccl_debug=nccl_debug, retries=retries, signal=signal_spec,
-                            sbatch=sbatch, checkpoints=checkpoints, watch=watch)
+    request = with_launcher(SubmitRequest(
+        site_ref=site_ref, program=program, nodes=nodes, partition=partition, spare=spare, min_nodes=min_nodes,
+        gpus_per_node=gpus_per_node, time_limit=time_limit, job_name=job_name, nccl_debug=nccl_debug,
+        retries=retries, signal=signal_spec, sbatch=sbatch, checkpoints=checkpoints, watch=watch))
+    program = request.program   # what each rank runs: a launcher on the command line translated
 
     # Only where asked for: reading the history costs sqlite3 and a query, which a plain submit never pays.
     if loaded.config.fleet.submit_excludes_lemons if exclude_lemons is None else exclude_lemons:
@@ -137,6 +143,8 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int, spa
         plan = plan_for(program[0])   # checked and resolved on the login node, when submitting
     script = render_script(plan)
     argv = sbatch_argv(plan)
+    if plan.launcher:
+        click.echo(f"trainctl: {plan.launcher}", err=True)
 
     if dry_run:
         where = f"in {submit_dir}" if target is None else f"on {target} over SSH, in {chdir or '~'}"

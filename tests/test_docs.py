@@ -529,6 +529,14 @@ def _rank_exec_refusing(tmp_path: Path) -> str:
     return out.stdout + out.stderr
 
 
+def _submit_torchrun(tmp_path: Path) -> str:
+    # a dry run of a torchrun command line, with the script it names
+    (tmp_path / "multinode.py").write_text("")
+    return _run(tmp_path, "submit", "--site", "local-demo", "--dry-run", "--", "torchrun", "--nnodes", "2",
+                "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node1:29500", "multinode.py",
+                "20", "5")
+
+
 # Where each sample comes from: a command or function run here on real or recorded input; or
 # `recorded PATH`, the recorded output of a real run under tests/fixtures/ (each recording's
 # README or header names the command that made it).
@@ -544,6 +552,7 @@ SAMPLES = {
     "the agent's flight recorder section": _flight_recorder_section,
     "the agent refusing another user's directory": _agent_refusing,
     "rank-exec refusing another user's directory": _rank_exec_refusing,
+    "submit --dry-run of torchrun": _submit_torchrun,
 }
 # A diagram is no output: `<!-- sample: none, a diagram -->`.
 NOT_OUTPUT = "none, a diagram"

@@ -5,6 +5,7 @@ File times are set with os.utime: no test here waits for a clock."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -12,7 +13,8 @@ import pytest
 from trainctl.job import jobdir
 from trainctl.job.goodput import goodput
 from trainctl.job.jobdir import (Checkpoints, JobPaths, Journal, Kind, NodeReading, RankProgress, Save,
-                                 checkpoint_seen, file_saves, rank_saves, read_journal)
+                                 checkpoint_seen, file_saves, newest_inside, rank_saves, read_journal)
+from test_hostile_jobdir import finishes
 
 
 def test_the_newest_save_after_the_step_start_and_after_the_last_one_seen_wins_whatever_its_source():
@@ -32,11 +34,11 @@ def write(path, mtime, text="x"):
 def test_the_programs_files_count_by_mtime_regular_files_only_and_a_fifo_is_never_opened(tmp_path):
     write(tmp_path / "ckpt" / "epoch1.pt", 100.0)
     write(tmp_path / "ckpt" / "epoch2.pt", 200.0)
-    (tmp_path / "ckpt" / "epoch9.pt").mkdir()                          # a directory: no save
+    (tmp_path / "ckpt" / "epoch9.pt").mkdir()                          # an empty directory: no save
     os.mkfifo(tmp_path / "ckpt" / "epoch8.pt")                         # stat only: never blocks
     write(tmp_path / "snapshot.pt", 150.0)
-    assert file_saves(["ckpt/*.pt", "snapshot.pt", "missing.pt"], tmp_path) == [
-        Save(200.0, "ckpt/*.pt", "ckpt/epoch2.pt"), Save(150.0, "snapshot.pt", "snapshot.pt")]
+    assert file_saves(["ckpt/*.pt", "snapshot.pt", "missing.pt"], tmp_path) == ([
+        Save(200.0, "ckpt/*.pt", "ckpt/epoch2.pt"), Save(150.0, "snapshot.pt", "snapshot.pt")], {})
 
 
 def test_a_glob_is_looked_at_a_bounded_number_of_names(tmp_path, monkeypatch):
@@ -46,8 +48,104 @@ def test_a_glob_is_looked_at_a_bounded_number_of_names(tmp_path, monkeypatch):
     real_stat = os.stat
     monkeypatch.setattr(jobdir.os, "stat", lambda name, *args, **kwargs: looked.append(name) or real_stat(name))
     monkeypatch.setattr(jobdir, "MAX_GLOB_MATCHES", 2)
-    (save,) = file_saves(["*.ckpt"], tmp_path)
+    (save,), _ = file_saves(["*.ckpt"], tmp_path)
     assert len(looked) == 2 and save.t == max(real_stat(name).st_mtime for name in looked)
+
+
+def stamp(*paths, mtime):
+    for path in paths:
+        os.utime(path, (mtime, mtime), follow_symlinks=False)
+
+
+def saves_seen(tmp_path, pattern, poll_s=jobdir.DIRECTORY_QUIET_S):
+    """A training step's Checkpoints for `pattern` under tmp_path, started at t=100, polled every
+    `poll_s` seconds of its clock, and its journal."""
+    paths = JobPaths(tmp_path / "trainctl-gate-9")
+    paths.root.mkdir(exist_ok=True)
+    ticks = itertools.count(0.0, poll_s)
+    return (Checkpoints(paths, (pattern,), tmp_path, since=100.0, clock=lambda: next(ticks)),
+            Journal(paths.journal, clock=lambda: 1000.0))
+
+
+def test_a_directory_is_a_save_once_its_newest_time_held_for_a_poll(tmp_path):
+    """Transformers' checkpoint-N/: a save when its writing has ended, at the newest time inside it."""
+    first = tmp_path / "out" / "checkpoint-100"
+    write(first / "model.safetensors", 200.0)
+    write(first / "optimizer.pt", 210.0)
+    stamp(first, mtime=205.0)
+    seen, journal = saves_seen(tmp_path, "out/checkpoint-*")
+    assert seen.poll(journal) is None                                  # first sight: it may still be written
+    assert seen.poll(journal) == Save(210.0, "out/checkpoint-*", "out/checkpoint-100")
+    second = tmp_path / "out" / "checkpoint-200"
+    write(second / "model.safetensors", 300.0)                         # being written: newer each poll
+    stamp(second, mtime=300.0)
+    assert seen.poll(journal) is None
+    write(second / "optimizer.pt", 310.0)
+    stamp(second, mtime=310.0)
+    assert seen.poll(journal) is None
+    assert seen.poll(journal) == Save(310.0, "out/checkpoint-*", "out/checkpoint-200") and seen.poll(journal) is None
+    assert [(e["checkpoint_t"], e["note"]) for e in read_journal(seen.paths.journal)] == [
+        (210.0, "out/checkpoint-100"), (310.0, "out/checkpoint-200")]
+
+
+def test_a_nested_checkpoint_counts_by_its_newest_file_and_a_renamed_one_by_its_folder(tmp_path):
+    """Megatron's iter_N/mp_rank_00/...: the file's time; a file renamed into place: its folder's."""
+    rank_file = tmp_path / "ckpt" / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt"
+    write(rank_file, 400.0)
+    stamp(rank_file.parent, rank_file.parent.parent, mtime=150.0)
+    seen, journal = saves_seen(tmp_path, "ckpt/iter_*")
+    assert seen.poll(journal) is None and seen.poll(journal).t == 400.0
+    stamp(rank_file.parent, mtime=450.0)                               # a rename inside changes only the folder
+    assert seen.poll(journal) is None and seen.poll(journal).t == 450.0
+
+
+def test_a_directory_held_for_less_than_the_quiet_time_is_not_a_save_yet(tmp_path):
+    """The supervisor polls every 0.2 s while it waits for a save it asked for: a writer's pause
+    that short does not end a save."""
+    write(tmp_path / "state" / "step-7" / "model.pt", 700.0)
+    stamp(tmp_path / "state" / "step-7", mtime=690.0)
+    seen, journal = saves_seen(tmp_path, "state/*", poll_s=0.2)
+    polls = [seen.poll(journal) for _ in range(round(jobdir.DIRECTORY_QUIET_S / 0.2) + 1)]
+    assert polls[:-1] == [None] * (len(polls) - 1) and polls[-1].t == 700.0
+
+
+def test_an_empty_directory_or_one_of_empty_folders_is_never_a_save(tmp_path):
+    (tmp_path / "state" / "empty").mkdir(parents=True)
+    (tmp_path / "state" / "folders" / "a" / "b").mkdir(parents=True)
+    seen, journal = saves_seen(tmp_path, "state/*")
+    assert [seen.poll(journal) for _ in range(3)] == [None, None, None]
+
+
+def test_links_inside_a_checkpoint_are_not_followed_and_a_fifo_is_never_opened(tmp_path):
+    folder = tmp_path / "ckpt" / "step-5"
+    write(folder / "weights.pt", 500.0)
+    (folder / "loop").symlink_to(".")                                  # a walk that followed it would not end
+    (folder / "up").symlink_to("..")
+    (folder / "elsewhere").symlink_to("/")
+    os.mkfifo(folder / "pipe")                                         # lstat only: opening it would block
+    (tmp_path / "ckpt" / "a").symlink_to("b")                          # a loop of links matched by the glob
+    (tmp_path / "ckpt" / "b").symlink_to("a")
+    stamp(folder / "loop", folder / "up", folder / "elsewhere", folder / "pipe", folder, mtime=120.0)
+    saves, directories = finishes(file_saves, ["ckpt/*"], tmp_path, {}, 0.0)
+    assert saves == [] and directories == {str(folder): (500.0, 0.0)}
+    saves, _ = finishes(file_saves, ["ckpt/*"], tmp_path, directories, jobdir.DIRECTORY_QUIET_S)
+    assert saves == [Save(500.0, "ckpt/*", "ckpt/step-5")]
+
+
+def test_a_walk_is_bounded_in_depth_and_in_entries(tmp_path):
+    top = tmp_path / "deep"
+    write(top / "shallow.pt", 100.0)
+    bottom = top.joinpath(*["d"] * (jobdir.MAX_WALK_DEPTH + 4))
+    write(bottom / "too-deep.pt", 900.0)                               # below the bound: never looked at
+    folders = [bottom, *bottom.parents]
+    stamp(*folders[:folders.index(tmp_path)], mtime=50.0)
+    newest, looked = finishes(newest_inside, str(top), jobdir.MAX_WALK_ENTRIES)
+    assert newest == 100.0 and looked <= jobdir.MAX_WALK_DEPTH + 1
+    many = tmp_path / "many"
+    for n in range(50):
+        write(many / f"shard-{n}.distcp", 100.0 + n)
+    newest, looked = newest_inside(str(many), 10)
+    assert looked == 10 and newest is not None
 
 
 def test_progress_checkpoint_reaches_the_supervisor_through_the_node_files():

@@ -182,9 +182,10 @@ class LaunchConfig:
         "default for submit --signal, [R:]SIG[@SECONDS]: Slurm sends SIG to the job's steps SECONDS before "
         "its time limit (#SBATCH --signal), so the program can checkpoint; empty: none", "")
     checkpoints: str = doc(
-        "default for submit --checkpoints: the program's own checkpoint files, a path or glob relative to the "
-        "submit directory (e.g. 'snapshot.pt', 'checkpoints/*.ckpt'); a regular file written after the "
-        "training step started is a checkpoint seen, for goodput and lost work (`trainctl job show`); "
+        "default for submit --checkpoints: the program's own checkpoint files or directories, a path or glob "
+        "relative to the submit directory (e.g. 'snapshot.pt', 'checkpoints/*.ckpt', 'out/checkpoint-*'); a "
+        "regular file written after the training step started is a checkpoint seen, for goodput and lost work "
+        "(`trainctl job show`), and a directory once its newest time has held for a second; "
         "empty: only $TRAINCTL_CHECKPOINT_FILE and progress.checkpoint() count", "")
 
 
