@@ -115,13 +115,21 @@ def node_fleet_text(node: NodeFleet, fleet: Fleet) -> str:
 def families_text(families: Iterable[FamilyStrikes]) -> str:
     """`gpu-memory 3 (forgiven: served 12 jobs since its last), hang 1`: a node's strikes by family."""
     def served(family: FamilyStrikes) -> str:
-        since = f"served {family.served_since} job{'' if family.served_since == 1 else 's'} since its last"
+        since = f"served {_jobs(family.served_since)} since its last"
         return f" (forgiven: {since})" if family.forgiven else f" ({since})" if family.served_since else ""
     return ", ".join(f"{f.family} {f.strikes:g}{served(f)}" for f in families)
 
 
 def lemon_text(lemon: Lemon) -> str:
-    return f"{lemon.host}  {families_text(lemon.families)} strikes, {len(lemon.jobs)} jobs"
+    """`3 nvlink strikes, 3 jobs; served 2 jobs since its last nvlink strike`."""
+    counts = " and ".join(f"{f.strikes:g} {f.family}" for f in lemon.families)
+    served = "; ".join(f"served {_jobs(f.served_since)} since its last {f.family} strike"
+                       for f in lemon.families if f.served_since)
+    return f"{counts} strikes, {len(lemon.jobs)} jobs" + (f"; {served}" if served else "")
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job{'' if count == 1 else 's'}"
 
 
 def strike_text(strike, tz: datetime.tzinfo | None = None) -> str:
@@ -141,7 +149,7 @@ def fleet_text(fleet: Fleet, report: Report, tz: datetime.tzinfo | None = None) 
     lines += ["", f"LEMONS ({fleet.rule.describe()}): "
                   + (fold_hostlist([lemon.host for lemon in fleet.lemons]) if fleet.lemons else "none")]
     for lemon in fleet.lemons[:FLEET_ROWS]:
-        lines.append(f"  {lemon_text(lemon)}")
+        lines.append(f"  {lemon.host}  {lemon_text(lemon)}")
         lines += [f"    {strike_text(strike, tz)}" for strike in lemon.evidence]
     if len(fleet.lemons) > FLEET_ROWS:
         lines.append(f"  ... {len(fleet.lemons) - FLEET_ROWS} more (--format json)")
@@ -258,7 +266,7 @@ def to_markdown(report: Report, tz: datetime.tzinfo | None = None) -> str:
         if not fleet.lemons:
             lines.append("None.")
         for lemon in fleet.lemons[:FLEET_ROWS]:
-            lines += [f"- **{lemon.host}**: {_md(families_text(lemon.families))} strikes, {len(lemon.jobs)} jobs"]
+            lines += [f"- **{lemon.host}**: {_md(lemon_text(lemon))}"]
             lines += [f"  - {_md(strike_text(strike, tz))}" for strike in lemon.evidence]
         if fleet.cleared:
             lines += ["", "## Cleared by service", ""]
@@ -374,8 +382,7 @@ def fleet_html(fleet: Fleet, tz: datetime.tzinfo | None = None) -> list[str]:
     if not fleet.lemons:
         parts.append("<p>None.</p>")
     for lemon in fleet.lemons:
-        parts.append(f'<h3 class="lemon" data-host="{_h(lemon.host)}">{_h(lemon.host)}: '
-                     f"{_h(families_text(lemon.families))} strikes, {len(lemon.jobs)} jobs</h3>")
+        parts.append(f'<h3 class="lemon" data-host="{_h(lemon.host)}">{_h(lemon.host)}: {_h(lemon_text(lemon))}</h3>')
         parts += node_timeline_html(lemon.host, fleet.timelines.get(lemon.host, ()), tz)
     if fleet.cleared:
         parts += [f"<h2>Cleared by service ({len(fleet.cleared)})</h2>",

@@ -124,7 +124,7 @@ def test_one_strike_in_each_of_three_families_makes_no_lemon_and_the_report_says
     nodes = {n.host: n for n in report.fleet.nodes}
     assert sorted((f.family, f.strikes) for f in nodes["n1"].families) == [("gpu-memory", 1), ("hang", 1), ("link", 1)]
     text = render.to_text(report)
-    assert "n2  gpu-reset 3 strikes, 2 jobs" in text and "[gpu-reset] sweep #1 failed: gpu.smi" in text
+    assert "n2  3 gpu-reset strikes, 2 jobs" in text and "[gpu-reset] sweep #1 failed: gpu.smi" in text
     document = json.loads(render.to_json(report))["fleet"]
     assert document["lemons"][0]["families"] == [{"family": "gpu-reset", "strikes": 3.0, "served_since": 0,
                                                   "forgiven": False}]

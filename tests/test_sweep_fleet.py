@@ -245,11 +245,11 @@ def test_three_jobs_that_left_a_node_out_make_it_a_lemon_with_its_evidence(tmp_p
     assert (nodes["n2"].detections, nodes["n2"].jobs_served) == (1, 2)
     assert (nodes["n1"].jobs_served, nodes["n4"].sweeps_failed) == (3, 1)
     text = render.to_text(report)
-    assert "LEMONS (3 strikes of one failure family in 7 days" in text and "n3  nvlink 3 strikes, 3 jobs" in text
+    assert "LEMONS (3 strikes of one failure family in 7 days" in text and "n3  3 nvlink strikes, 3 jobs" in text
     assert "job 102 gate left it out: nvlink.links: GPU 3 link 5 inactive" in text
     document = json.loads(render.to_json(report))["fleet"]
     assert document["lemons"][0]["host"] == "n3" and len(document["lemons"][0]["evidence"]) == 3
-    assert "**n3**: nvlink 3 strikes, 3 jobs" in render.to_markdown(report)
+    assert "**n3**: 3 nvlink strikes, 3 jobs" in render.to_markdown(report)
     page = render.to_html(report)
     assert '<h3 class="lemon" data-host="n3">' in page and page.count('<tr data-kind="exclusion" data-family="nvlink">') == 3
     prom = render.to_prometheus([], [], [], None, report.fleet)
