@@ -270,7 +270,8 @@ def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_
 # application, or calls informational, has no family and strikes nobody.
 LINK, FABRIC, COMPUTE, HANG, HOST, OTHER = "link", "fabric", "compute", "hang", "host", "other"
 FAMILIES: dict[str, str] = {   # family -> what strikes in it (the report's legend)
-    GPU_MEMORY: "GPU memory: ECC errors, row remapping (Xid 48, 63, 64, 92, 94, 95, 140; gpu.ecc, gpu.row_remap)",
+    GPU_MEMORY: "GPU memory: ECC errors, row remapping (Xid 48, 57, 58, 63, 64, 92, 94, 95, 140; gpu.ecc, "
+                "gpu.row_remap)",
     GPU_RESET: "a GPU off the bus, not answering or asking for a reset (Xid 79, 119, 120, 154 ...; gpu.smi, "
                "gpu.visible, gpu.count, gpu.reset)",
     NVLINK: "NVLink, NVSwitch and C2C (Xid 74, 121, 144-150; nvlink.*, nvswitch.sxid, gpu.fabric)",

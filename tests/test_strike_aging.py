@@ -182,3 +182,18 @@ def test_a_sick_detection_and_a_failed_sweep_strike_by_their_own_checks():
     assert strike_families(DETECTION, "sick", evidence, "n2") == (LINK,)
     checks = f"{xid_reason(95, 13)}; nvlink.links: GPU 3 link 5 inactive"
     assert strike_families(SWEEP_FAILED, "sweep", checks, "n1") == ("gpu-memory", "nvlink")
+
+
+def test_the_admin_guides_family_table_names_each_xid_in_its_catalogue_family():
+    import re
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "admin.md").read_text(encoding="utf-8")
+    text = guide[guide.index("**Failure families.**"):guide.index("The Xid families follow")]
+    documented = {}
+    for family, xids in re.findall(r"^\| `([\w-]+)` \| Xid ([^;|]*)", text, re.MULTILINE):
+        for first, last in re.findall(r"\b(\d+)(?:-(\d+))?\b(?![^(]*\))", xids):
+            for number in range(int(first), int(last or first) + 1):
+                documented[number] = family
+    assert documented == {n: info.family for n, info in XID_CATALOG.items() if info.family}
+    assert set(re.findall(r"^\| `([\w-]+)` \|", text, re.MULTILINE)) == set(FAMILIES)
