@@ -390,8 +390,9 @@ class FamilyStrikes:
     def strikes(self) -> float:
         return sum(strike.weight for strike in self.evidence)
 
-    def recurs(self, rule: LemonRule) -> bool:
-        return not self.forgiven and self.strikes >= rule.strikes and self.strikes > 0
+    def enough(self, rule: LemonRule) -> bool:
+        """As many strikes as the rule asks for, served since or not."""
+        return self.strikes >= rule.strikes and self.strikes > 0
 
 
 @dataclass(frozen=True)
@@ -401,12 +402,12 @@ class Standing:
     families: tuple[FamilyStrikes, ...]
 
     def recurring(self, rule: LemonRule) -> tuple[FamilyStrikes, ...]:
-        return tuple(family for family in self.families if family.recurs(rule))
+        """The families that make it a lemon: enough strikes, not forgiven."""
+        return tuple(family for family in self.families if family.enough(rule) and not family.forgiven)
 
     def cleared(self, rule: LemonRule) -> tuple[FamilyStrikes, ...]:
-        """Families that would recur but for the service since their last strike."""
-        return tuple(family for family in self.families
-                     if family.forgiven and family.strikes >= rule.strikes and family.strikes > 0)
+        """The families that would make it a lemon but for the jobs it served since their last strike."""
+        return tuple(family for family in self.families if family.enough(rule) and family.forgiven)
 
 
 @dataclass(frozen=True)
@@ -484,18 +485,14 @@ def find_lemons(rule: LemonRule, job_events: Iterable[JobEventRow],
     return lemons_of(rule, judge_nodes(rule, job_events, sweep_failures, served))
 
 
-def load_strikes(history, rule: LemonRule, now: float):
-    """The rule window's rows: (job events that strike, failed sweeps, the struck nodes' service)."""
+def current_lemons(history, rule: LemonRule, now: float) -> list[Lemon]:
+    """The lemons by the rule, now, from the history: the rule window's strikes, and the jobs the
+    struck nodes served in it."""
     since = now - rule.days * 86400
     events, failures = history.job_events(since, (EXCLUSION, DETECTION)), history.sweep_failures(since)
     struck = {event.host for event in events} | {row[0] for row in failures}
     served = history.served_jobs(since, struck) if struck and rule.forgive_after_jobs else []
-    return events, failures, served
-
-
-def current_lemons(history, rule: LemonRule, now: float) -> list[Lemon]:
-    """The lemons by the rule, now, from the history."""
-    return find_lemons(rule, *load_strikes(history, rule, now))
+    return find_lemons(rule, events, failures, served)
 
 
 LEMONS_FORMAT = "trainctl-lemons-1"
