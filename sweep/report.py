@@ -113,9 +113,14 @@ def load_fleet_data(history: History, since: float, rule: LemonRule, now: float 
 def timeline_hosts(rule: LemonRule, standings: list[Standing]) -> list[str]:
     """The nodes whose timeline the report draws: the lemons with the most strikes, and as many of
     the nodes that would be lemons but for the jobs they served since."""
-    cleared = sorted((s for s in standings if s.cleared(rule)), key=lambda s: (-s.cleared(rule)[0].strikes, s.host))
     return ([lemon.host for lemon in lemons_of(rule, standings)][:LEMON_TIMELINES]
-            + [standing.host for standing in cleared][:LEMON_TIMELINES])
+            + [standing.host for standing in cleared_nodes(rule, standings)][:LEMON_TIMELINES])
+
+
+def cleared_nodes(rule: LemonRule, standings: list[Standing]) -> tuple[Standing, ...]:
+    """The nodes a family would make lemons but for the jobs they served since, the most strikes first."""
+    return tuple(sorted((s for s in standings if s.cleared(rule)),
+                        key=lambda s: (-s.cleared(rule)[0].strikes, _natural_key(s.host))))
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,7 @@ class NodeFleet:
     detections: int            # the watch's detections naming it
     sweeps_failed: int         # full sweeps it failed
     jobs_served: int           # jobs it trained for through a step that ended well
-    families: tuple[FamilyStrikes, ...] = ()   # its strikes by family over the rule's days, the most first
+    families: tuple[FamilyStrikes, ...]   # its strikes by family over the rule's days, the most first
 
     @property
     def strikes_seen(self) -> bool:
@@ -195,7 +200,7 @@ class Fleet:
     nodes: tuple[NodeFleet, ...]                   # every node with a job verdict or a failed sweep, natural order
     lemons: tuple[Lemon, ...]                      # the most strikes first
     timelines: dict[str, tuple[TimelineItem, ...]]   # lemon or cleared node -> its jobs, sweeps, drains, oldest first
-    cleared: tuple[Standing, ...] = ()             # nodes a family would make lemons but for the jobs served since
+    cleared: tuple[Standing, ...]                  # nodes a family would make lemons but for the jobs served since
 
     @property
     def struck(self) -> tuple[NodeFleet, ...]:
@@ -332,11 +337,9 @@ def build_fleet(data: FleetData) -> Fleet:
             timelines[drain.host].append(TimelineItem(drain.drained_at, "drain", "drained", drain.reason))
             if drain.closed_at is not None:
                 timelines[drain.host].append(TimelineItem(drain.closed_at, "drain", "drain lifted", drain.closed_how))
-    cleared = tuple(sorted((s for s in standings if s.cleared(data.rule)),
-                           key=lambda s: (-s.cleared(data.rule)[0].strikes, _natural_key(s.host))))
     return Fleet(data.rule, nodes, lemons,
                  {host: tuple(sorted(items, key=lambda i: (i.at, i.source))) for host, items in timelines.items()},
-                 cleared)
+                 cleared_nodes(data.rule, standings))
 
 
 def _state(row: NodeRow) -> str:
