@@ -537,6 +537,11 @@ def to_prometheus(latest: Iterable[tuple[ResultRow, float]], current: Iterable[N
             lines += [f"# HELP trainctl_node_{name} {what}, over the report's window.",
                       f"# TYPE trainctl_node_{name} gauge"]
             lines += [f'trainctl_node_{name}{{node="{_label(n.host)}"}} {getattr(n, attr)}' for n in fleet.nodes]
+        lines += [f"# HELP trainctl_node_family_strikes Strikes of a node by failure family over the lemon rule's "
+                  f"{fleet.rule.days:g} days (those its service since forgave included).",
+                  "# TYPE trainctl_node_family_strikes gauge"]
+        lines += [f'trainctl_node_family_strikes{{node="{_label(n.host)}",family="{f.family}"}} {f.strikes:g}'
+                  for n in fleet.nodes for f in n.families]
         lines += [f"# HELP trainctl_node_lemon_strikes Strikes of a lemon: {fleet.rule.describe()}.",
                   "# TYPE trainctl_node_lemon_strikes gauge"]
         lines += [f'trainctl_node_lemon_strikes{{node="{_label(lemon.host)}"}} {lemon.strikes:g}'

@@ -129,6 +129,9 @@ def test_one_strike_in_each_of_three_families_makes_no_lemon_and_the_report_says
     assert document["lemons"][0]["families"] == [{"family": "gpu-reset", "strikes": 3.0, "served_since": 0,
                                                   "forgiven": False}]
     assert lemon_reason(lemons["n2"], RULE).startswith("trainctl: fleet.lemon: 3 gpu-reset strikes in 7 days: job ")
+    prom = render.to_prometheus([], [], [], None, report.fleet)
+    assert 'trainctl_node_family_strikes{node="n1",family="link"} 1' in prom
+    assert 'trainctl_node_family_strikes{node="n2",family="gpu-reset"} 3' in prom
 
 
 # ---------------------------------------------------------------- families (pure)
