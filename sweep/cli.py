@@ -240,8 +240,10 @@ def report(since_text, fmt, out_file, prom_file, site, db_path):
     Nodes are folded into hostlists; each group says since when it has failed (the first
     sweep of the current streak) and whether it flaps. Also lists nodes that timed out or
     gave no verdict, nodes not swept with their Slurm state, and the nodes trainctl drained;
-    per node, the jobs that left it out, the watch's detections, the sweeps it failed and the
-    jobs it served; and the lemons by the site's [fleet] rule, with their evidence.
+    per node, the jobs that left it out, the watch's detections, the sweeps it failed, the
+    jobs it served and its strikes by failure family; and the lemons by the site's [fleet] rule
+    (one failure family that recurs), with their evidence, and the nodes the jobs they served
+    since cleared.
     Reads the history only; never changes it.
     """
     import time

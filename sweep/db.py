@@ -496,6 +496,16 @@ class History:
             params += (json.dumps(sorted(set(hosts))),)
         return [_job_event(self.path, row) for row in self._rows(sql + " ORDER BY at, job_id, line", params)]
 
+    def served_jobs(self, since: float, hosts: Iterable[str]) -> list[tuple[str, str, float]]:
+        """(host, job, when it last served that job) for every job `hosts` served from `since` on."""
+        if self.version < FLEET_VERSION:
+            return []
+        rows = self._rows("SELECT host, job_id, MAX(at) FROM job_events WHERE kind = 'served' AND at >= ? "
+                          "AND host IN (SELECT value FROM json_each(?)) GROUP BY host, job_id",
+                          (since, json.dumps(sorted(set(hosts)))))
+        return [(_host(self.path, host), _text(self.path, job_id, "job_events.job_id"),
+                 _time(self.path, at, f"job {job_id} served_at")) for host, job_id, at in rows]
+
     def sweep_failures(self, since: float, hosts: Iterable[str] | None = None) -> list[tuple[str, int, float, str]]:
         """(host, sweep, its start, failing checks) for every full sweep from `since` on that a node failed."""
         sql = ("SELECT n.host, n.sweep_id, s.started_at, "

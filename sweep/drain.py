@@ -91,9 +91,10 @@ LEMON_SWEEP = 0
 
 
 def lemon_reason(lemon: Lemon, rule: LemonRule) -> str:
-    """`trainctl: fleet.lemon: 3 strikes in 7 days: job 101, job 102, sweep #5`, within Slurm's limit."""
+    """`trainctl: fleet.lemon: 3 nvlink strikes in 7 days: job 101, job 102, sweep #5`, within Slurm's limit."""
     sources = ", ".join(dict.fromkeys(strike.source for strike in lemon.evidence))
-    return tagged_reason([(LEMON_CHECK, f"{lemon.strikes:g} strikes in {rule.days:g} days: {sources}")])[1]
+    families = " and ".join(f"{family.strikes:g} {family.family}" for family in lemon.families)
+    return tagged_reason([(LEMON_CHECK, f"{families} strikes in {rule.days:g} days: {sources}")])[1]
 
 
 def plan_lemon_drains(lemons: Iterable[Lemon], rule: LemonRule, states: dict[str, NodeState],

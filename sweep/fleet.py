@@ -13,19 +13,27 @@ A journal is read by the journal's own readers (`trainctl.journal_events`): its 
 Where `job show` skips a bad line and shows the rest, folding refuses the whole journal
 (`parse_journal_bytes`): its rows are keyed by line number and count what the events say, so a
 journal with a line the supervisor never writes is damaged, and nothing of it is counted.
+
+The lemon rule reads the strikes back by failure family (`strike_families`: the one place a
+strike's cause is named, from the rows the history keeps): a node is a lemon when one family
+recurs, and a family's strikes stop counting once the node has served enough jobs since its
+last strike of that family.
 """
 
 from __future__ import annotations
 
+import bisect
 import errno
 import glob
 import os
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from trainctl.health.xid_catalog import GPU, GPU_MEMORY, GPU_RESET, NVLINK, xid_info
 from trainctl.jobdir_names import DIR_PREFIX, JOURNAL
 from trainctl.sweep.model import JobEventRow, JobRow
 
@@ -233,6 +241,83 @@ def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_
     return result
 
 
+# ------------------------------------------------------------------ failure families (pure)
+
+# A strike's family is the cause it points at. The Xid families are the catalogue's
+# (trainctl.health.xid_catalog: by the cause NVIDIA's Xid catalogue gives); the checks that look
+# at the same part join them (gpu.ecc beside Xid 48). An Xid the catalogue puts on the
+# application, or calls informational, has no family and strikes nobody.
+LINK, FABRIC, COMPUTE, HANG, HOST, OTHER = "link", "fabric", "compute", "hang", "host", "other"
+FAMILIES: dict[str, str] = {   # family -> what strikes in it (the report's legend)
+    GPU_MEMORY: "GPU memory: ECC errors, row remapping (Xid 48, 57, 58, 63, 64, 92, 94, 95, 140; gpu.ecc, "
+                "gpu.row_remap)",
+    GPU_RESET: "a GPU off the bus, not answering or asking for a reset (Xid 79, 119, 120, 154 ...; gpu.smi, "
+               "gpu.visible, gpu.count, gpu.reset)",
+    NVLINK: "NVLink, NVSwitch and C2C (Xid 74, 121, 144-150; nvlink.*, nvswitch.sxid, gpu.fabric)",
+    GPU: "the GPU's other faults (Xid 44, 80, 81, 110, 122-125; dcgm.diag, pcie.links, other gpu.* checks)",
+    LINK: "the node's network links (ib.*, net.*; the watch's link-wait rule)",
+    FABRIC: "the gate's fabric test (pairwise all_reduce: a straggler, a slow intra-node figure)",
+    COMPUTE: "slow compute (the gate's compute test, gpu.clock_events; the watch's own-time rule)",
+    HANG: "stopped answering (the watch's hang; lost during the gate, no health report)",
+    HOST: "the host's state (host.*, node.versions, topo.affinity, gpu.processes, gpu.persistence)",
+    OTHER: "anything else (a cause this trainctl does not know; a slowdown whose evidence names no rule)",
+}
+CHECK_FAMILIES = {
+    "gpu.ecc": GPU_MEMORY, "gpu.row_remap": GPU_MEMORY,
+    "gpu.smi": GPU_RESET, "gpu.visible": GPU_RESET, "gpu.count": GPU_RESET, "gpu.reset": GPU_RESET,
+    "gpu.fabric": NVLINK, "nvswitch.sxid": NVLINK,
+    "gpu.clock_events": COMPUTE, "compute": COMPUTE, "compute fail-slow": COMPUTE,
+    "gpu.processes": HOST, "gpu.persistence": HOST,
+    "fabric": FABRIC,
+    "lost during the gate": HANG, "no health report": HANG,   # the gate's causes (trainctl.job.gate)
+}
+CHECK_PREFIX_FAMILIES = {"gpu": GPU, "dcgm": GPU, "pcie": GPU, "nvlink": NVLINK, "ib": LINK, "net": LINK,
+                         "host": HOST, "node": HOST, "topo": HOST}
+# The watch's slow detection names nodes by one of two rules, and says which (trainctl.job.watch).
+OWN_TIME_RULE, LINK_WAIT_RULE = "(rule own-time:", "(rule link-wait:"
+_XID_NUMBER = re.compile(r"\bXid (\d+)\b")
+_CHECK_AT = re.compile(r"(?:^|; )([a-z][a-z0-9_]*\.[a-z0-9_]+): ")          # a sweep's "check: reason; ..."
+_NODE_CHECK_AT = re.compile(r"(?:^|; )([^\s:;]+): ([a-z][a-z0-9_]*\.[a-z0-9_]+): ")  # the watch's "node: check: ..."
+
+
+def strike_families(kind: str, what: str, detail: str, host: str) -> tuple[str, ...]:
+    """The failure families one strike of `host` counts in, from what the history keeps of it:
+    an exclusion's checks and reasons, a detection's kind and evidence, a failed sweep's "check:
+    reason" list. Empty only where every cause is an Xid that strikes nobody."""
+    if kind == EXCLUSION:
+        found = [check_families(check, detail) for check in what.split(", ") if check]
+    elif kind == DETECTION and what == "hung":
+        found = [(HANG,)]
+    elif kind == DETECTION and what == "slow":
+        found = [(LINK,) if LINK_WAIT_RULE in detail else (COMPUTE,) if OWN_TIME_RULE in detail else (OTHER,)]
+    elif kind == DETECTION and what == "sick":
+        found = [check_families(check, text) for node, check, text in _segments(_NODE_CHECK_AT, detail)
+                 if node == host]
+    elif kind == SWEEP_FAILED:
+        found = [check_families(check, text) for check, text in _segments(_CHECK_AT, detail)]
+    else:
+        found = []
+    return tuple(sorted({family for families in found for family in families})) if found else (OTHER,)
+
+
+def check_families(check: str, text: str) -> tuple[str, ...]:
+    """A check's (or a gate cause's) family; gpu.xid's are its Xids' (the catalogue's), the GPU's
+    other faults where no Xid can be read, none where every Xid is the application's."""
+    if check == "gpu.xid":
+        numbers = {int(n) for n in _XID_NUMBER.findall(text)}
+        if not numbers:
+            return (GPU,)
+        return tuple(sorted({xid_info(n).family for n in numbers} - {None}))
+    return (CHECK_FAMILIES.get(check) or CHECK_PREFIX_FAMILIES.get(check.split(".", 1)[0]) or OTHER,)
+
+
+def _segments(pattern: re.Pattern, text: str) -> list[tuple[str, ...]]:
+    """Each match's groups, with the text up to the next match: "a.b: x; c.d: y" -> (a.b, x), (c.d, y)."""
+    matches = list(pattern.finditer(text))
+    return [(*match.groups(), text[match.end():after.start() if after else len(text)])
+            for match, after in zip(matches, matches[1:] + [None])]
+
+
 # ------------------------------------------------------------------ the lemon rule (pure)
 
 @dataclass(frozen=True)
@@ -242,18 +327,22 @@ class LemonRule:
     exclusion: float
     detection: float
     sweep: float
+    forgive_after_jobs: int
 
     @classmethod
     def from_site(cls, fleet) -> LemonRule:
         return cls(fleet.lemon_strikes, fleet.lemon_days, fleet.exclusion_strike, fleet.detection_strike,
-                   fleet.sweep_strike)
+                   fleet.sweep_strike, fleet.forgive_after_jobs)
 
     def weight(self, kind: str) -> float:
         return {EXCLUSION: self.exclusion, DETECTION: self.detection, SWEEP_FAILED: self.sweep}[kind]
 
     def describe(self) -> str:
-        return (f"{self.strikes:g} strikes in {self.days:g} days (a job's gate exclusion {self.exclusion:g}, "
-                f"a job's watch detection {self.detection:g}, a failed sweep {self.sweep:g})")
+        forgiven = (f"; a family's strikes stop counting once the node has served {self.forgive_after_jobs} jobs "
+                    "since its last strike of it" if self.forgive_after_jobs else "")
+        return (f"{self.strikes:g} strikes of one failure family in {self.days:g} days (a job's gate exclusion "
+                f"{self.exclusion:g}, a job's watch detection {self.detection:g}, a failed sweep {self.sweep:g})"
+                + forgiven)
 
 
 @dataclass(frozen=True)
@@ -265,47 +354,124 @@ class Strike:
     what: str
     detail: str
     weight: float
+    families: tuple[str, ...]   # the failure families its event names (it counts in each, once per job)
+
+
+@dataclass(frozen=True)
+class FamilyStrikes:
+    """One node's strikes of one failure family in the rule's window, and its service since."""
+    family: str
+    evidence: tuple[Strike, ...]      # oldest first
+    served_since: int                 # jobs the node served after the family's last strike
+    forgiven: bool                    # served enough since: these strikes no longer count
+
+    @property
+    def strikes(self) -> float:
+        return sum(strike.weight for strike in self.evidence)
+
+    def enough(self, rule: LemonRule) -> bool:
+        """As many strikes as the rule asks for, served since or not."""
+        return self.strikes >= rule.strikes and self.strikes > 0
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One node's strikes in the rule's window, by family (the most strikes first)."""
+    host: str
+    families: tuple[FamilyStrikes, ...]
+
+    def recurring(self, rule: LemonRule) -> tuple[FamilyStrikes, ...]:
+        """The families that make it a lemon: enough strikes, not forgiven."""
+        return tuple(family for family in self.families if family.enough(rule) and not family.forgiven)
+
+    def cleared(self, rule: LemonRule) -> tuple[FamilyStrikes, ...]:
+        """The families that would make it a lemon but for the jobs it served since their last strike."""
+        return tuple(family for family in self.families if family.enough(rule) and family.forgiven)
 
 
 @dataclass(frozen=True)
 class Lemon:
     host: str
-    strikes: float
-    evidence: tuple[Strike, ...]      # oldest first
+    families: tuple[FamilyStrikes, ...]   # the families that recur, the most strikes first
+
+    @property
+    def strikes(self) -> float:
+        """The strikes of its worst family."""
+        return self.families[0].strikes
+
+    @property
+    def evidence(self) -> tuple[Strike, ...]:
+        """Every strike of the families that recur, oldest first (one that counts in two, once)."""
+        return tuple(sorted(dict.fromkeys(s for family in self.families for s in family.evidence), key=lambda s: s.at))
 
     @property
     def jobs(self) -> tuple[str, ...]:
         return tuple(sorted({s.source for s in self.evidence if s.kind != SWEEP_FAILED}))
 
 
-def find_lemons(rule: LemonRule, job_events: Iterable[JobEventRow],
-                sweep_failures: Iterable[tuple[str, int, float, str]]) -> list[Lemon]:
-    """The nodes with at least `rule.strikes` in the rule's window (the rows given are that window's).
+def judge_nodes(rule: LemonRule, job_events: Iterable[JobEventRow],
+                sweep_failures: Iterable[tuple[str, int, float, str]],
+                served: Iterable[tuple[str, str, float]]) -> list[Standing]:
+    """Every struck node's standing in the rule's window (the rows given are that window's).
 
-    A job strikes a node once per kind, however often it says so (a gate run again after a
-    detection, a detection repeated after a restart); each failed sweep strikes once."""
-    strikes: dict[str, list[Strike]] = defaultdict(list)
-    seen: set[tuple[str, str, str]] = set()
+    A job strikes a node once per kind and family, however often it says so (a gate run again
+    after a detection, a detection repeated after a restart); each failed sweep strikes once per
+    family. `served` is (host, job, when it last served it): a family's strikes are forgiven once
+    the node served `rule.forgive_after_jobs` jobs after the family's last strike."""
+    strikes: dict[str, dict[str, list[Strike]]] = defaultdict(lambda: defaultdict(list))
+    seen: set[tuple[str, str, str, str]] = set()
     for event in sorted(job_events, key=lambda e: (e.at, e.job_id, e.line)):
-        if event.kind not in (EXCLUSION, DETECTION) or (event.host, event.job_id, event.kind) in seen:
+        if event.kind not in (EXCLUSION, DETECTION):
             continue
-        seen.add((event.host, event.job_id, event.kind))
-        strikes[event.host].append(Strike(event.host, event.at, event.kind, f"job {event.job_id}", event.what,
-                                          event.detail, rule.weight(event.kind)))
-    for host, sweep_id, at, checks in sweep_failures:
-        strikes[host].append(Strike(host, at, SWEEP_FAILED, f"sweep #{sweep_id}", "sweep", checks, rule.sweep))
-    lemons = []
-    for host, found in strikes.items():
-        total = sum(s.weight for s in found)
-        if total >= rule.strikes and total > 0:
-            lemons.append(Lemon(host, total, tuple(sorted(found, key=lambda s: s.at))))
+        families = strike_families(event.kind, event.what, event.detail, event.host)
+        strike = Strike(event.host, event.at, event.kind, f"job {event.job_id}", event.what, event.detail,
+                        rule.weight(event.kind), families)
+        for family in families:
+            if (event.host, event.job_id, event.kind, family) not in seen:
+                seen.add((event.host, event.job_id, event.kind, family))
+                strikes[event.host][family].append(strike)
+    for host, sweep_id, at, checks in sorted(sweep_failures, key=lambda row: row[2]):
+        families = strike_families(SWEEP_FAILED, "sweep", checks, host)
+        strike = Strike(host, at, SWEEP_FAILED, f"sweep #{sweep_id}", "sweep", checks, rule.sweep, families)
+        for family in families:
+            strikes[host][family].append(strike)
+    last_served: dict[str, dict[str, float]] = defaultdict(dict)
+    for host, job, at in served:
+        if host in strikes:
+            last_served[host][job] = max(at, last_served[host].get(job, at))
+    standings = []
+    for host, by_family in strikes.items():
+        served_at = sorted(last_served[host].values())
+        families = []
+        for family, evidence in by_family.items():
+            since = len(served_at) - bisect.bisect_right(served_at, evidence[-1].at)
+            families.append(FamilyStrikes(family, tuple(evidence), since,
+                                          0 < rule.forgive_after_jobs <= since))
+        standings.append(Standing(host, tuple(sorted(families, key=lambda f: (-f.strikes, f.family)))))
+    return standings
+
+
+def lemons_of(rule: LemonRule, standings: Iterable[Standing]) -> list[Lemon]:
+    """The nodes with a family that recurs: at least `rule.strikes` of it, not forgiven; the most first."""
+    lemons = [Lemon(standing.host, recurring) for standing in standings
+              for recurring in (standing.recurring(rule),) if recurring]
     return sorted(lemons, key=lambda lemon: (-lemon.strikes, lemon.host))
 
 
+def find_lemons(rule: LemonRule, job_events: Iterable[JobEventRow],
+                sweep_failures: Iterable[tuple[str, int, float, str]],
+                served: Iterable[tuple[str, str, float]] = ()) -> list[Lemon]:
+    return lemons_of(rule, judge_nodes(rule, job_events, sweep_failures, served))
+
+
 def current_lemons(history, rule: LemonRule, now: float) -> list[Lemon]:
-    """The lemons by the rule, now, from the history."""
+    """The lemons by the rule, now, from the history: the rule window's strikes, and the jobs the
+    struck nodes served in it."""
     since = now - rule.days * 86400
-    return find_lemons(rule, history.job_events(since, (EXCLUSION, DETECTION)), history.sweep_failures(since))
+    events, failures = history.job_events(since, (EXCLUSION, DETECTION)), history.sweep_failures(since)
+    struck = {event.host for event in events} | {row[0] for row in failures}
+    served = history.served_jobs(since, struck) if struck and rule.forgive_after_jobs else []
+    return find_lemons(rule, events, failures, served)
 
 
 LEMONS_FORMAT = "trainctl-lemons-1"
@@ -316,7 +482,8 @@ def lemons_document(site: str, rule: LemonRule, lemons: list[Lemon], now: float)
     import json
 
     return json.dumps({"format": LEMONS_FORMAT, "site": site, "generated_at": now, "rule": rule.describe(),
-                       "lemons": [{"host": lemon.host, "strikes": lemon.strikes, "jobs": list(lemon.jobs)}
+                       "lemons": [{"host": lemon.host, "strikes": lemon.strikes, "jobs": list(lemon.jobs),
+                                   "families": {f.family: f.strikes for f in lemon.families}}
                                   for lemon in lemons]}, indent=1) + "\n"
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from trainctl.slurm import fold_hostlist
 from trainctl.sweep.model import STATUS_CODE, DrainRow, NodeRow, ResultRow, SweepRow
+from trainctl.sweep.fleet import FAMILIES, FamilyStrikes, Lemon
 from trainctl.sweep.report import Fleet, Group, NodeFleet, Report
 from trainctl.text import printable
 
@@ -103,15 +104,38 @@ def to_text(report: Report, tz: datetime.tzinfo | None = None) -> str:
     return _lines(lines)
 
 
-def node_fleet_text(node: NodeFleet) -> str:
-    return (f"left out by {node.jobs_excluded} jobs, {node.detections} detections, {node.sweeps_failed} sweeps "
+def node_fleet_text(node: NodeFleet, fleet: Fleet) -> str:
+    text = (f"left out by {node.jobs_excluded} jobs, {node.detections} detections, {node.sweeps_failed} sweeps "
             f"failed, served {node.jobs_served} jobs")
+    if node.families:
+        text += f"; strikes in the rule's {fleet.rule.days:g} days: {families_text(node.families)}"
+    return text
+
+
+def families_text(families: Iterable[FamilyStrikes]) -> str:
+    """`gpu-memory 3 (forgiven: served 12 jobs since its last), hang 1`: a node's strikes by family."""
+    def served(family: FamilyStrikes) -> str:
+        since = f"served {_jobs(family.served_since)} since its last"
+        return f" (forgiven: {since})" if family.forgiven else f" ({since})" if family.served_since else ""
+    return ", ".join(f"{f.family} {f.strikes:g}{served(f)}" for f in families)
+
+
+def lemon_text(lemon: Lemon) -> str:
+    """`3 nvlink strikes, 3 jobs; served 2 jobs since its last nvlink strike`."""
+    counts = " and ".join(f"{f.strikes:g} {f.family}" for f in lemon.families)
+    served = "; ".join(f"served {_jobs(f.served_since)} since its last {f.family} strike"
+                       for f in lemon.families if f.served_since)
+    return f"{counts} strikes, {len(lemon.jobs)} jobs" + (f"; {served}" if served else "")
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job{'' if count == 1 else 's'}"
 
 
 def strike_text(strike, tz: datetime.tzinfo | None = None) -> str:
     what = {"exclusion": "gate left it out", "detection": f"watch: {strike.what}", "sweep": "failed"}[strike.kind]
     detail = f": {strike.detail}" if strike.detail else ""
-    return f"{local_time(strike.at, tz)} {strike.source} {what}{detail}"
+    return f"{local_time(strike.at, tz)} [{', '.join(strike.families)}] {strike.source} {what}{detail}"
 
 
 def fleet_text(fleet: Fleet, report: Report, tz: datetime.tzinfo | None = None) -> list[str]:
@@ -119,16 +143,20 @@ def fleet_text(fleet: Fleet, report: Report, tz: datetime.tzinfo | None = None) 
     lines = ["", f"JOBS AND SWEEPS PER NODE (last {window_label(report)}): {len(struck)} nodes with strikes, "
                  f"{len(fleet.nodes)} nodes seen by jobs or failing a sweep"]
     width = max([len(n.host) for n in struck[:FLEET_ROWS]] + [5])
-    lines += [f"  {n.host:<{width}}  {node_fleet_text(n)}" for n in struck[:FLEET_ROWS]]
+    lines += [f"  {n.host:<{width}}  {node_fleet_text(n, fleet)}" for n in struck[:FLEET_ROWS]]
     if len(struck) > FLEET_ROWS:
         lines.append(f"  ... {len(struck) - FLEET_ROWS} more (--format json)")
     lines += ["", f"LEMONS ({fleet.rule.describe()}): "
                   + (fold_hostlist([lemon.host for lemon in fleet.lemons]) if fleet.lemons else "none")]
     for lemon in fleet.lemons[:FLEET_ROWS]:
-        lines.append(f"  {lemon.host}  {lemon.strikes:g} strikes, {len(lemon.jobs)} jobs")
+        lines.append(f"  {lemon.host}  {lemon_text(lemon)}")
         lines += [f"    {strike_text(strike, tz)}" for strike in lemon.evidence]
     if len(fleet.lemons) > FLEET_ROWS:
         lines.append(f"  ... {len(fleet.lemons) - FLEET_ROWS} more (--format json)")
+    if fleet.cleared:
+        lines += ["", f"CLEARED BY SERVICE (enough strikes of a family, but {fleet.rule.forgive_after_jobs} jobs "
+                      f"served since its last): {fold_hostlist([s.host for s in fleet.cleared])}"]
+        lines += [f"  {s.host}  {families_text(s.cleared(fleet.rule))}" for s in fleet.cleared[:FLEET_ROWS]]
     return lines
 
 
@@ -168,14 +196,24 @@ def fleet_json(fleet: Fleet) -> dict:
     rule = fleet.rule
     return {
         "rule": {"strikes": rule.strikes, "days": rule.days, "exclusion_strike": rule.exclusion,
-                 "detection_strike": rule.detection, "sweep_strike": rule.sweep},
+                 "detection_strike": rule.detection, "sweep_strike": rule.sweep,
+                 "forgive_after_jobs": rule.forgive_after_jobs, "text": rule.describe()},
         "nodes": [{"host": n.host, "jobs_excluded": n.jobs_excluded, "detections": n.detections,
-                   "sweeps_failed": n.sweeps_failed, "jobs_served": n.jobs_served} for n in fleet.nodes],
+                   "sweeps_failed": n.sweeps_failed, "jobs_served": n.jobs_served,
+                   "families": families_json(n.families)} for n in fleet.nodes],
         "lemons": [{"host": lemon.host, "strikes": lemon.strikes, "jobs": list(lemon.jobs),
+                    "families": families_json(lemon.families),
                     "evidence": [{"at": iso_utc(s.at), "source": s.source, "kind": s.kind, "what": s.what,
-                                  "detail": s.detail, "weight": s.weight} for s in lemon.evidence]}
+                                  "detail": s.detail, "weight": s.weight, "families": list(s.families)}
+                                 for s in lemon.evidence]}
                    for lemon in fleet.lemons],
+        "cleared": [{"host": s.host, "families": families_json(s.cleared(rule))} for s in fleet.cleared],
     }
+
+
+def families_json(families: Iterable[FamilyStrikes]) -> list[dict]:
+    return [{"family": f.family, "strikes": f.strikes, "served_since": f.served_since, "forgiven": f.forgiven}
+            for f in families]
 
 
 def to_json(report: Report) -> str:
@@ -218,17 +256,21 @@ def to_markdown(report: Report, tz: datetime.tzinfo | None = None) -> str:
         fleet = report.fleet
         struck = fleet.struck
         lines += ["", f"## Jobs and sweeps per node ({len(struck)} nodes with strikes)", "",
-                  "| node | jobs that left it out | detections | sweeps failed | jobs served |", "|---|---|---|---|---|"]
-        lines += [f"| {n.host} | {n.jobs_excluded} | {n.detections} | {n.sweeps_failed} | {n.jobs_served} |"
-                  for n in struck[:FLEET_ROWS]]
+                  "| node | jobs that left it out | detections | sweeps failed | jobs served | "
+                  f"strikes by family ({fleet.rule.days:g} days) |", "|---|---|---|---|---|---|"]
+        lines += [f"| {n.host} | {n.jobs_excluded} | {n.detections} | {n.sweeps_failed} | {n.jobs_served} | "
+                  f"{_md(families_text(n.families))} |" for n in struck[:FLEET_ROWS]]
         if len(struck) > FLEET_ROWS:
             lines.append(f"\n{len(struck) - FLEET_ROWS} more nodes with strikes: see `--format json`.")
         lines += ["", "## Lemons", "", f"Rule: {_md(fleet.rule.describe())}.", ""]
         if not fleet.lemons:
             lines.append("None.")
         for lemon in fleet.lemons[:FLEET_ROWS]:
-            lines += [f"- **{lemon.host}**: {lemon.strikes:g} strikes, {len(lemon.jobs)} jobs"]
+            lines += [f"- **{lemon.host}**: {_md(lemon_text(lemon))}"]
             lines += [f"  - {_md(strike_text(strike, tz))}" for strike in lemon.evidence]
+        if fleet.cleared:
+            lines += ["", "## Cleared by service", ""]
+            lines += [f"- **{s.host}**: {_md(families_text(s.cleared(fleet.rule)))}" for s in fleet.cleared[:FLEET_ROWS]]
     return _lines(lines)
 
 
@@ -322,33 +364,58 @@ def to_html(report: Report, tz: datetime.tzinfo | None = None) -> str:
 
 
 TIMELINE_COLOURS = {"exclusion": "#d32f2f", "detection": "#ff7043", "served": "#4caf50", "sweep failed": "#6a1b9a",
-                    "sweep passed": "#90caf9"}
+                    "sweep passed": "#90caf9", "drained": "#263238", "drain lifted": "#b0bec5"}
 
 
 def fleet_html(fleet: Fleet, tz: datetime.tzinfo | None = None) -> list[str]:
     struck = fleet.struck
     parts = [f"<h2>Jobs and sweeps per node ({len(struck)} nodes with strikes)</h2>",
              '<table class="fleet"><tr><th>node</th><th>jobs that left it out</th><th>detections</th>'
-             "<th>sweeps failed</th><th>jobs served</th></tr>"]
+             f"<th>sweeps failed</th><th>jobs served</th><th>strikes by family ({fleet.rule.days:g} days)</th></tr>"]
     parts += [f"<tr><td>{_h(n.host)}</td><td>{n.jobs_excluded}</td><td>{n.detections}</td><td>{n.sweeps_failed}</td>"
-              f"<td>{n.jobs_served}</td></tr>" for n in struck[:FLEET_ROWS]]
+              f"<td>{n.jobs_served}</td><td>{_h(families_text(n.families))}</td></tr>" for n in struck[:FLEET_ROWS]]
     parts.append("</table>")
     if len(struck) > FLEET_ROWS:
         parts.append(f"<p>{len(struck) - FLEET_ROWS} more nodes with strikes: see --format json.</p>")
-    parts += [f"<h2>Lemons ({len(fleet.lemons)})</h2>", f"<p>Rule: {_h(fleet.rule.describe())}.</p>"]
+    parts += [f"<h2>Lemons ({len(fleet.lemons)})</h2>", f"<p>Rule: {_h(fleet.rule.describe())}.</p>",
+              _families_legend(fleet)]
     if not fleet.lemons:
         parts.append("<p>None.</p>")
     for lemon in fleet.lemons:
-        items = fleet.timelines.get(lemon.host, ())
-        parts.append(f'<h3 class="lemon" data-host="{_h(lemon.host)}">{_h(lemon.host)}: {lemon.strikes:g} strikes, '
-                     f"{len(lemon.jobs)} jobs</h3>")
-        if items:
-            parts.append(timeline_svg(lemon.host, items, tz))
-            parts.append('<table class="timeline"><tr><th>when</th><th>job or sweep</th><th>what</th></tr>')
-            parts += [f'<tr data-kind="{_h(i.kind)}"><td>{_h(local_time(i.at, tz))}</td><td>{_h(i.source)}</td>'
-                      f"<td>{_badge_colour(i.kind)} {_h(i.text)}</td></tr>" for i in items]
-            parts.append("</table>")
+        parts.append(f'<h3 class="lemon" data-host="{_h(lemon.host)}">{_h(lemon.host)}: {_h(lemon_text(lemon))}</h3>')
+        parts += node_timeline_html(lemon.host, fleet.timelines.get(lemon.host, ()), tz)
+    if fleet.cleared:
+        parts += [f"<h2>Cleared by service ({len(fleet.cleared)})</h2>",
+                  f"<p>Enough strikes of a family to be lemons, but {fleet.rule.forgive_after_jobs} jobs or more "
+                  "served since its last strike: those strikes no longer count.</p>"]
+        for standing in fleet.cleared:
+            parts.append(f'<h3 class="cleared" data-host="{_h(standing.host)}">{_h(standing.host)}: '
+                         f"{_h(families_text(standing.cleared(fleet.rule)))}</h3>")
+            parts += node_timeline_html(standing.host, fleet.timelines.get(standing.host, ()), tz)
     return parts
+
+
+def node_timeline_html(host: str, items, tz: datetime.tzinfo | None = None) -> list[str]:
+    """A node's strikes (with their families), the jobs it served and its drains: the time axis, then the rows."""
+    if not items:
+        return []
+    parts = [timeline_svg(host, items, tz),
+             '<table class="timeline"><tr><th>when</th><th>job, sweep or drain</th><th>family</th><th>what</th></tr>']
+    parts += [f'<tr data-kind="{_h(i.kind)}" data-family="{_h(" ".join(i.families))}"><td>{_h(local_time(i.at, tz))}'
+              f"</td><td>{_h(i.source)}</td><td>{_h(', '.join(i.families))}</td>"
+              f"<td>{_badge_colour(i.kind)} {_h(i.text)}</td></tr>" for i in items]
+    parts.append("</table>")
+    return parts
+
+
+def _families_legend(fleet: Fleet) -> str:
+    """What each family that strikes a node here counts."""
+    shown = {f.family for node in fleet.nodes for f in node.families}
+    shown |= {f.family for lemon in fleet.lemons for f in lemon.families}
+    if not shown:
+        return ""
+    items = "".join(f"<li><code>{_h(name)}</code>: {_h(text)}</li>" for name, text in FAMILIES.items() if name in shown)
+    return f'<ul class="families">{items}</ul>'
 
 
 def _badge_colour(kind: str) -> str:
@@ -365,8 +432,10 @@ def timeline_svg(host: str, items, tz: datetime.tzinfo | None = None) -> str:
            f'<line x1="{pad}" y1="14" x2="{width - pad}" y2="14" stroke="#999"/>']
     for item in items:
         x = pad + (item.at - first) / span * (width - 2 * pad)
+        family = f" [{', '.join(item.families)}]" if item.families else ""
         out.append(f'<circle cx="{x:.1f}" cy="14" r="5" fill="{TIMELINE_COLOURS.get(item.kind, "#999")}">'
-                   f"<title>{_h(local_time(item.at, tz))} {_h(item.source)}: {_h(item.text or item.kind)}</title></circle>")
+                   f"<title>{_h(local_time(item.at, tz))} {_h(item.source)}{_h(family)}: {_h(item.text or item.kind)}"
+                   "</title></circle>")
     out.append(f'<text x="{pad}" y="31">{_h(local_time(first, tz))}</text>')
     out.append(f'<text x="{width - pad}" y="31" text-anchor="end">{_h(local_time(last, tz))}</text></svg>')
     return "".join(out)
@@ -468,6 +537,11 @@ def to_prometheus(latest: Iterable[tuple[ResultRow, float]], current: Iterable[N
             lines += [f"# HELP trainctl_node_{name} {what}, over the report's window.",
                       f"# TYPE trainctl_node_{name} gauge"]
             lines += [f'trainctl_node_{name}{{node="{_label(n.host)}"}} {getattr(n, attr)}' for n in fleet.nodes]
+        lines += [f"# HELP trainctl_node_family_strikes Strikes of a node by failure family over the lemon rule's "
+                  f"{fleet.rule.days:g} days (those its service since forgave included).",
+                  "# TYPE trainctl_node_family_strikes gauge"]
+        lines += [f'trainctl_node_family_strikes{{node="{_label(n.host)}",family="{f.family}"}} {f.strikes:g}'
+                  for n in fleet.nodes for f in n.families]
         lines += [f"# HELP trainctl_node_lemon_strikes Strikes of a lemon: {fleet.rule.describe()}.",
                   "# TYPE trainctl_node_lemon_strikes gauge"]
         lines += [f'trainctl_node_lemon_strikes{{node="{_label(lemon.host)}"}} {lemon.strikes:g}'

@@ -21,9 +21,10 @@ Rules:
   the node's last verdict of that night, so a node's newest cell is its current state;
 - fleet memory, per node over the window: the jobs whose gate left it out, the watch's
   detections naming it, the full sweeps it failed, the jobs it served (trained through a step
-  that ended well); the lemons are judged by the site's rule over the rule's own days
-  (`trainctl.sweep.fleet.find_lemons`), each with its evidence and its timeline across jobs
-  and sweeps.
+  that ended well), and its strikes by failure family over the rule's own days; the lemons are
+  judged by the site's rule over those days (`trainctl.sweep.fleet.judge_nodes`: one family that
+  recurs, not forgiven by the jobs served since), each with its evidence and its timeline across
+  jobs, sweeps and drains; so are the nodes the jobs they served cleared.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ from dataclasses import dataclass, field
 
 from trainctl.slurm import fold_hostlist
 from trainctl.sweep.db import History
-from trainctl.sweep.fleet import DETECTION, EXCLUSION, SERVED, Lemon, LemonRule, find_lemons
+from trainctl.sweep.fleet import (DETECTION, EXCLUSION, SERVED, SWEEP_FAILED, FamilyStrikes, Lemon, LemonRule,
+                                  Standing, judge_nodes, lemons_of, strike_families)
 from trainctl.sweep.model import CHECKED, ERROR, NOT_SWEPT, TIMEOUT, DrainRow, JobEventRow, NodeRow, ResultRow, SweepRow
 
 GRID_MAX_ROWS = 200
-LEMON_TIMELINES = 50      # lemons whose timeline the HTML report draws (the most strikes first)
+LEMON_TIMELINES = 50      # lemons (and as many cleared nodes) whose timeline the HTML report draws
 DAY_S = 86400
 FLAP_CHANGES = 2
 PROBLEM_ORDER = {"fail": 0, "unknown": 1, "warn": 2}
@@ -70,8 +72,10 @@ class FleetData:
     failed_sweeps: list[tuple[str, int, float, str]]    # in the report's window
     strikes: list[JobEventRow]                          # exclusions and detections in the rule's window
     strike_sweeps: list[tuple[str, int, float, str]]    # failed sweeps in the rule's window
-    timeline_events: list[JobEventRow]                  # every job event of the lemons, both windows
-    timeline_passes: list[tuple[str, int, float]]       # the sweeps the lemons passed, both windows
+    served: list[tuple[str, str, float]]                # (host, job, when) the struck nodes served, rule's window
+    timeline_events: list[JobEventRow]                  # every job event of the timelines' nodes, both windows
+    timeline_passes: list[tuple[str, int, float]]       # the sweeps those nodes passed, both windows
+    timeline_drains: list[DrainRow]                     # trainctl's drains of those nodes, open or lifted
 
 
 def load_report_data(history: History, since: float, rule: LemonRule | None = None,
@@ -96,10 +100,27 @@ def load_fleet_data(history: History, since: float, rule: LemonRule, now: float 
     failed = history.sweep_failures(both)   # one pass over the node rows for both windows
     strikes = history.job_events(rule_since, (EXCLUSION, DETECTION))
     strike_sweeps = [row for row in failed if row[2] >= rule_since]
-    lemons = [lemon.host for lemon in find_lemons(rule, strikes, strike_sweeps)][:LEMON_TIMELINES]
+    struck = {event.host for event in strikes} | {row[0] for row in strike_sweeps}
+    served = history.served_jobs(rule_since, struck) if struck and rule.forgive_after_jobs else []
+    shown = timeline_hosts(rule, judge_nodes(rule, strikes, strike_sweeps, served))
     return FleetData(rule, history.job_counts(since), [row for row in failed if row[2] >= since], strikes,
-                     strike_sweeps, history.job_events(both, (EXCLUSION, DETECTION, SERVED), lemons) if lemons else [],
-                     history.sweep_passes(both, lemons) if lemons else [])
+                     strike_sweeps, served,
+                     history.job_events(both, (EXCLUSION, DETECTION, SERVED), shown) if shown else [],
+                     history.sweep_passes(both, shown) if shown else [],
+                     [drain for drain in history.drains() if drain.host in shown] if shown else [])
+
+
+def timeline_hosts(rule: LemonRule, standings: list[Standing]) -> list[str]:
+    """The nodes whose timeline the report draws: the lemons with the most strikes, and as many of
+    the nodes that would be lemons but for the jobs they served since."""
+    return ([lemon.host for lemon in lemons_of(rule, standings)][:LEMON_TIMELINES]
+            + [standing.host for standing in cleared_nodes(rule, standings)][:LEMON_TIMELINES])
+
+
+def cleared_nodes(rule: LemonRule, standings: list[Standing]) -> tuple[Standing, ...]:
+    """The nodes a family would make lemons but for the jobs they served since, the most strikes first."""
+    return tuple(sorted((s for s in standings if s.cleared(rule)),
+                        key=lambda s: (-s.cleared(rule)[0].strikes, _natural_key(s.host))))
 
 
 @dataclass(frozen=True)
@@ -157,6 +178,7 @@ class NodeFleet:
     detections: int            # the watch's detections naming it
     sweeps_failed: int         # full sweeps it failed
     jobs_served: int           # jobs it trained for through a step that ended well
+    families: tuple[FamilyStrikes, ...]   # its strikes by family over the rule's days, the most first
 
     @property
     def strikes_seen(self) -> bool:
@@ -166,9 +188,10 @@ class NodeFleet:
 @dataclass(frozen=True)
 class TimelineItem:
     at: float
-    source: str                # "job 1234" or "sweep #56"
-    kind: str                  # exclusion, detection, served, sweep failed, sweep passed
+    source: str                # "job 1234", "sweep #56" or "drain"
+    kind: str                  # exclusion, detection, served, sweep failed, sweep passed, drained, drain lifted
     text: str
+    families: tuple[str, ...] = ()   # a strike's failure families
 
 
 @dataclass(frozen=True)
@@ -176,7 +199,8 @@ class Fleet:
     rule: LemonRule
     nodes: tuple[NodeFleet, ...]                   # every node with a job verdict or a failed sweep, natural order
     lemons: tuple[Lemon, ...]                      # the most strikes first
-    timelines: dict[str, tuple[TimelineItem, ...]]   # lemon -> its jobs and sweeps, oldest first
+    timelines: dict[str, tuple[TimelineItem, ...]]   # lemon or cleared node -> its jobs, sweeps, drains, oldest first
+    cleared: tuple[Standing, ...]                  # nodes a family would make lemons but for the jobs served since
 
     @property
     def struck(self) -> tuple[NodeFleet, ...]:
@@ -281,30 +305,41 @@ def build_report(data: ReportData, now: float, since: float,
 
 
 def build_fleet(data: FleetData) -> Fleet:
+    standings = judge_nodes(data.rule, data.strikes, data.strike_sweeps, data.served)
+    by_host = {standing.host: standing.families for standing in standings}
     per_node: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for host, kind, job_count, events in data.counts:
         per_node[host][kind] = events if kind == DETECTION else job_count
     for host, *_ in data.failed_sweeps:
         per_node[host]["sweep"] += 1
-    nodes = tuple(NodeFleet(host, c[EXCLUSION], c[DETECTION], c["sweep"], c[SERVED])
+    nodes = tuple(NodeFleet(host, c[EXCLUSION], c[DETECTION], c["sweep"], c[SERVED], by_host.get(host, ()))
                   for host in _natural(per_node) for c in (per_node[host],))
-    lemons = tuple(find_lemons(data.rule, data.strikes, data.strike_sweeps))
+    lemons = tuple(lemons_of(data.rule, standings))
+    shown = set(timeline_hosts(data.rule, standings))
     timelines: dict[str, list[TimelineItem]] = defaultdict(list)
-    shown = {lemon.host for lemon in lemons[:LEMON_TIMELINES]}
     for event in data.timeline_events:
         if event.host in shown:
             text = {EXCLUSION: f"gate left it out: {event.detail or event.what}",
                     DETECTION: f"watch: {event.what}: {event.detail}", SERVED: "trained fine"}[event.kind]
-            timelines[event.host].append(TimelineItem(event.at, f"job {event.job_id}", event.kind, text))
+            families = () if event.kind == SERVED else strike_families(event.kind, event.what, event.detail,
+                                                                        event.host)
+            timelines[event.host].append(TimelineItem(event.at, f"job {event.job_id}", event.kind, text, families))
     failed = {(host, sweep_id): (at, checks) for host, sweep_id, at, checks in data.strike_sweeps + data.failed_sweeps}
     for (host, sweep_id), (at, checks) in failed.items():
         if host in shown:
-            timelines[host].append(TimelineItem(at, f"sweep #{sweep_id}", "sweep failed", checks))
+            timelines[host].append(TimelineItem(at, f"sweep #{sweep_id}", "sweep failed", checks,
+                                                strike_families(SWEEP_FAILED, "sweep", checks, host)))
     for host, sweep_id, at in data.timeline_passes:
         if host in shown:
             timelines[host].append(TimelineItem(at, f"sweep #{sweep_id}", "sweep passed", ""))
+    for drain in data.timeline_drains:
+        if drain.host in shown:
+            timelines[drain.host].append(TimelineItem(drain.drained_at, "drain", "drained", drain.reason))
+            if drain.closed_at is not None:
+                timelines[drain.host].append(TimelineItem(drain.closed_at, "drain", "drain lifted", drain.closed_how))
     return Fleet(data.rule, nodes, lemons,
-                 {host: tuple(sorted(items, key=lambda i: (i.at, i.source))) for host, items in timelines.items()})
+                 {host: tuple(sorted(items, key=lambda i: (i.at, i.source))) for host, items in timelines.items()},
+                 cleared_nodes(data.rule, standings))
 
 
 def _state(row: NodeRow) -> str:

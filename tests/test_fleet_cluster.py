@@ -5,7 +5,7 @@ with three jobs, and a fourth `submit` from the site, which opts in, excludes no
 any gate runs (Slurm's ExcNodeList). That fourth job (`--retries 1`) finds its two nodes bad too
 (every node replays the fault by then), and its successor excludes them and, still, node4 (its
 command-line --exclude replaces the script's #SBATCH one). `drain --lemons` then drains node4
-with trainctl's tagged reason, and `resume` keeps that drain while node4 is still a lemon.
+with trainctl's tagged reason (its family, nvlink, recurs), and `resume` keeps that drain while node4 is still a lemon.
 
 Each of the three jobs asks for 2 nodes with node4 among them (the site's extra sbatch option
 --nodelist=node4), so the gate always sees the replay, and trains 1 step on the other node."""
@@ -74,6 +74,7 @@ def lemon_reported(journals: Path, jobs: list[str], opting: Path) -> None:
     assert [(lemon["host"], sorted(lemon["jobs"])) for lemon in fleet["lemons"]] == \
         [(LEMON, sorted(f"job {job}" for job in jobs))]
     assert all("nvlink.links" in strike["what"] for strike in fleet["lemons"][0]["evidence"])
+    assert [family["family"] for family in fleet["lemons"][0]["families"]] == ["nvlink"]
     served = {node["host"]: node["jobs_served"] for node in fleet["nodes"]}
     assert served[LEMON] == 0 and sum(served.values()) == 3
 
@@ -112,7 +113,7 @@ def lemon_drained_and_kept_drained(devcluster, opting: Path, jobs: list[str]) ->
 
     try:
         drained = trainctl("drain", "--lemons")[LEMON]
-        head = "trainctl: fleet.lemon: 3 strikes in 7 days: "
+        head = "trainctl: fleet.lemon: 3 nvlink strikes in 7 days: "
         reason = drained["text"]   # the jobs in the order they struck (Slurm runs the queued three in any order)
         assert drained["action"] == "drain" and reason.startswith(head)
         assert sorted(reason[len(head):].split(", ")) == sorted(f"job {job}" for job in jobs)

@@ -98,6 +98,8 @@ def test_no_cycle_between_folders():
 
 NAMES_ONLY = {"trainctl.health", "trainctl.health.check_names"}   # submit and site show check a site's names
 STATUSES = {"trainctl.health", "trainctl.health.status"}         # a report prints the checks' statuses
+# and groups the strikes by failure family, the Xids' by the catalogue (a table beside the statuses)
+FAMILIES = STATUSES | {"trainctl.health.xid_catalog"}
 LOGIN_COMMANDS = {
     "submit --dry-run": (["submit", "--site", "local-demo", "--nodes", "2", "--spare", "2", "--dry-run", "--",
                           str(REPO / "examples" / "train_ddp.py")], NAMES_ONLY),
@@ -106,9 +108,9 @@ LOGIN_COMMANDS = {
     "site list": (["site", "list"], set()),
     "job show": (["job", "show", "8", "--dir", "{job_dir}"], set()),
     "job show --json": (["job", "show", "8", "--dir", "{job_dir}", "--json"], set()),
-    "report": (["report", "--db", "{db}"], STATUSES),
-    "report --format html": (["report", "--db", "{db}", "--format", "html"], STATUSES),
-    "drain (the plan)": (["drain", "--db", "{db}"], STATUSES),
+    "report": (["report", "--db", "{db}"], FAMILIES),
+    "report --format html": (["report", "--db", "{db}", "--format", "html"], FAMILIES),
+    "drain (the plan)": (["drain", "--db", "{db}"], FAMILIES),
     "--help": (["--help"], set()),
 }
 REPORT_MODULES = ("import sys, json; from trainctl.cli import main; rc = main(sys.argv[1:]); "

@@ -69,3 +69,53 @@ def test_html_report_renders_failure_tables_and_grid_in_chromium(chromium, tmp_p
     taken = browse(chromium, tmp_path, page, f"--screenshot={shot}", "--window-size=1280,900")
     assert taken.returncode == 0, taken.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_html_node_timeline_shows_strikes_by_family_service_and_drains_in_chromium(chromium, tmp_path):
+    import time
+
+    from trainctl.sweep.model import JobEventRow, JobRow
+
+    db = tmp_path / "sweeps.db"
+    now = time.time()
+    ecc = "gpu.ecc: GPU 2 (PCI 0000:3b:00.0): 4 uncorrectable (double-bit) ECC errors, volatile"
+
+    def job(number: int, at: float, *events: tuple[str, str, str, str]) -> tuple[JobRow, list[JobEventRow]]:
+        rows = [JobEventRow(str(number), line, host, kind, at + line, what, detail)
+                for line, (host, kind, what, detail) in enumerate(events, start=2)]
+        return JobRow(str(number), "test", at, at + 60, 0, f"/drop/{number}.jsonl", len(rows) + 1, 100, now), rows
+
+    with History.open(db, write=True) as history:
+        # gpu05 keeps failing on its memory; gpu06 did too, then served twelve jobs since its last strike
+        jobs = [job(200 + n, now - 6 * DAY + n * 3600, (host, "exclusion", "gpu.ecc", ecc), ("gpu01", "served", "", ""))
+                for n, host in enumerate(("gpu05", "gpu06") * 3)]
+        jobs += [job(300 + n, now - 3 * DAY + n * 3600, ("gpu06", "served", "", ""), ("gpu05", "served", "", ""))
+                 for n in range(2)]
+        jobs += [job(400 + n, now - 2 * DAY + n * 3600, ("gpu06", "served", "", "")) for n in range(10)]
+        history.record_jobs(jobs)
+        sweep = night(history, now - DAY, {"gpu05": "ok", "gpu06": "ok"})
+        history.record_drain(host="gpu05", reason="trainctl: fleet.lemon: 3 gpu-memory strikes in 7 days: job 200",
+                             reason_time="", sweep_id=sweep, check="fleet.lemon", drained_at=now - 1800)
+    page = tmp_path / "report.html"
+    out = subprocess.run([TRAINCTL, "report", "--db", str(db), "--format", "html", "--out", str(page)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+    dom = browse(chromium, tmp_path, page, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    lemon, _, cleared = dom.stdout.partition("Cleared by service")
+    assert '<h3 class="lemon" data-host="gpu05">gpu05: 3 gpu-memory strikes, 3 jobs; served 2 jobs since its last gpu-memory strike' in lemon
+    assert lemon.count('<tr data-kind="exclusion" data-family="gpu-memory">') == 3
+    assert lemon.count('<tr data-kind="served" data-family="">') == 2
+    assert lemon.count('<tr data-kind="drained" data-family="">') == 1 and "3 gpu-memory strikes in 7 days" in lemon
+    assert "<code>gpu-memory</code>: GPU memory" in lemon   # the legend says what the family counts
+    assert '<h3 class="cleared" data-host="gpu06">gpu06: gpu-memory 3 (forgiven: served 12 jobs' in cleared
+    assert cleared.count('<tr data-kind="served" data-family="">') == 12
+    assert dom.stdout.count('<svg class="timeline"') == 2
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report-html-node-timeline.png"
+    shot.unlink(missing_ok=True)
+    taken = browse(chromium, tmp_path, page, f"--screenshot={shot}", "--window-size=1280,2400")
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000

@@ -37,7 +37,7 @@ def journal_lines(job: str, t: float, *, bad: str = "n3", site: str = "test", de
     events = [{"t": t, "event": "job_start", "job": job, "site": site, "attempt": 1, "nodes": ["n1", "n2", bad]},
               {"t": t + 1, "event": "node_verdict", "node": "n1", "verdict": "chosen", "reasons": []},
               {"t": t + 1, "event": "node_verdict", "node": bad, "verdict": "excluded",
-               "reasons": ["gpu.nvlink: GPU 3 link 5 inactive", "gpu.xid: Xid 74"]},
+               "reasons": ["nvlink.links: GPU 3 link 5 inactive", "gpu.xid: Xid 74"]},
               {"t": t + 2, "event": "training_start", "nodes": "n[1-2]", "master_addr": "n1"}]
     if detection:
         events += [{"t": t + 3, "event": "detection", "kind": detection, "suspects": ["n2"],
@@ -67,7 +67,7 @@ def test_a_journal_gives_exclusions_detections_and_the_nodes_that_served():
     got = parsed(journal_lines("7", NOW - 100, detection="slow"))
     by_kind = {(e.kind, e.host): e for e in got.events}
     assert set(by_kind) == {(EXCLUSION, "n3"), (DETECTION, "n2"), (SERVED, "n1")}  # n2 was named: not served
-    assert by_kind[(EXCLUSION, "n3")].what == "gpu.nvlink, gpu.xid"
+    assert by_kind[(EXCLUSION, "n3")].what == "gpu.xid, nvlink.links"
     assert "GPU 3 link 5 inactive" in by_kind[(EXCLUSION, "n3")].detail
     assert by_kind[(DETECTION, "n2")].what == "slow" and by_kind[(DETECTION, "n2")].detail == "n2 steps 2.1x slower"
     assert got.job_id == "7" and got.status == 0 and got.lines == 7
@@ -245,27 +245,28 @@ def test_three_jobs_that_left_a_node_out_make_it_a_lemon_with_its_evidence(tmp_p
     assert (nodes["n2"].detections, nodes["n2"].jobs_served) == (1, 2)
     assert (nodes["n1"].jobs_served, nodes["n4"].sweeps_failed) == (3, 1)
     text = render.to_text(report)
-    assert "LEMONS (3 strikes in 7 days" in text and "n3  3 strikes, 3 jobs" in text
-    assert "job 102 gate left it out: gpu.nvlink: GPU 3 link 5 inactive" in text
+    assert "LEMONS (3 strikes of one failure family in 7 days" in text and "n3  3 nvlink strikes, 3 jobs" in text
+    assert "job 102 gate left it out: nvlink.links: GPU 3 link 5 inactive" in text
     document = json.loads(render.to_json(report))["fleet"]
     assert document["lemons"][0]["host"] == "n3" and len(document["lemons"][0]["evidence"]) == 3
-    assert "**n3**: 3 strikes, 3 jobs" in render.to_markdown(report)
+    assert "**n3**: 3 nvlink strikes, 3 jobs" in render.to_markdown(report)
     page = render.to_html(report)
-    assert '<h3 class="lemon" data-host="n3">' in page and page.count('<tr data-kind="exclusion">') == 3
+    assert '<h3 class="lemon" data-host="n3">' in page and page.count('<tr data-kind="exclusion" data-family="nvlink">') == 3
     prom = render.to_prometheus([], [], [], None, report.fleet)
     assert 'trainctl_node_jobs_excluded{node="n3"} 3' in prom and 'trainctl_node_lemon_strikes{node="n3"} 3' in prom
 
 
-def test_strikes_are_weighted_by_kind_and_a_job_strikes_a_node_once_per_kind():
+def test_strikes_are_weighted_by_kind_and_a_job_strikes_a_node_once_per_kind_and_family():
     from trainctl.sweep.model import JobEventRow
 
-    events = [JobEventRow("1", line, "n9", EXCLUSION, 100.0 + line, "gpu.xid", "") for line in (2, 9)]  # two rounds
-    events.append(JobEventRow("2", 3, "n9", DETECTION, 200.0, "slow", "2x"))
-    heavy = LemonRule(strikes=3, days=7, exclusion=1, detection=2, sweep=0.5)
-    assert [lemon.strikes for lemon in find_lemons(heavy, events, [])] == [3.0]
-    assert find_lemons(LemonRule(3, 7, 1, 1, 1), events, []) == []
-    assert [lemon.strikes for lemon in find_lemons(heavy, events[:1], [("n9", 4, 300.0, "gpu.xid: Xid 79")] * 4)] \
-        == [3.0]
+    events = [JobEventRow("1", line, "n9", EXCLUSION, 100.0 + line, "lost during the gate", "") for line in (2, 9)]
+    events.append(JobEventRow("2", 3, "n9", DETECTION, 200.0, "hung", "no step for 600 s"))   # a hang, as the gate's
+    heavy = LemonRule(strikes=3, days=7, exclusion=1, detection=2, sweep=0.5, forgive_after_jobs=0)
+    assert [(lemon.strikes, lemon.families[0].family) for lemon in find_lemons(heavy, events, [])] == [(3.0, "hang")]
+    assert find_lemons(LemonRule(3, 7, 1, 1, 1, 0), events, []) == []
+    xid_79 = "gpu.xid: Xid 79 (GPU has fallen off the bus) on GPU 3 (PCI 0000:9b:00.0): 1 event(s)"
+    off_the_bus = [JobEventRow("1", 2, "n9", EXCLUSION, 100.0, "gpu.xid", xid_79)]
+    assert [lemon.strikes for lemon in find_lemons(heavy, off_the_bus, [("n9", 4, 300.0, xid_79)] * 4)] == [3.0]
 
 
 def test_drain_plans_lemons_like_sweep_failures_and_resume_keeps_a_lemon_drained():
@@ -273,7 +274,8 @@ def test_drain_plans_lemons_like_sweep_failures_and_resume_keeps_a_lemon_drained
     states = {"n1": NodeState("n1", "n1", "idle", "", "", "", ""),
               "n2": NodeState("n2", "n2", "drained", "", "maintenance", "root", "2026-11-27T10:00:00")}
     actions = {a.host: a for a in plan_lemon_drains(db_lemons, RULE, states, [])}
-    assert actions["n1"].action == DRAIN and actions["n1"].text.startswith("trainctl: fleet.lemon: 3 strikes in 7 days")
+    assert actions["n1"].action == DRAIN and actions["n1"].text.startswith("trainctl: fleet.lemon: 3 other strikes in "
+                                                                          "7 days: sweep #0, sweep #1, sweep #2")
     assert actions["n2"].action == SKIP and "did not set" in actions["n2"].text
     assert actions["n3"].action == SKIP and actions["n3"].text == "not known to Slurm"
     candidates = [Action("n1", RECHECK, "", LEMON_CHECK, 1), Action("n5", RECHECK, "", LEMON_CHECK, 2),

@@ -123,11 +123,15 @@ class FleetConfig:
         "directory every job's supervisor copies its finished journal into (<job id>.jsonl), and the sweep "
         "history folds in at each sweep or `trainctl history ingest`; on a shared filesystem, writable by "
         "every user, sticky (mode 1777) (empty: off, jobs' verdicts stay in their own directories)", "")
-    lemon_strikes: float = doc("a node with at least this many strikes within lemon_days is a lemon", 3.0)
+    lemon_strikes: float = doc("a node with at least this many strikes of one failure family within lemon_days "
+                               "is a lemon", 3.0)
     lemon_days: float = doc("days the lemon rule looks back", 7.0)
     exclusion_strike: float = doc("strikes for each job whose gate left the node out", 1.0)
     detection_strike: float = doc("strikes for each job whose watch named the node (slow, sick, hung, lost)", 1.0)
     sweep_strike: float = doc("strikes for each nightly sweep the node failed", 1.0)
+    forgive_after_jobs: int = doc(
+        "a node's strikes of one failure family stop counting once it has served this many jobs since that "
+        "family's last strike; a new strike of the family counts them all again (0: only lemon_days ages them)", 10)
     lemons_file: str = doc(
         "the lemons, as JSON, rewritten by every sweep and `trainctl history ingest`: what submit reads "
         "(on a shared filesystem; SQLite's history is not to be read over one) (empty: submit reads sweep.db)",

@@ -99,6 +99,7 @@ SITE_BOUNDS: dict[str, Bounds] = {
     "fleet.exclusion_strike": Bounds(0, 1e6),
     "fleet.detection_strike": Bounds(0, 1e6),
     "fleet.sweep_strike": Bounds(0, 1e6),
+    "fleet.forgive_after_jobs": Bounds(0, 1e6),
     "breaker.max_drains": Bounds(0, MAX_NODES),
     "breaker.window_s": Bounds(0, 30 * DAY_S, low_open=True),
     "breaker.max_share": FRACTION,
