@@ -187,7 +187,8 @@ def own_per_step(marks: list[tuple[float, int]], samples: list, since: float, un
 def slowed(step, args) -> None:
     from trainctl.job.watch import OWN_SHARE
     marks: list[tuple[float, int]] = []
-    proc = reader(os.getpid(), 1.0, 2 * args.phase_s + 6)
+    # once a second, as the agent reads; more often where a phase is short (a smoke run)
+    proc = reader(os.getpid(), min(1.0, args.phase_s / 5), 2 * args.phase_s + 6)
     time.sleep(0.5)
     before_from = time.monotonic()
     run_for(step, args.phase_s, marks)
@@ -211,8 +212,11 @@ def slowed(step, args) -> None:
     print(f"\n2. a slowed GPU: {how}")
     before = own_per_step(marks, samples, before_from, before_until)
     now = own_per_step(marks, samples, slow_from, slow_until)
-    if before is None or now is None:
+    if not any(sample[1] is not None for sample in samples):
         print("the reader got no schedstat: this kernel keeps none; nothing to show")
+        return
+    if before is None or now is None:
+        print("fewer than 2 readings in a phase: a longer --phase-s")
         return
     print(f"{'':<14} {'step s':>9} {'on a CPU s':>11} {'waiting s':>10} {'own s':>9}")
     for name, (step_s, cpu_s, runq_s) in (("at its pace", before), ("slowed", now)):

@@ -114,3 +114,13 @@ def test_guest_sampler_bench_times_blocks_with_the_sampler_running_and_not():
     assert out.returncode == 0, out.stderr[-2000:]
     assert [line.split()[:3] for line in out.stdout.splitlines() if line.startswith("python loop")] == \
         [["python", "loop", "wall"], ["python", "loop", "CPU"]]
+
+
+def test_gpu_own_time_bench_reads_a_ranks_own_time_from_outside_it_on_a_cpu():
+    # its mechanics where there is no GPU: the reader process, the interleaved modes, a slowdown
+    out = run_bench("gpu_own_time.py", "--device", "cpu", "--width", "32", "--batch", "8", "--rounds", "1",
+                    "--block-s", "0.3", "--phase-s", "1.5")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [line.split()[0] for line in out.stdout.splitlines()
+            if line.startswith(("alone", "agent", "hook"))] == ["alone", "agent", "agent", "hook"]
+    assert "of the step's rise" in out.stdout and "no schedstat" not in out.stdout
