@@ -89,18 +89,28 @@ class SignalJudge:
             self._take_back()
 
     def _say(self, line: str) -> None:
-        # The first rank to refuse says why; the supervisor reads one line. O_EXCL: never over another's.
+        # The first rank to refuse says why; the supervisor reads one line. Written aside, then
+        # linked into place: the file never exists without its line, and a link never replaces
+        # another rank's.
+        aside = f"{self.path}.{os.getpid()}"
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
                          | os.O_CLOEXEC, 0o644)
         except OSError:
             return
         try:
-            os.write(fd, line.encode("ascii", "replace"))
+            try:
+                os.write(fd, line.encode("ascii", "replace"))
+            finally:
+                os.close(fd)
+            os.link(aside, self.path)
         except OSError:
             pass
         finally:
-            os.close(fd)
+            try:
+                os.unlink(aside)
+            except OSError:
+                pass
 
     def _take_back(self) -> None:
         """Remove the file where this rank's line is in it (another rank that still refuses says
