@@ -8,7 +8,9 @@ the real cluster with the frameworks installed from PyPI (the `test` extra):
   watch must not send it, and the job must not be requeued (Restarts=0, COMPLETED).
 - Then, on two nodes each, a Hugging Face Trainer with `TrainctlCallback` (completes, its steps
   reported to the watch) and pytorch/examples' torchrun-style DDP tutorial program, unmodified
-  but for CPU (completes on 2 ranks from trainctl's env:// variables, no torchrun).
+  but for CPU, given as its README runs it, after a torchrun command line with rendezvous
+  options: submit translates the line (torchrun under each rank would wait for a rendezvous
+  that never completes), and the program completes on 2 ranks from trainctl's env:// variables.
 
 Assertions are about outcomes (what was journaled, which file was resumed from), never about time.
 """
@@ -38,15 +40,16 @@ LIGHTNING_STEPS = 240
 STEP_S = 0.25
 
 
-def submitted(devcluster, cwd: Path, *args: str) -> str:
+def submitted(devcluster, cwd: Path, *args: str) -> tuple[str, str]:
     """`trainctl submit ARGS` from `cwd`, as a user's shell would: without the PYTHONSAFEPATH that
     scripts/test sets for the tests' own Pythons (sbatch passes the environment on to the job, and
-    it would keep a script's own folder off sys.path: the DDP tutorial imports its datautils.py)."""
+    it would keep a script's own folder off sys.path: the DDP tutorial imports its datautils.py).
+    Returns the job id and what submit said on stderr."""
     env = {name: value for name, value in devcluster.client_env().items() if name != "PYTHONSAFEPATH"}
     result = subprocess.run([TRAINCTL, "submit", *args], capture_output=True, text=True, cwd=cwd, env=env,
                             timeout=120)
     assert result.returncode == 0, result.stderr
-    return result.stdout.strip().splitlines()[-1]
+    return result.stdout.strip().splitlines()[-1], result.stderr
 
 
 def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_torchrun_programs_run(
@@ -64,7 +67,7 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
             for made in (write_replay(devcluster.node_bin_dir(node), "dmesg", {"-T": CLEAN_DMESG}),
                          write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})):
                 undo.callback(made.unlink, missing_ok=True)
-        lightning = submitted(devcluster, lightning_dir, "--site", str(site), "--nodes", "2", "--spare", "1", "--",
+        lightning, _ = submitted(devcluster, lightning_dir, "--site", str(site), "--nodes", "2", "--spare", "1", "--",
                               str(PROGRAMS / "lightning_ddp.py"), "--nodes", "2", "--steps", str(LIGHTNING_STEPS),
                               "--step-time", str(STEP_S), "--dir", str(lightning_dir / "ck"))
         gate_dir = lightning_dir / f"trainctl-gate-{lightning}"
@@ -80,11 +83,13 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
         record = wait_for_job(devcluster, lightning, timeout_s=600)
         # then the HF Trainer, then the torchrun-style program, two nodes each: one after the other,
         # since Slurm would put both on the same two nodes, and each would slow the other
-        hf = submitted(devcluster, others_dir, "--site", str(site), "--nodes", "2", "--",
+        hf, _ = submitted(devcluster, others_dir, "--site", str(site), "--nodes", "2", "--",
                        str(PROGRAMS / "hf_trainer.py"), "--steps", "30", "--dir", str(others_dir / "hf"))
         hf_record = wait_for_job(devcluster, hf, timeout_s=300)
-        torchrun = submitted(devcluster, others_dir, "--site", str(site), "--nodes", "2", "--",
-                             str(PROGRAMS / "ddp_tutorial" / "multinode.py"), "20", "5")
+        torchrun, said = submitted(devcluster, others_dir, "--site", str(site), "--nodes", "2", "--",
+                                   "torchrun", "--nproc_per_node=1", "--rdzv-backend=c10d",
+                                   "--rdzv-endpoint=node1:29400", str(PROGRAMS / "ddp_tutorial" / "multinode.py"),
+                                   "20", "5")
         torchrun_record = wait_for_job(devcluster, torchrun, timeout_s=300)
 
     events = journal(gate_dir)
@@ -118,6 +123,7 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
     assert {"checkpoint-20", "checkpoint-30"} <= {p.name for p in (others_dir / "hf").glob("checkpoint-*")}
 
     torchrun_output = job_output(others_dir, torchrun)
+    assert "torchrun translated" in said and "--rdzv-endpoint=node1:29400" in said, said
     assert torchrun_record["JobState"] == "COMPLETED", torchrun_output
     assert "[GPU1] Epoch 19" in torchrun_output and "Epoch 15 | Training snapshot saved" in torchrun_output
     assert (others_dir / "snapshot.pt").is_file()
