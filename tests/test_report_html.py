@@ -34,6 +34,17 @@ def browse(chromium, tmp_path, page: Path, *action: str) -> subprocess.Completed
                            page.as_uri()], capture_output=True, text=True, timeout=120)
 
 
+def report_in_chromium(chromium, tmp_path, db: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """`trainctl report --format html` of `db`, and the page's DOM as Chromium builds it."""
+    page = tmp_path / "report.html"
+    out = subprocess.run([TRAINCTL, "report", "--db", str(db), "--format", "html", "--out", str(page)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    dom = browse(chromium, tmp_path, page, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    return page, dom
+
+
 def test_html_report_renders_failure_tables_and_grid_in_chromium(chromium, tmp_path):
     import time
 
@@ -49,13 +60,7 @@ def test_html_report_renders_failure_tables_and_grid_in_chromium(chromium, tmp_p
             sweep = night(history, now - day * DAY - 3600, nodes)
         history.record_drain(host="gpu03", reason=f"trainctl: ib.ports: {rate[1]}", reason_time="",
                              sweep_id=sweep, check="ib.ports", drained_at=now - 1800)
-    page = tmp_path / "report.html"
-    out = subprocess.run([TRAINCTL, "report", "--db", str(db), "--format", "html", "--out", str(page)],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-
-    dom = browse(chromium, tmp_path, page, "--dump-dom")
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    page, dom = report_in_chromium(chromium, tmp_path, db)
     assert '<table class="failures">' in dom.stdout
     assert "<code>gpu[03-07]</code>" in dom.stdout and "mlx5_2/1 rate 200 Gb/s &lt; 400" in dom.stdout
     assert "Xid 79: GPU 3 fell off the bus" in dom.stdout and "yes, 6 changes" in dom.stdout
@@ -96,13 +101,7 @@ def test_html_node_timeline_shows_strikes_by_family_service_and_drains_in_chromi
         sweep = night(history, now - DAY, {"gpu05": "ok", "gpu06": "ok"})
         history.record_drain(host="gpu05", reason="trainctl: fleet.lemon: 3 gpu-memory strikes in 7 days: job 200",
                              reason_time="", sweep_id=sweep, check="fleet.lemon", drained_at=now - 1800)
-    page = tmp_path / "report.html"
-    out = subprocess.run([TRAINCTL, "report", "--db", str(db), "--format", "html", "--out", str(page)],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-
-    dom = browse(chromium, tmp_path, page, "--dump-dom")
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    page, dom = report_in_chromium(chromium, tmp_path, db)
     lemon, _, cleared = dom.stdout.partition("Cleared by service")
     assert '<h3 class="lemon" data-host="gpu05">gpu05: 3 gpu-memory strikes, 3 jobs; served 2 jobs since its last gpu-memory strike' in lemon
     assert lemon.count('<tr data-kind="exclusion" data-family="gpu-memory">') == 3
