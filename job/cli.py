@@ -70,12 +70,13 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
     click.echo(text, nl=False)
 
 
-@job.command("run")
+@job.command("run", context_settings={"allow_interspersed_args": False})
 @click.option("--plan", "plan_file", required=True, type=click.File("r"),
               help="The job plan `trainctl submit` wrote into the job script ('-': stdin).")
 @click.option("--script", "script_path", required=True, type=click.Path(dir_okay=False, exists=True),
               help="The batch script itself (its $0): a retry submits it again.")
-def run_command(plan_file, script_path):
+@click.argument("training_line", nargs=-1, type=click.UNPROCESSED, metavar="[-- TRAINING LINE...]")
+def run_command(plan_file, script_path, training_line):
     """Inside the batch script: run the job's life, gate -> release -> training -> retry or end.
 
     The supervisor trainctl's job scripts hand over to. It runs the health gate step on every
@@ -83,6 +84,10 @@ def run_command(plan_file, script_path):
     on the chosen nodes and, with submit --retries, submits the successor around bad nodes.
     Every event goes to trainctl-gate-JOBID/journal.jsonl (`trainctl job show`). Exits with
     the status of the step that ended the job.
+
+    After `--`, the training line of the user's own job script, as bash expanded it
+    (`trainctl submit job.sbatch`): its srun and launcher are translated here, and each rank runs
+    the program they would have run.
     """
     from trainctl.errors import UsageError
     from trainctl.job.driver import run_job
@@ -92,7 +97,18 @@ def run_command(plan_file, script_path):
         document = json.loads(plan_file.read())
     except ValueError as exc:
         raise UsageError(f"--plan: not JSON: {exc}") from None
-    return run_job(JobPlan.from_document(document), script_path, dict(os.environ))
+    plan = JobPlan.from_document(document)
+    if training_line:
+        import dataclasses
+
+        from trainctl.launcher.job_script import JOB_SCRIPT_PYTHON, program_at_run_time
+        from trainctl.site import load_site
+
+        python = load_site(plan.site_ref).config.launch.python or JOB_SCRIPT_PYTHON
+        program, line = program_at_run_time(tuple(training_line), python)
+        click.echo(f"trainctl: {line}")
+        plan = dataclasses.replace(plan, program=program)
+    return run_job(plan, script_path, dict(os.environ))
 
 
 @job.command("agent")

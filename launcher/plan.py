@@ -211,9 +211,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
     signal = site.launch.signal if request.signal is None else check_signal(request.signal)
     checkpoints = site.launch.checkpoints if request.checkpoints is None else check_checkpoints(request.checkpoints)
 
-    script = request.program[0]
-    python = site.launch.python or node_python
-    program = (python, *request.program) if script.endswith(".py") or script == PYTHON_MODULE else request.program
+    program = runnable(request.program, site.launch.python or node_python)
     return JobPlan(
         site_name=site.name, site_ref=request.site_ref, partition=partition_name,
         nodes=request.nodes, spare=request.spare,
@@ -231,6 +229,12 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
         trainctl=site.launch.trainctl or node_trainctl,
         program=program, launcher=launcher_note(request.launcher, program, kept) if request.launcher else "",
         command=command, version=version)
+
+
+def runnable(program: tuple[str, ...], python: str) -> tuple[str, ...]:
+    """A .py script or `-m MODULE` runs under `python`; any other program as it is."""
+    script = program[0]
+    return (python, *program) if script.endswith(".py") or script == PYTHON_MODULE else program
 
 
 def with_launcher(request: SubmitRequest) -> SubmitRequest:
