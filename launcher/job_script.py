@@ -141,7 +141,7 @@ def looks_like_job_script(name: str, head: bytes) -> bool:
     if not head.startswith(b"#!"):
         return False
     text = head.decode("utf-8", errors="replace")
-    return any(directive for directive in _header_lines(text.split("\n")) if directive[1].startswith(DIRECTIVE))
+    return any(line is not None and line.startswith(DIRECTIVE) for _, line in _header_lines(text.split("\n")))
 
 
 def read_job_script(path: str, name: str) -> JobScript:
