@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 import shlex
 import typing
 from pathlib import Path
@@ -537,6 +538,14 @@ def _submit_torchrun(tmp_path: Path) -> str:
                 "20", "5")
 
 
+def _submit_job_script(tmp_path: Path) -> str:
+    # a dry run of pytorch/examples' DDP tutorial job script, as edited for the dev cluster
+    shutil.copy(REPO / "tests" / "fixtures" / "job-scripts" / "dev-cluster" / "pytorch-examples-sbatch_run.sh",
+                tmp_path / "sbatch_run.sh")
+    (tmp_path / "multinode_torchrun.py").write_text("")
+    return _run(tmp_path, "submit", "--site", "local-demo", "--dry-run", "sbatch_run.sh")
+
+
 # Where each sample comes from: a command or function run here on real or recorded input; or
 # `recorded PATH`, the recorded output of a real run under tests/fixtures/ (each recording's
 # README or header names the command that made it).
@@ -553,6 +562,7 @@ SAMPLES = {
     "the agent refusing another user's directory": _agent_refusing,
     "rank-exec refusing another user's directory": _rank_exec_refusing,
     "submit --dry-run of torchrun": _submit_torchrun,
+    "submit --dry-run of a job script": _submit_job_script,
 }
 # A diagram is no output: `<!-- sample: none, a diagram -->`.
 NOT_OUTPUT = "none, a diagram"
