@@ -25,6 +25,7 @@ from trainctl.job.decision import Decision
 from trainctl.job.gate_cli import ignore_checkpoint_signals
 from trainctl.job.gate_drain import drain_condemned
 from trainctl.job.jobdir import CHECKPOINT_ENV, JobPaths, Journal, Kind, drop_journal
+from trainctl.journal_events import Verdict
 from trainctl.job.policy import GatePolicy, load_gate_policy
 from trainctl.job.retry import (ENV_ATTEMPT, ENV_EXCLUDE, gate_bad_nodes, retry_around_bad_nodes,
                                 summary_line)
@@ -243,8 +244,8 @@ class JobDriver:
         chosen = set(decision.chosen)
         excluded = {item.host: [str(reason) for reason in item.reasons] for item in decision.excluded}
         for node in decision.allocated:
-            verdict = "chosen" if node in chosen else "excluded" if node in excluded else "healthy, not needed"
-            self.journal.add(Kind.NODE_VERDICT, node=node, verdict=verdict, reasons=excluded.get(node, []))
+            verdict = Verdict.CHOSEN if node in chosen else Verdict.EXCLUDED if node in excluded else Verdict.NOT_NEEDED
+            self.journal.add(Kind.NODE_VERDICT, node=node, verdict=verdict.value, reasons=excluded.get(node, []))
 
     # ------------------------------------------------------------ the release
 
@@ -339,7 +340,8 @@ class JobDriver:
             self.agents = None
         self.checkpoints.poll(self.journal, self.readings.values())
         self.journal.add(Kind.STEP_END, status=effect.status, cause=effect.cause,
-                         training_start_t=self.step_started, last_checkpoint_t=self.checkpoints.last)
+                         training_start_t=self.step_started, last_checkpoint_t=self.checkpoints.last,
+                         **({"detection": effect.detection.value} if effect.detection else {}))
 
     def _journal(self, effect: machine.Journal) -> None:
         self.journal.add(effect.kind, **effect.fields)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainctl.detections import RULES, DetectionKind, read_details
 from trainctl.job.jobdir import CHECKPOINT_ENV, Kind, job_ended
 from trainctl.job.journal import hms
 
@@ -111,7 +112,7 @@ def _lost_work(step_end: dict) -> float:
 
 @dataclass(frozen=True)
 class DetectionCost:
-    kind: str                      # slow, sick or hung
+    kind: str                      # a DetectionKind's value (another trainctl's kind as its journal says it)
     outcome: str                   # what the gate after it decided: "node2 left out", "slowdown not localised"
     cost_s: float | None           # detection to training again; None: no training since
     lost_work_s: float             # the ended step's time after its last checkpoint
@@ -186,20 +187,21 @@ def _detection_cost(events: list[dict], index: int, steps_reported: bool, now: f
         again = events[restart]["t"]
     cost = None if again is None else again - detected
 
-    slowdown = _slowdown(detection)
+    known = DetectionKind.read(kind)
     if cost is None:
         change, basis = None, f"{kind}: no training since"
-    elif kind == "slow" and judged is not None and not named:
+    elif known is None:
+        change, basis = None, f"{kind}: a detection this trainctl does not know"
+    elif RULES[known].not_estimated is not None:
+        change, basis = None, f"{kind}: {RULES[known].not_estimated}"
+    elif judged is not None and not named:
         change, basis = -(cost + redone), "slowdown not localised: same nodes, same step time; here the watch cost goodput"
-    elif kind == "slow" and named and slowdown is not None:
+    elif named and (slowdown := read_details(known, detection.get("details")).slowdown) is not None:
         after = _productive_since(events, restart, now)
         change = after * (slowdown - 1) - cost - redone
         basis = f"the {hms(after)} of training after the restart at {slowdown:.2f}x the step time"
-    elif kind == "slow":
-        change, basis = None, "slow: " + ("no step times in the detection" if named else "the gate did not judge it")
     else:
-        change, basis = None, (f"{kind}: the job would have waited for the collective timeout or its time limit, "
-                               "or crashed, at a time the journal does not hold")
+        change, basis = None, f"{kind}: " + ("no step times in the detection" if named else "the gate did not judge it")
     return DetectionCost(kind, outcome, cost, lost_work, change, basis)
 
 
@@ -210,15 +212,6 @@ def _next(events: list[dict], after: int, name: Kind, stop: Kind | None = None) 
             return index
         if events[index]["event"] == stop:
             return None
-    return None
-
-
-def _slowdown(detection: dict) -> float | None:
-    """The slow step time over the baseline, as the detection measured them."""
-    details = detection.get("details") or {}
-    step_s, baseline_s = details.get("step_s"), details.get("baseline_s")
-    if isinstance(step_s, (int, float)) and isinstance(baseline_s, (int, float)) and step_s > 0 and baseline_s > 0:
-        return step_s / baseline_s
     return None
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from trainctl.jobdir_names import JOURNAL, dir_name
-from trainctl.files import inside, open_regular, read_bytes, write_atomically  # noqa: F401 (open_regular: re-exported)
+from trainctl.files import inside, open_regular, read_bytes, write_regular  # noqa: F401 (open_regular: re-exported)
 # The journal's lines are owned below job/ (the fleet history reads them too); re-exported here
 # with the rest of the job directory's readers and writers.
 from trainctl.journal_events import (KINDS, NUMBER_LIMIT, Journal, JournalUnreadable, Kind,  # noqa: F401
@@ -256,7 +256,7 @@ def read_json(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None) 
 
 
 def write_json(path: str | os.PathLike, data: Mapping) -> None:
-    write_atomically(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
+    write_regular(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------- the decision
@@ -585,7 +585,7 @@ def read_node_file(paths: JobPaths, node: str) -> NodeReading | None:
 def write_node_file(paths: JobPaths, reading: NodeReading) -> None:
     """Whole or not at all (UsageError where it cannot be written)."""
 
-    write_atomically(paths.node_file(reading.node), json.dumps(node_file_json(reading), allow_nan=False) + "\n")
+    write_regular(paths.node_file(reading.node), json.dumps(node_file_json(reading), allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------- checkpoints seen

@@ -24,6 +24,7 @@ import signal as signals
 from dataclasses import dataclass, replace
 from typing import Literal, Mapping, NamedTuple, Union
 
+from trainctl.detections import RULES, DetectionKind, HungDetails
 from trainctl.job.journal import weighed_line
 from trainctl.job.jobdir import AGENT_LOG_PATTERN, GATE_LOG_PATTERN, SENTINEL_LOG, SENTINEL_OUT, Kind
 from trainctl.job.watch import (Detection, NodeReading, WatchLimits, WatchState, confirm, observe, silent_nodes,
@@ -179,7 +180,7 @@ class RunGate(NamedTuple):
 
 class Drain(NamedTuple):
     """Drain the nodes a detection named where the site's `[gate] drain_on` asks."""
-    nodes: Mapping[str, tuple[str, str, str]]   # node -> (kind, check, reason)
+    nodes: Mapping[str, tuple[DetectionKind, tuple[tuple[str, str], ...]]]   # node -> (kind, its (check, reason)s)
 
 
 class Release(NamedTuple):
@@ -230,6 +231,7 @@ class StepOver(NamedTuple):
     status: int
     cause: str
     agents: bool                   # the watch's agents ran beside it
+    detection: DetectionKind | None = None   # what the watch found that ended it (None: it ended by itself)
 
 
 class Retry(NamedTuple):
@@ -279,7 +281,8 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
         return _step_ended(facts, state, event)
     if phase == "stopping" and isinstance(event, StepStopped):
         detection = state.detection
-        over = StepOver(event.status, f"ended by the watch ({detection.kind})", facts.watch is not None)
+        over = StepOver(event.status, f"ended by the watch ({detection.kind})", facts.watch is not None,
+                        detection.kind)
         state, effects = _after_detection(facts, replace(state, watch=None), detection, event.status)
         return state, (over,) + effects
     if phase == "retry" and isinstance(event, RetryHandled):
@@ -316,14 +319,13 @@ def _confirm(state: JobState, gate_named: Mapping[str, str]) -> tuple[JobState, 
     confirmed = confirm(detection, gate_named, state.chosen, state.accepted_step_s)
     state = replace(state, detection=None, accepted_step_s=confirmed.accepted_step_s)
     checked = [node for node in state.held if node not in state.condemned]
-    journal = Journal(Kind.CONFIRMATION, {"kind": confirmed.kind, "named": dict(confirmed.named),
+    journal = Journal(Kind.CONFIRMATION, {"kind": confirmed.kind.value, "named": dict(confirmed.named),
                                           "checked": checked,
                                           **({"note": confirmed.note} if confirmed.note else {})})
     if not confirmed.named:
         return state, (journal, Say(f"trainctl: watch: the gate names no node ({detection.kind} not localised): "
                                     "resuming on the same nodes"))
-    failed = {item["node"]: (item["check"], item["reason"]) for item in detection.details.get("failed", [])}
-    drains = {node: (detection.kind, *failed.get(node, ("watch." + detection.kind, detection.evidence)))
+    drains = {node: (detection.kind, detection.details.causes(node, detection.evidence))
               for node in detection.suspects}
     return state, (journal, Say(f"trainctl: watch: leaving out {', '.join(sorted(confirmed.named))}"),
                    *((Drain(drains),) if drains else ()))
@@ -345,42 +347,47 @@ def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobSta
     detection = seen.detection
     if detection is None:
         return state, (*effects, WaitStep(poll=True))
-    if detection.kind == "slow" and not detection.suspects and state.restarts >= facts.max_restarts:
+    return on_detection(facts, state, event, detection, effects)
+
+
+def on_detection(facts: JobFacts, state: JobState, event: Polled, detection: Detection,
+                 effects: list[Effect]) -> tuple[JobState, Effects]:
+    """The watch found `detection` at the poll `event`: by its kind's rules (`trainctl.detections.RULES`)
+    it is recorded only, weighed, or its evidence asked for and the step stopped for the gate."""
+    watch = facts.watch
+    rules = RULES[detection.kind]
+    if rules.unnamed == "weigh" and not detection.suspects and state.restarts >= facts.max_restarts:
         # the gate could only run again in a successor job, and this slowdown names nobody: ending the
         # step would stop a job that can go on (its program may not even survive the checkpoint
         # signal), on a guess. Training goes on, and the slower step time is the new normal.
         note = (f"not acted on: the {facts.max_restarts} restarts the site allows inside the allocation "
                 "are used up; the slower step time is the new normal")
-        accepted = float(detection.details.get("step_s", 0.0))
+        accepted = detection.details.accepted_step_s or 0.0
         return (replace(state, accepted_step_s=accepted, watch=replace(state.watch, accepted_step_s=accepted)),
-                (*effects, Journal(Kind.DETECTION, {"kind": detection.kind, "suspects": [],
-                                                    "evidence": detection.evidence, "details": detection.details,
-                                                    "note": note}),
-                 Say(f"trainctl: watch: slow: {detection.evidence} ({note})"), WaitStep(poll=True)))
-    if detection.kind == "slow" and not detection.suspects:
+                (*effects, Journal(Kind.DETECTION, {**detection.journal_fields(), "note": note}),
+                 Say(f"trainctl: watch: {detection.kind}: {detection.evidence} ({note})"), WaitStep(poll=True)))
+    if rules.unnamed == "weigh" and not detection.suspects:
         # nobody is named: stopping for the gate is a bet, taken only where it pays several times over
         weighed = weigh(detection, event.t, watch.pay_factor, state.restart_s, watch.restart_cost_s,
                         max(event.saved_t or 0.0, state.watch.started_t), watch.end_t,
                         event.t - (state.trained_since or state.watch.started_t))
-        fields = {"kind": detection.kind, "evidence": detection.evidence, "details": detection.details,
-                  **weighed.fields()}
+        fields = {key: value for key, value in detection.journal_fields().items() if key != "suspects"}
+        fields.update(weighed.fields())
         effects += [Journal(Kind.WEIGHED, fields), Say(f"trainctl: {weighed_line(fields)}")]
         if not weighed.act:   # the slower step time is the new normal: the same slowdown is not weighed again
             accepted = weighed.step_s
             return (replace(state, accepted_step_s=accepted, watch=replace(state.watch, accepted_step_s=accepted)),
                     (*effects, WaitStep(poll=True)))
-    if detection.kind == "hung" and "startup_s" in detection.details and not detection.suspects:
+    if detection.details.at_startup and not detection.suspects:
         # no rank reached its first step and no node is named: the ranks' stacks say where they wait,
         # and training is not stopped on a guess (a long start-up, a program that steps no torch
         # optimizer); the bound is not judged again in this step
         note = "not acted on: no node is named; the ranks' stacks say where they wait"
         return (replace(state, watch=replace(state.watch, startup=False)),
-                (*effects, Journal(Kind.DETECTION, {"kind": detection.kind, "suspects": [],
-                                                    "evidence": detection.evidence, "details": detection.details,
-                                                    "note": note}),
-                 Say(f"trainctl: watch: hung: {detection.evidence} ({note}: trainctl job show)"),
+                (*effects, Journal(Kind.DETECTION, {**detection.journal_fields(), "note": note}),
+                 Say(f"trainctl: watch: {detection.kind}: {detection.evidence} ({note}: trainctl job show)"),
                  RequestStacks(tuple(state.chosen), watch.dump_wait_s), WaitStep(poll=True)))
-    if detection.kind == "hung":   # the stacks of the ranks whose agent still answers
+    if rules.evidence == "stacks":   # the stacks of the ranks whose agent still answers
         evidence: Effect = RequestStacks(tuple(n for n in state.chosen if n not in detection.suspects),
                                          watch.dump_wait_s)
     else:
@@ -390,8 +397,7 @@ def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobSta
 
 
 def _detected(detection: Detection) -> Effects:
-    return (Journal(Kind.DETECTION, {"kind": detection.kind, "suspects": list(detection.suspects),
-                                     "evidence": detection.evidence, "details": detection.details}),
+    return (Journal(Kind.DETECTION, detection.journal_fields()),
             Say(f"trainctl: watch: {detection.kind}: {detection.evidence}"))
 
 
@@ -406,8 +412,8 @@ def _step_ended(facts: JobFacts, state: JobState, event: StepEnded) -> tuple[Job
         if silent:
             evidence = (f"the training step ended with status {event.status} after the agent of "
                         f"{', '.join(silent)} fell silent")
-            detection = Detection("hung", silent, evidence, {"silent": list(silent)})
-            over = StepOver(event.status, f"ended by the watch ({detection.kind})", True)
+            detection = Detection(DetectionKind.HUNG, silent, evidence, HungDetails(silent))
+            over = StepOver(event.status, f"ended by the watch ({detection.kind})", True, detection.kind)
             state, effects = _after_detection(facts, replace(state, watch=None, detection=detection,
                                                              stopped_t=event.t), detection, event.status)
             return state, (*_detected(detection), over, *effects)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -452,3 +453,53 @@ def test_a_journal_line_with_a_lone_surrogate_folds_into_fleet_memory(tmp_path):
         result = fold_journals(history, [str(gate / "journal.jsonl")], site="", now=200.0)
         assert (result.folded, result.refused) == (1, [])
         assert [row.detail for row in history.job_events(0.0, ("exclusion",))] == ["gpu.xid: \ufffd"]
+
+
+def test_a_fifo_as_a_nodes_compute_report_never_blocks_the_node_that_writes_it(tmp_path, capfd):
+    """A node's gate step writes compute/<node>.json: a FIFO there is refused in one line, left as
+    it is, and the node's gate step goes on (the node is judged by its health report)."""
+    from trainctl.job.gate_compute import run_for_gate
+
+    (tmp_path / "compute").mkdir()
+    os.mkfifo(tmp_path / "compute" / "node1.json")
+    report = finishes(run_for_gate, tmp_path, "node1", 0, 1, 0.1, False)
+    assert report["host"] == "node1"
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "compute report not written" in err and "not a regular file" in err
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "compute" / "node1.json").st_mode)
+
+
+def test_a_fifo_as_the_compute_turns_order_never_blocks_node_0_that_writes_it(tmp_path, capfd, monkeypatch):
+    import trainctl.job.gate_compute as gate_step
+
+    monkeypatch.setattr(gate_step, "turn_limit_s", lambda budget_s: 0.3)
+    (tmp_path / "compute").mkdir()
+    os.mkfifo(tmp_path / "compute" / ".order")
+    report = finishes(gate_step.run_for_gate, tmp_path, "node0", 0, 1, 0.1, True)
+    assert report["host"] == "node0" and (tmp_path / "compute" / "node0.json").is_file()
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "order not written" in err and "not a regular file" in err
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "compute" / ".order").st_mode)
+
+
+@pytest.mark.parametrize("thing", ["fifo", "link out"])
+def test_a_fifo_or_a_link_as_a_nodes_watch_file_is_refused_in_one_line_never_written(tmp_path, thing):
+    """The node agent writes watch/<node>.json each second: a FIFO in its place (or a link out of the
+    job directory) is one line, the agent's, and the next write tries again; nothing is written
+    into it or through it."""
+    from trainctl.errors import UsageError
+    from trainctl.job.jobdir import JobPaths, NodeReading, write_node_file
+
+    paths = JobPaths(tmp_path)
+    paths.watch.mkdir(parents=True)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.json"
+    outside.write_text("theirs\n")
+    if thing == "fifo":
+        os.mkfifo(paths.node_file("node1"))
+    else:
+        paths.node_file("node1").symlink_to(outside)
+    with pytest.raises(UsageError) as refused:
+        finishes(write_node_file, paths, NodeReading("node1", 5.0))
+    assert str(refused.value) == f"cannot write {paths.node_file('node1')}: not a regular file"
+    assert outside.read_text() == "theirs\n"
+    assert (stat.S_ISFIFO if thing == "fifo" else stat.S_ISLNK)(os.lstat(paths.node_file("node1")).st_mode)

@@ -125,6 +125,17 @@ class Kind(str, Enum):
     JOB_END = "job_end", "job ended"
 
 
+class Verdict(str, Enum):
+    """A `node_verdict` event's verdict: what the gate made of a node of the job."""
+
+    CHOSEN = "chosen"
+    EXCLUDED = "excluded"
+    NOT_NEEDED = "healthy, not needed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # Each kind's fields and their types: "str", "int", "time" (a number), "strs" (a list of
 # strings), "names" (an object of strings), "object", "any". A field of another type is dropped.
 EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
@@ -147,7 +158,9 @@ EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
     Kind.AGENT_SILENT: {"node": "str", "note": "str"},
     Kind.STACKS: {"files": "names"},
     Kind.CHECKPOINT_REQUEST: {"signal": "any", "listening": "any", "refused": "str", "saved": "any"},
-    Kind.STEP_END: {"status": "int", "cause": "str", "training_start_t": "time", "last_checkpoint_t": "time"},
+    # detection: the kind the watch found that ended the step (trainctl.detections), absent when it ended by itself
+    Kind.STEP_END: {"status": "int", "cause": "str", "training_start_t": "time", "last_checkpoint_t": "time",
+                    "detection": "str"},
     Kind.RETRY: {"retry": "any", "reason": "str", "successor": "str", "bad_nodes": "strs", "exclude": "strs"},
     Kind.JOB_END: {"status": "int", "cause": "str"},
 }
