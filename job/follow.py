@@ -175,11 +175,11 @@ def follow_view(jobs: tuple[str, ...], journals: Mapping[str, list[dict]], readi
     steps_now = [node.step_s for node in nodes if node.step_s is not None]
     saved = newest_checkpoint(current, readings)
     attempts = [journals.get(job, []) for job in jobs]
-    recent = [(job, event) for job in jobs for event in journals.get(job, [])][-RECENT_EVENTS:]
+    recent = [line for job in jobs for event in journals.get(job, []) for line in event_line_list(job, event)]
     status = next((event.get("status") for event in reversed(current) if event["event"] == Kind.JOB_END), None)
     return FollowView(jobs, phase, detail, nodes, baseline, statistics.median(steps_now) if steps_now else None,
                       None if saved is None else max(0.0, now - saved), goodput(attempts, now) if any(attempts) else None,
-                      tuple(line for job, event in recent for line in event_line_list(job, event)), now,
+                      tuple(recent[-RECENT_EVENTS:]), now,
                       status if phase == "ended" else None)
 
 
@@ -190,9 +190,15 @@ def clock(t: float) -> str:
 
 
 def event_line_list(job_id: str, event: dict) -> list[str]:
-    """An event as it is printed when it happens: its time of day, the job, what happened."""
+    """An event as it is printed when it happens: its time of day, the job, what happened. Lists of
+    nodes are folded (`node[1-4096]`), and a node the gate chose says nothing of its own: the
+    gate's end names them all."""
+    if event["event"] == Kind.NODE_VERDICT and event.get("verdict") == "chosen":
+        return []
     when = event.get("submitted_t") if event["event"] == Kind.SUBMITTED else event["t"]
-    return event_lines(clock(when if isinstance(when, (int, float)) else event["t"]), job_id, event)
+    folded = {key: [fold_hostlist(value)] for key, value in event.items()
+              if key in ("nodes", "chosen") and isinstance(value, list) and value}
+    return event_lines(clock(when if isinstance(when, (int, float)) else event["t"]), job_id, {**event, **folded})
 
 
 def _seconds(value: float | None, digits: int = 3) -> str:

@@ -68,8 +68,8 @@ class JobFiles:
                failed: dict[str, tuple] | None = None) -> None:
         """Each node's agent file: two ranks a node, `steps` steps each at the node's step time."""
         written = self.clock() if written is None else written
-        for index, (node, seconds) in enumerate(step_s.items()):
-            ranks = tuple(RankProgress(2 * index + local, steps, steps * seconds, written) for local in (0, 1))
+        for node, seconds in step_s.items():
+            ranks = tuple(RankProgress(2 * NODES.index(node) + local, steps, steps * seconds, written) for local in (0, 1))
             jobdir.write_node_file(self.paths, NodeReading(node, written, ranks, (failed or {}).get(node, ())))
 
 
