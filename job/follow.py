@@ -35,7 +35,8 @@ from trainctl.job import jobdir
 from trainctl.job.goodput import LOST_KINDS, Goodput, goodput
 from trainctl.job.jobdir import JobPaths, Kind, NodeReading
 from trainctl.job.journal import event_lines, hms
-from trainctl.site import WatchConfig
+from trainctl.job.show import LocalFiles, attempt_dir, collect_chain
+from trainctl.site import WatchConfig, load_site
 from trainctl.slurm import fold_hostlist
 from trainctl.text import printable
 
@@ -268,8 +269,6 @@ class Follower:
     and the current job's node files while it trains."""
 
     def __init__(self, gate_dir: str, job_id: str, load_watch: Callable[[str], WatchConfig]):
-        from trainctl.job.show import LocalFiles
-
         self.gate_dir, self.job_id, self.load_watch = gate_dir, job_id, load_watch
         self.files = LocalFiles()
         self.journals: dict[str, list[dict]] = {}
@@ -278,13 +277,9 @@ class Follower:
         self.watch: WatchConfig | None = None
 
     def paths(self, job: str) -> JobPaths:
-        from trainctl.job.show import attempt_dir
-
         return JobPaths(Path(attempt_dir(self.gate_dir, self.job_id, job)))
 
     def read(self, now: float) -> FollowView:
-        from trainctl.job.show import collect_chain
-
         jobs = tuple(link["job_id"] for link in collect_chain(self.files, self.gate_dir, self.job_id))
         for job in jobs:
             paths = self.paths(job)
@@ -316,8 +311,6 @@ class Follower:
 
 
 def site_watch(site: str) -> WatchConfig:
-    from trainctl.site import load_site
-
     try:
         return load_site(site).config.watch if site else WatchConfig()
     except TrainctlError:
