@@ -176,7 +176,12 @@ def follow_view(jobs: tuple[str, ...], journals: Mapping[str, list[dict]], readi
     steps_now = [node.step_s for node in nodes if node.step_s is not None]
     saved = newest_checkpoint(current, readings)
     attempts = [journals.get(job, []) for job in jobs]
-    recent = [line for job in jobs for event in journals.get(job, []) for line in event_line_list(job, event)]
+    recent: list[str] = []
+    for job in reversed(jobs):               # from the newest event back, as far as is shown
+        for event in reversed(journals.get(job, [])):
+            if len(recent) >= RECENT_EVENTS:
+                break
+            recent[:0] = event_line_list(job, event)
     status = next((event.get("status") for event in reversed(current) if event["event"] == Kind.JOB_END), None)
     return FollowView(jobs, phase, detail, nodes, baseline, statistics.median(steps_now) if steps_now else None,
                       None if saved is None else max(0.0, now - saved), goodput(attempts, now) if any(attempts) else None,
