@@ -28,7 +28,14 @@ def job() -> None:
 @click.option("--known-hosts", type=click.Path(dir_okay=False),
               help="Verify the login node's host key against this file (default: ~/.ssh/known_hosts).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
+@click.option("--follow", is_flag=True,
+              help="Follow the chain as it runs, from its job directories on this machine: redrawn at the "
+                   "site's watch.poll_s on a terminal, a line per event otherwise; exits with the job's "
+                   "status when the chain ends. Ctrl-C leaves the job alone.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="Write the chain as one self-contained HTML page to this file: a timeline of each job, "
+                   "the step time with each detection, where the goodput went.")
+def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json, follow, html_file):
     """The timeline and goodput, the gate decision, Slurm's record and attempts, each rank's last lines.
 
     The timeline is every event of every attempt's journal (trainctl-gate-JOBID/journal.jsonl),
@@ -45,12 +52,24 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
     first, with how long before the newest write each stopped writing: in a hung job, that is
     usually the rank everyone else is waiting for. NCCL flight recorder dumps in the gate
     directory are listed.
+
+    --follow shows the chain live instead: its phase, each training node's agent and step
+    time against the job's own baseline, the last checkpoint's age, the goodput so far and each
+    event as it happens. --html draws the chain on one page.
     """
     import getpass
     import time
 
+    from trainctl.errors import UsageError
     from trainctl.job.show import LocalFiles, RemoteFiles, collect_job, format_job, json_text, to_json
 
+    if follow:
+        if remote or as_json or html_file:
+            raise UsageError("--follow reads the job directory on this machine and draws it: "
+                             "not with --remote, --json or --html (run it on a login node that sees the directory)")
+        return follow_chain(job_id, gate_dir)
+    if html_file and (as_json or remote):
+        raise UsageError("--html draws the job directory on this machine as a page: not with --json or --remote")
     if remote:
         from trainctl.launcher.submit import parse_remote
         from trainctl.ssh import connect
@@ -66,8 +85,25 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
         if remote:
             files.close()
     now = time.time()
+    if html_file:
+        from trainctl.files import write_atomically
+        from trainctl.job.chain_html import chain_page, collect_rounds
+
+        write_atomically(html_file, chain_page(view, collect_rounds(view), now))
+        click.echo(f"trainctl: wrote {html_file}: the chain of job {job_id} on one page")
+        return 0
     text = json_text(to_json(view, line_count, now)) if as_json else format_job(view, line_count, now)
     click.echo(text, nl=False)
+
+
+def follow_chain(job_id: str, gate_dir: str | None) -> int:
+    import sys
+
+    from trainctl.job.follow import Follower, follow, site_watch
+    from trainctl.job.show import LocalFiles, find_job
+
+    gate_dir, _, _ = find_job(LocalFiles(), job_id, gate_dir)
+    return follow(Follower(gate_dir, job_id, site_watch), sys.stdout, tty=sys.stdout.isatty())
 
 
 @job.command("run", context_settings={"allow_interspersed_args": False})

@@ -22,6 +22,7 @@ from trainctl.job import machine, slurm_actions
 from trainctl.job import jobdir
 from trainctl.job.checkpoint_request import request_checkpoint
 from trainctl.job.decision import Decision
+from trainctl.job.follow import HTML_COMMAND
 from trainctl.job.gate_cli import ignore_checkpoint_signals
 from trainctl.job.gate_drain import drain_condemned
 from trainctl.job.jobdir import CHECKPOINT_ENV, JobPaths, Journal, Kind, drop_journal
@@ -156,6 +157,8 @@ class JobDriver:
         if effect.why:
             say(f"trainctl: the job cannot go on: {effect.why}", err=True)
         self.journal.add(Kind.JOB_END, status=effect.status, **({"cause": effect.why} if effect.why else {}))
+        say(f"trainctl: job {self.job_id} ended with status {effect.status}; the chain drawn: "
+            f"{HTML_COMMAND.format(job=self.job_id)}")
         return effect.status
 
     # ------------------------------------------------------------ the gate

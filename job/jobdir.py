@@ -40,7 +40,8 @@ from trainctl.files import inside, open_regular, read_bytes, write_regular  # no
 # with the rest of the job directory's readers and writers.
 from trainctl.journal_events import (KINDS, NUMBER_LIMIT, Journal, JournalUnreadable, Kind,  # noqa: F401
                                      all_strings, clean, integer, job_ended, loads, number, parse_event,
-                                     parse_journal, read_journal, read_journal_bytes, string_list)
+                                     parse_journal, read_journal, read_journal_bytes, read_journal_since,
+                                     string_list)
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.guest import wire as guest_wire

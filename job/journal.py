@@ -19,9 +19,16 @@ def timeline_lines(attempts: list[tuple[str, list[dict]]], start: float) -> list
                 timed.append((when, job_id, event))
     lines = []
     for when, job_id, event in sorted(timed, key=lambda item: item[0]):
-        lines.append(f"  +{hms(when - start)} job {job_id}: {describe(event)}")
-        if event["event"] in (Kind.DETECTION, Kind.WEIGHED):
-            lines += [f"      {line}" for line in own_time_lines(event) + link_lines(event)]
+        lines += event_lines(f"  +{hms(when - start)}", job_id, event)
+    return lines
+
+
+def event_lines(stamp: str, job_id: str, event: dict) -> list[str]:
+    """One event of job `job_id` at `stamp` (its offset, or its time of day): its line, and a
+    slowdown's evidence per rank and per link under it."""
+    lines = [f"{stamp} job {job_id}: {describe(event)}"]
+    if event["event"] in (Kind.DETECTION, Kind.WEIGHED):
+        lines += [f"      {line}" for line in own_time_lines(event) + link_lines(event)]
     return lines
 
 

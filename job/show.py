@@ -250,7 +250,9 @@ def _without_lone_surrogates(value):
 
 # ---------------------------------------------------------------- collect
 
-def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int) -> JobView:
+def find_job(files: Files, job_id: str, gate_dir: str | None) -> tuple[str, dict[str, str], list[tuple[str, float]]]:
+    """The job's gate directory (--dir, else the one in the working directory Slurm reports),
+    Slurm's record of the job, and the directory's files; UsageError where there is none."""
     if not JOB_ID_RE.fullmatch(job_id):
         raise UsageError(f"job id {job_id!r}: expected a number such as 1234")
     record = files.scontrol_job(job_id)
@@ -265,6 +267,11 @@ def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int
     entries = files.listdir(gate_dir)
     if entries is None:
         raise UsageError(f"{gate_dir}: no such directory (not a trainctl job, or another --dir)")
+    return gate_dir, slurm, entries
+
+
+def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int) -> JobView:
+    gate_dir, slurm, entries = find_job(files, job_id, gate_dir)
     decision = jobdir.decision_from_json(read_json(files, posixpath.join(gate_dir, jobdir.DECISION)))
     ranks = []
     for name, mtime in entries:

@@ -230,6 +230,30 @@ def iter_journal(path: str | os.PathLike, root: str | os.PathLike | None = None)
                 yield event
 
 
+def read_journal_since(path: str | os.PathLike, offset: int, root: str | os.PathLike | None = None,
+                       cap: int = JOURNAL_MAX_BYTES) -> tuple[list[dict], int]:
+    """The events a growing journal gained after byte `offset`, and the offset to read from next:
+    only whole lines (one still being written waits for the next read), at most `cap` bytes a
+    call. ([], offset) while there is no journal; ([], 0) when the file shrank (it was replaced):
+    the next call reads it from the start. A line longer than JOURNAL_LINE_MAX_BYTES is skipped.
+    OSError where it cannot be read."""
+    fd = open_regular(path, root)
+    if fd is None:
+        return [], offset
+    try:
+        size = os.fstat(fd).st_size
+        if size < offset:
+            return [], 0
+        os.lseek(fd, offset, os.SEEK_SET)
+        data = read_fd(fd, min(cap, size - offset))
+    finally:
+        os.close(fd)
+    whole = data.rfind(b"\n") + 1
+    if whole == 0 and len(data) >= cap:   # one line longer than a read: never an event of trainctl's
+        return [], offset + len(data)
+    return parse_journal(data[:whole]), offset + whole
+
+
 def read_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> list[dict]:
     """Every event of a journal (see the module's docstring for their shape); [] without one.
     A bad line is skipped: the job's own readers show what the rest says."""
