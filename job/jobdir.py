@@ -47,6 +47,7 @@ from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.guest import wire as guest_wire
 from trainctl.guest.wire import LISTENING_FILE, SIGNAL_REFUSED_FILE
 from trainctl.text import printable
+from trainctl.validate import JOB_ID
 
 # ---------------------------------------------------------------- names
 
@@ -63,6 +64,7 @@ SNAPSHOTS = "snapshots"
 COMPUTE = "compute"
 FABRIC = "fabric.json"
 GATE_STEP_STATUS = "gate-step.status"
+ALERTS_LOG = "alerts.log"               # the alert command's runs: what it was given and what it said
 BATCH_HOST_BEAT = "batch-host.beat"
 SENTINEL_LOG = "sentinel.log"
 DUMP_REQUEST = "dump-request"           # in watch/: holds a token; each agent answers with dump-done-<node>
@@ -154,6 +156,10 @@ class JobPaths:
     def watch(self) -> Path:
         return self.root / WATCH
 
+    @property
+    def alerts_log(self) -> Path:
+        return self.root / ALERTS_LOG
+
     def node_file(self, node: str) -> Path:
         return self.watch / node_file_name(node)
 
@@ -195,6 +201,8 @@ LAYOUT = (
           "the watch's request for a checkpoint, relayed by each agent to its ranks; the mark of a rank "
           "that takes such requests, and why the job's signal would not get a save (with either, no "
           "signal is sent)"),
+    Entry(ALERTS_LOG, "the supervisor", "each run of the alert command (the site's [alerts] command, submit "
+          "--alert-command): the event, how it ended, its output (capped)"),
     Entry(f"{ROUNDS}/<n>/", "the supervisor", "an earlier gate round's files and the watch's evidence from "
           "the training after it, moved aside before the gate runs again"),
     Entry(CHECKPOINT_MARKER, "the program", f"written after each checkpoint, at ${CHECKPOINT_ENV}: "
@@ -357,6 +365,30 @@ def read_attempt(paths: JobPaths) -> AttemptRecord | None:
         return AttemptRecord.from_json(read_json(paths.attempt, root=paths.root))
     except ValueError:
         return None
+
+
+CHAIN_MAX_ATTEMPTS = 100               # a chain of successors is followed back this far at most
+
+
+def earlier_attempts(paths: JobPaths) -> list[tuple[str, list[dict]]]:
+    """The chain's attempts before this job, first first: each one's job id and journal, found
+    through attempt.json (written by each predecessor into its successor's directory) in the
+    sibling directories; [] for a chain's first job."""
+    attempts: list[tuple[str, list[dict]]] = []
+    seen = {paths.root.name}
+    record = read_attempt(paths)
+    while record is not None and len(attempts) < CHAIN_MAX_ATTEMPTS:
+        earlier = paths.sibling(record.previous_job)
+        if not JOB_ID.fullmatch(record.previous_job) or earlier.root.name in seen:
+            break
+        seen.add(earlier.root.name)
+        try:
+            events = read_journal(earlier.journal, earlier.root)
+        except OSError:
+            events = []
+        attempts.insert(0, (record.previous_job, events))
+        record = read_attempt(earlier)
+    return attempts
 
 
 # ---------------------------------------------------------------- the journal (its lines: trainctl.journal_events)

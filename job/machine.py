@@ -69,6 +69,7 @@ class JobFacts:
     successors: int = 0            # the site's watch.max_successors: successors after a detection (0: none)
     watch: WatchFacts | None = None   # None: the watch is off
     binds_tasks: bool = True       # the cluster's srun binds tasks to CPUs (a TaskPlugin that binds)
+    alerts: bool = False           # the job has an alert command (the site's [alerts] command, submit --alert-command)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class StepStopped(NamedTuple):
 
 
 class RetryHandled(NamedTuple):
-    pass
+    successor: bool = False        # a successor job was submitted
 
 
 Event = Union[Started, GateDecided, GateRefused, Resized, TrainingStarted, Polled, StepEnded, StepStopped,
@@ -244,12 +245,19 @@ class Retry(NamedTuple):
 
 
 class Finish(NamedTuple):
+    """Journal the job's end; the job's exit status (the effects after it are carried out, then the job ends)."""
     status: int
     why: str = ""                  # after a detection: one plain line, the nodes and why the job cannot go on
 
 
+class Alert(NamedTuple):
+    """Run the job's alert command on the journal's newest `kind` event, journaled just before;
+    the job never waits for it (`trainctl.job.alerts`)."""
+    kind: Kind
+
+
 Effect = Union[Journal, Say, StartSentinel, RunGate, Drain, Release, RunTraining, StartAgents, WaitStep,
-               RequestStacks, AskForCheckpoint, StopStep, StepOver, Retry, Finish]
+               RequestStacks, AskForCheckpoint, StopStep, StepOver, Retry, Finish, Alert]
 Effects = tuple[Effect, ...]
 
 
@@ -270,11 +278,12 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
                       event.node_count)
     if phase == "train" and isinstance(event, TrainingStarted):
         state = replace(state, trained_since=state.trained_since or event.t)
+        restarted = _alert(facts, Kind.TRAINING_START) if state.restarts else ()
         if facts.watch is None:
-            return state, (WaitStep(poll=False),)
+            return state, (*restarted, WaitStep(poll=False))
         watching = start_watch(event.t, state.accepted_step_s, stepped_before=state.stepped)
         return (replace(state, watch=watching),
-                (StartAgents(state.job_nodes, len(state.chosen)), WaitStep(poll=True)))
+                (*restarted, StartAgents(state.job_nodes, len(state.chosen)), WaitStep(poll=True)))
     if phase == "train" and isinstance(event, Polled) and facts.watch is not None and state.watch is not None:
         return _watch_poll(facts, state, event)
     if phase == "train" and isinstance(event, StepEnded):
@@ -286,21 +295,22 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
         state, effects = _after_detection(facts, replace(state, watch=None), detection, event.status)
         return state, (over,) + effects
     if phase == "retry" and isinstance(event, RetryHandled):
-        return replace(state, phase="end"), (Finish(state.status),)
+        successor = _alert(facts, Kind.RETRY) if event.successor else ()
+        return replace(state, phase="end"), (*successor, *_end(facts, state.status))
     raise ValueError(f"job machine: {type(event).__name__} cannot happen in phase {phase}")
 
 
 def _after_gate(facts: JobFacts, state: JobState, event: GateDecided | GateRefused) -> tuple[JobState, Effects]:
     if isinstance(event, GateRefused):
         if not event.retryable:
-            return replace(state, phase="end", status=event.status), (Finish(event.status),)
+            return replace(state, phase="end", status=event.status), _end(facts, event.status)
         if state.restarts:   # the gate after a detection: the job goes on in a successor where it may
             return _go_on_elsewhere(facts, state, "gate", event.status, state.held,
                                     "the gate after the detection found too few healthy nodes")
         if facts.retries:
             return (replace(state, phase="retry", status=event.status),
                     (Retry("gate", event.status, state.held, state.condemned, facts.retries),))
-        return replace(state, phase="end", status=event.status), (Finish(event.status),)
+        return replace(state, phase="end", status=event.status), _end(facts, event.status)
     decided = replace(state, job_nodes=event.job_nodes, chosen=event.chosen, master_addr=event.master_addr,
                       spares=event.healthy_unused[:facts.hold_spares])
     kept = nodes_to_keep(facts, decided) if facts.release_unused else None
@@ -365,6 +375,7 @@ def on_detection(facts: JobFacts, state: JobState, event: Polled, detection: Det
         accepted = detection.details.accepted_step_s or 0.0
         return (replace(state, accepted_step_s=accepted, watch=replace(state.watch, accepted_step_s=accepted)),
                 (*effects, Journal(Kind.DETECTION, {**detection.journal_fields(), "note": note}),
+                 *_alert(facts, Kind.DETECTION),
                  Say(f"trainctl: watch: {detection.kind}: {detection.evidence} ({note})"), WaitStep(poll=True)))
     if rules.unnamed == "weigh" and not detection.suspects:
         # nobody is named: stopping for the gate is a bet, taken only where it pays several times over
@@ -385,6 +396,7 @@ def on_detection(facts: JobFacts, state: JobState, event: Polled, detection: Det
         note = "not acted on: no node is named; the ranks' stacks say where they wait"
         return (replace(state, watch=replace(state.watch, startup=False)),
                 (*effects, Journal(Kind.DETECTION, {**detection.journal_fields(), "note": note}),
+                 *_alert(facts, Kind.DETECTION),
                  Say(f"trainctl: watch: {detection.kind}: {detection.evidence} ({note}: trainctl job show)"),
                  RequestStacks(tuple(state.chosen), watch.dump_wait_s), WaitStep(poll=True)))
     if rules.evidence == "stacks":   # the stacks of the ranks whose agent still answers
@@ -393,12 +405,29 @@ def on_detection(facts: JobFacts, state: JobState, event: Polled, detection: Det
     else:
         evidence = AskForCheckpoint(watch.checkpoint_signal, watch.checkpoint_wait_s)
     return (replace(state, phase="stopping", detection=detection, stopped_t=event.t),
-            (*effects, *_detected(detection), evidence, StopStep(watch.end_grace_s)))
+            (*effects, *_detected(facts, detection), evidence, StopStep(watch.end_grace_s)))
 
 
-def _detected(detection: Detection) -> Effects:
+def _detected(facts: JobFacts, detection: Detection) -> Effects:
     return (Journal(Kind.DETECTION, detection.journal_fields()),
+            *_alert(facts, Kind.DETECTION),
             Say(f"trainctl: watch: {detection.kind}: {detection.evidence}"))
+
+
+def _alert(facts: JobFacts, kind: Kind) -> Effects:
+    """The alert on the event just journaled, where the job has an alert command."""
+    return (Alert(kind),) if facts.alerts else ()
+
+
+def _end(facts: JobFacts, status: int, why: str = "") -> Effects:
+    """The job's end, and its alert."""
+    return (Finish(status, why), *_alert(facts, Kind.JOB_END))
+
+
+def stopped(facts: JobFacts, signum: int) -> Effects:
+    """The job stopped by a signal (scancel, the time limit): its end is journaled, and alerted."""
+    return (Journal(Kind.JOB_END, {"status": 128 + signum, "cause": f"stopped by signal {signum}"}),
+            *_alert(facts, Kind.JOB_END))
 
 
 def _step_ended(facts: JobFacts, state: JobState, event: StepEnded) -> tuple[JobState, Effects]:
@@ -416,15 +445,15 @@ def _step_ended(facts: JobFacts, state: JobState, event: StepEnded) -> tuple[Job
             over = StepOver(event.status, f"ended by the watch ({detection.kind})", True, detection.kind)
             state, effects = _after_detection(facts, replace(state, watch=None, detection=detection,
                                                              stopped_t=event.t), detection, event.status)
-            return state, (*_detected(detection), over, *effects)
+            return state, (*_detected(facts, detection), over, *effects)
     over = StepOver(event.status, "completed" if event.status == 0 else f"exit status {event.status}", watching)
     state = replace(state, watch=None)
     if event.status == 0:
-        return replace(state, phase="end"), (over, Finish(0))
+        return replace(state, phase="end"), (over, *_end(facts, 0))
     if facts.retries:
         return (replace(state, phase="retry", status=event.status),
                 (over, Retry("step", event.status, state.chosen, state.condemned, facts.retries)))
-    return replace(state, phase="end", status=event.status), (over, Finish(event.status))
+    return replace(state, phase="end", status=event.status), (over, *_end(facts, event.status))
 
 
 def _after_detection(facts: JobFacts, state: JobState, detection: Detection, status: int) -> tuple[JobState, Effects]:
@@ -456,7 +485,7 @@ def _go_on_elsewhere(facts: JobFacts, state: JobState, phase: Literal["gate", "s
         return (replace(state, phase="retry", status=status),
                 (Retry(phase, status, nodes, state.condemned, budget),))
     return (replace(state, phase="end", status=status),
-            (Finish(status, f"{why}; no successor job: --retries is 0 and the site's watch.max_successors is 0"),))
+            _end(facts, status, f"{why}; no successor job: --retries is 0 and the site's watch.max_successors is 0"))
 
 
 def _named(detection: Detection) -> str:

@@ -57,6 +57,10 @@ class _CommandRecordingArgs(click.Command):
 @click.option("--watch/--no-watch", "watch", default=None,
               help="Watch the training for slow, sick and hung nodes and restart around them, or not, for this "
                    "job (default: the site's watch.enabled, on).")
+@click.option("--alert-command", "alert_command", metavar="'COMMAND [ARGS]...'", default=None,
+              help="Run this command (its words split as a shell would, never run by one) on each detection, "
+                   "restart, successor and end of the job, with the event as one JSON object on stdin "
+                   "(default: the site's alerts.command; '' for none).")
 @click.option("--chdir", help="Submit from this directory (default: the current one): the job runs there, "
               "SCRIPT is relative to it, the gate report and slurm-<id>.out land there.")
 @click.option("--exclude-lemons/--keep-lemons", "exclude_lemons", default=None,
@@ -75,7 +79,7 @@ class _CommandRecordingArgs(click.Command):
 def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | None, spare: int,
            min_nodes: int | None, gpus_per_node: int | None, time_limit: str | None, job_name: str | None,
            nccl_debug: str | None, retries: int | None, signal_spec: str | None, sbatch: tuple[str, ...],
-           checkpoints: str | None, watch: bool | None, chdir: str | None, exclude_lemons: bool | None, dry_run: bool, remote: str | None,
+           checkpoints: str | None, watch: bool | None, alert_command: str | None, chdir: str | None, exclude_lemons: bool | None, dry_run: bool, remote: str | None,
            identity: str | None, known_hosts: str | None, as_json: bool, program: tuple[str, ...]) -> None:
     """Render an sbatch script for SITE's hardware and submit it (here, or over SSH).
 
@@ -96,7 +100,7 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | No
     """
     from trainctl import __version__
     from trainctl.errors import UsageError
-    from trainctl.launcher.plan import SubmitRequest, plan_job, with_launcher
+    from trainctl.launcher.plan import SubmitRequest, parse_alert_command, plan_job, with_launcher
     from trainctl.launcher.job_script import JOB_SCRIPT_PYTHON
     from trainctl.launcher.render import command_line, job_script_parts, render_script, sbatch_argv
     from trainctl.health.check_names import check_site_check_names
@@ -139,7 +143,8 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | No
         site_ref=site_ref, program=program if job is None else job_program, nodes=nodes, partition=partition,
         spare=spare, min_nodes=min_nodes, gpus_per_node=gpus_per_node, time_limit=time_limit, job_name=job_name,
         nccl_debug=nccl_debug, retries=retries, signal=signal_spec, sbatch=sbatch, checkpoints=checkpoints,
-        watch=watch, launcher=None if job is None else job_launcher))
+        watch=watch, launcher=None if job is None else job_launcher,
+        alert_command=None if alert_command is None else parse_alert_command(alert_command)))
     program = request.program   # what each rank runs: a launcher on the command line translated
 
     # Only where asked for: reading the history costs sqlite3 and a query, which a plain submit never pays.

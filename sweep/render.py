@@ -15,7 +15,7 @@ from trainctl.slurm import fold_hostlist
 from trainctl.sweep.model import STATUS_CODE, DrainRow, NodeRow, ResultRow, SweepRow
 from trainctl.sweep.fleet import FAMILIES, FamilyStrikes, Lemon
 from trainctl.sweep.report import Fleet, Group, NodeFleet, Report
-from trainctl.text import printable
+from trainctl.text import printable, prometheus_label as _label
 
 CELL_COLOURS = {"ok": "#4caf50", "warn": "#ffb300", "fail": "#d32f2f", "unknown": "#7e57c2",
                 "timeout": "#ff7043", "error": "#6d4c41", "not_swept": "#cfd8dc", None: "#ffffff"}
@@ -474,10 +474,6 @@ def _legend() -> str:
 
 
 # ---------------------------------------------------------------- Prometheus textfile
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
 
 def to_prometheus(latest: Iterable[tuple[ResultRow, float]], current: Iterable[NodeRow],
                   drains: Iterable[DrainRow], newest_sweep: SweepRow | None, fleet: Fleet | None = None) -> str:

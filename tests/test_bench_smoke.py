@@ -133,3 +133,14 @@ def test_job_follow_scale_bench_redraws_a_real_job_directory_at_tiny_n():
     assert [(row["nodes"], row["ranks"]) for row in rows] == [(2, 4), (4, 8)]
     assert all(row["first_s"] > 0 and row["redraw_s"] > 0 and row["journal_bytes"] > 0 for row in rows)
     assert "not judged below 4,096 nodes" in out.stdout
+
+
+def test_job_metrics_bench_writes_the_file_at_tiny_n():
+    out = subprocess.run([sys.executable, str(BENCH / "job_metrics_scale.py"), "--nodes", "4,40", "--rounds", "1",
+                          "--polls", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = json_lines(out.stdout)
+    assert [line["nodes"] for line in lines] == [4, 40]
+    for line in lines:
+        assert line["poll_s"] > 0 and line["file_bytes"] > 0 and line["samples"] > 0
+    assert "under the 50 ms target" in out.stdout

@@ -625,7 +625,59 @@ def _job_last_line(tmp_path: Path) -> str:
 # Where each sample comes from: a command or function run here on real or recorded input; or
 # `recorded PATH`, the recorded output of a real run under tests/fixtures/ (each recording's
 # README or header names the command that made it).
+def _hung_job_journal(path: Path):
+    # a job's journal as its supervisor writes it: the gate left node3 out, training from 1040 with
+    # a save at 1100, node2 hung at 1200, the restart trained again at 1300
+    from trainctl.job.jobdir import Journal, Kind
+
+    clock = [1000.0]
+    journal = Journal(path, clock=lambda: clock[0], keep=True)
+    for t, kind, fields in ((1000, Kind.JOB_START, {"job": "1234"}), (1001, Kind.SUBMITTED, {"submitted_t": 900.0}),
+                            (1001, Kind.GATE_START, {}),
+                            (1029, Kind.NODE_VERDICT, {"node": "node3", "verdict": "excluded", "reasons": ["Xid 79"]}),
+                            (1031, Kind.GATE_END, {"status": 0}), (1040, Kind.TRAINING_START, {"nodes": "node[1-2]"}),
+                            (1101, Kind.CHECKPOINT, {"checkpoint_t": 1100.0}),
+                            (1200, Kind.DETECTION, {"kind": "hung", "suspects": ["node2"],
+                                                    "evidence": "no rank finished a step for 600 s"}),
+                            (1210, Kind.STEP_END, {"status": 143, "training_start_t": 1040.0,
+                                                   "last_checkpoint_t": 1100.0}),
+                            (1211, Kind.GATE_START, {"nodes": ["node1", "node4"]}), (1240, Kind.GATE_END, {"status": 0}),
+                            (1300, Kind.TRAINING_START, {"nodes": "node[1,4]", "restart": 1})):
+        clock[0] = t
+        journal.add(kind, **fields)
+    return journal
+
+
+def _job_metrics(tmp_path: Path) -> str:
+    # what the supervisor writes into node_exporter's textfile directory for that job at 1400
+    from trainctl.job import metrics
+
+    journal = _hung_job_journal(tmp_path / "journal.jsonl")
+    identity = metrics.JobIdentity("1234", "1234", "alice", "llama")
+    samples = metrics.job_samples([journal.events], metrics.Live("training", 2, 0.5, 200), 1400.0)
+    metrics.publish(str(tmp_path), "1234", metrics.render(identity, samples))
+    return (tmp_path / "trainctl-job-1234.prom").read_text()
+
+
+def _alert_on_stdin(tmp_path: Path) -> str:
+    # the event the alert command reads on stdin, for that job's detection
+    import os
+
+    from trainctl.job.alerts import AlertSender, alert_event
+    from trainctl.job.metrics import JobIdentity
+
+    journal = _hung_job_journal(tmp_path / "journal.jsonl")
+    detection = next(event for event in journal.events if event["event"] == "detection")
+    sender = AlertSender(["sh", "-c", 'cat > "$0"', str(tmp_path / "stdin")], 10.0, str(tmp_path / "alerts.log"),
+                         dict(os.environ), print)
+    sender.send(alert_event(detection, JobIdentity("1234", "1234", "alice", "llama"), "/home/alice/trainctl-gate-1234"))
+    sender.close()
+    return (tmp_path / "stdin").read_text()
+
+
 SAMPLES = {
+    "a job's metrics file": _job_metrics,
+    "an alert's stdin": _alert_on_stdin,
     "site show of a bad site file": _bad_site,
     "submit --zork": lambda tmp_path: _run(tmp_path, "submit", "--zork"),
     "another trainctl installed": _another_trainctl,

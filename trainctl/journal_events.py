@@ -297,10 +297,14 @@ def job_ended(events: Iterable[Mapping]) -> bool:
 class Journal:
     """Appends events; one write per line, so a reader never sees half an event."""
 
-    def __init__(self, path: str | os.PathLike, clock=time.time):
+    def __init__(self, path: str | os.PathLike, clock=time.time, *, keep: bool = False):
         self.path = path
         self.clock = clock
         self.failed = False
+        # with `keep`, every event added, as a reader reads it back (kept whether written or not): the
+        # supervisor's metrics and alerts read them here, not from the file again
+        self.events: list[dict] = []
+        self.keep = keep
 
     def add(self, event: Kind, **fields) -> dict:
         """Append `event`; a journal that cannot be written (a full quota) never ends the job: one warning."""
@@ -311,6 +315,8 @@ class Journal:
             line = json.dumps(entry, default=str, allow_nan=False)
         except ValueError:   # a NaN in a value: written as null, so the journal stays JSON
             line = json.dumps(clean(entry), default=str, allow_nan=False)
+        if self.keep and (kept := parse_event(line)) is not None:
+            self.events.append(kept)
         try:
             fd = open_append_regular(self.path)   # a FIFO in its place is refused, never waited on
             try:

@@ -258,6 +258,24 @@ class WatchConfig:
 
 
 @record
+class MetricsConfig:
+    textfile_dir: str = doc(
+        "node_exporter's textfile collector directory on the batch hosts (its --collector.textfile.directory), "
+        "writable by the jobs' users: each job's supervisor keeps trainctl-job-<id>.prom there, rewritten at "
+        "every event and watch poll, and removes it when the job ends (docs: Site administration, Job "
+        "metrics) (empty: off)", "")
+
+
+@record
+class AlertsConfig:
+    command: tuple[str, ...] = doc(
+        "a command, as its argv, that each job runs on its detections, restarts, successor and end, with "
+        "the event as one JSON object on stdin, e.g. ['/opt/site/trainctl-slack', 'https://hooks.slack.com/...']; "
+        "per job: submit --alert-command (empty: none)", ())
+    timeout_s: float = doc("the alert command is killed after this long; the job never waits for it", 10.0)
+
+
+@record
 class PartitionConfig:
     gpus_per_node: int = doc("GPUs per node")
     gpu_model: str = doc("product name as nvidia-smi prints it (empty: do not check)", "")
@@ -309,6 +327,9 @@ class SiteConfig:
     watch: WatchConfig = doc("watching the training once it runs", default_factory=WatchConfig)
     fleet: FleetConfig = doc("fleet memory: jobs' verdicts in the sweep history, lemons", default_factory=FleetConfig)
     breaker: BreakerConfig = doc("the cap on trainctl's automatic drains", default_factory=BreakerConfig)
+    metrics: MetricsConfig = doc("each running job's state for Prometheus", default_factory=MetricsConfig)
+    alerts: AlertsConfig = doc("a command run on each job's detections, restarts, successors and ends",
+                               default_factory=AlertsConfig)
     partitions: dict[str, PartitionConfig] = doc("partition name -> hardware")
 
 

@@ -120,6 +120,7 @@ SITE_BOUNDS: dict[str, Bounds] = {
     "watch.checkpoint_wait_s": Bounds(0, DAY_S),
     "watch.dump_wait_s": Bounds(0, 3600),
     "watch.end_grace_s": Bounds(1, 3600),
+    "alerts.timeout_s": Bounds(0.1, 600),
     "watch.max_restarts": Bounds(0, 1000),
     "watch.max_successors": Bounds(0, 1000),
     "watch.hold_spares": Bounds(0, MAX_NODES),
