@@ -26,19 +26,20 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import NamedTuple, get_args
+from typing import NamedTuple
 
 from trainctl.errors import UsageError
 from trainctl.files import write_atomically
 from trainctl.job.goodput import LOST_KINDS, goodput
 from trainctl.job.jobdir import Kind
 from trainctl.job.machine import JobState
-from trainctl.job.watch import Kind as DetectionKind, step_median
+from trainctl.detections import DetectionKind
+from trainctl.job.watch import step_median
 from trainctl.text import prometheus_label
 
 PREFIX = "trainctl_job_"
 PHASES = ("gate", "training", "stopping", "restarting", "successor", "ended")
-DETECTION_KINDS = get_args(DetectionKind)
+DETECTION_KINDS = tuple(kind.value for kind in DetectionKind)
 
 # name (after PREFIX) -> (type, help); rendered in this order
 FAMILIES: dict[str, tuple[str, str]] = {

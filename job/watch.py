@@ -462,7 +462,7 @@ def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | 
     if not _made_the_rise(own, current - normal):   # the time goes to waiting: the wire?
         links = _link_waits(limits, state, now)
         if links:
-            suspects, note, link_fields = link_wait_verdict(links)
+            suspects, note, link_fields = link_wait_verdict(links, tuple(sorted({*state.heard, *state.links})))
             named_by = LINK_WAIT if suspects else ""
             evidence += "; " + note
     ratios = _compute_ratios(limits, state, now)
@@ -585,6 +585,9 @@ def link_line(item: Mapping) -> str:
 WAIT_WHAT = {"qdisc": "held back (qdisc overlimits + requeues + drops)", "ib": "waited for credit (PortXmitWait ticks)"}
 # how much holding back counts at all, per MB sent
 LINK_WAIT_FLOOR_PER_MB = 10.0
+# a link that sent less than this share of what it sent before says nothing of its wire: the job
+# stalled (a node starved of CPU, a rank stopped), and a link that sends nothing holds nothing back
+LINK_MIN_SENT_SHARE = 0.25
 
 
 def _link_waits(limits: WatchLimits, state: WatchState, now: float) -> list[LinkWait]:
@@ -622,7 +625,7 @@ def _window(start: LinkSample, end: LinkSample, name: str) -> tuple[float, float
     return (last.wait - first.wait) / (sent / 1e6), sent / (end.t - start.t)
 
 
-def link_wait_verdict(links: list[LinkWait]) -> tuple[tuple[str, ...], str, list[dict]]:
+def link_wait_verdict(links: list[LinkWait], nodes: tuple[str, ...]) -> tuple[tuple[str, ...], str, list[dict]]:
     """Whom the nodes' own links name for a slowdown spent waiting (the rule, `link-wait`).
 
     In synchronous training every node sends its share of each step. A link that cannot keep up
@@ -633,8 +636,16 @@ def link_wait_verdict(links: list[LinkWait]) -> tuple[tuple[str, ...], str, list
     one out. A node is named when one of its links holds back at least LINK_WAIT_FACTOR x as much
     per MB sent as every other node's link of the same kind over the slow window, and at least
     LINK_WAIT_FLOOR_PER_MB, and did not before (a node whose link always held back most is no new
-    fault)."""
+    fault). The rule compares every node of the job (`nodes`), each link still sending at least
+    LINK_MIN_SENT_SHARE of what it sent before; where one cannot be judged, it names nobody."""
     fields = [link.fields() for link in links]
+    unjudged = [f"{node}: no link readings over the window" for node in nodes
+                if not any(link.node == node for link in links)]
+    unjudged += [f"{link.node} {link.link}: sent {link.sent_per_s[1] / 1e6:.3g} MB/s, under "
+                 f"{LINK_MIN_SENT_SHARE:.0%} of its {link.sent_per_s[0] / 1e6:.3g} before" for link in links
+                 if link.sent_per_s[1] < LINK_MIN_SENT_SHARE * link.sent_per_s[0]]
+    if unjudged:
+        return (), (f"the links cannot be compared ({'; '.join(unjudged)}): nobody is named by the links"), fields
     apart = []
     for link in links:
         others = [o for o in links if o.node != link.node and o.source == link.source]

@@ -309,6 +309,24 @@ def test_links_are_judged_without_own_times_and_not_where_a_ranks_own_time_named
     assert found[0].suspects == ("node3",) and not found[0].details.links
 
 
+def test_the_recorded_slow_link_and_stalled_job_cases_are_told_apart():
+    # (wait per MB, bytes sent a second), before and over the window, as journals of the dev cluster
+    # recorded them: node2's link cut to 30 Mbit/s (named), and a healthy job whose nodes were starved
+    # of CPU, where node2 sent next to nothing (so held nothing back) and node4's agent gave no link
+    # readings: a stall, not a wire, and no comparison of every node's link
+    def link(node, wait, sent):
+        return w.LinkWait(node, "eth0", "qdisc", wait, sent)
+
+    cut = [link("node2", (57.2, 50.2), (5.656e6, 2.747e6)), link("node3", (60.3, 18.8), (5.654e6, 2.827e6)),
+           link("node4", (57.1, 24.3), (5.656e6, 2.773e6))]
+    assert w.link_wait_verdict(cut, ("node2", "node3", "node4"))[0] == ("node2",)
+    stalled = [link("node2", (53.5, 0.0), (1.191e6, 95)), link("node3", (53.9, 39.2), (1.138e6, 221656))]
+    named, note, _ = w.link_wait_verdict(stalled, ("node2", "node3", "node4"))
+    assert named == () and "node4: no link readings" in note and "node2 eth0: sent 9.5e-05 MB/s" in note
+    # every node read, but one barely sending: still nobody
+    assert w.link_wait_verdict([*stalled, link("node4", (53.0, 20.0), (1.1e6, 0.9e6))], ("node2", "node3", "node4"))[0] == ()
+
+
 def test_a_link_whose_counts_went_back_is_not_judged():
     job = Job()
     job.link = dict.fromkeys(NODES, 55.0)
