@@ -361,18 +361,20 @@ class JobDriver:
                 status = self.step.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 self.checkpoints.poll(self.journal, self.readings.values())
-                if effect.poll:
-                    return self._poll(lambda t, readings: machine.Polled(t, readings, self.checkpoints.last))
+                if effect.poll:   # the checkpoint patterns' time counts in the poll's cost too
+                    return self._poll(lambda t, readings: machine.Polled(t, readings, self.checkpoints.last),
+                                      self.checkpoints.cost_s)
                 continue
             status = 128 - status if status < 0 else status
             return self._poll(lambda t, readings: machine.StepEnded(status, t, readings)) if effect.poll \
                 else machine.StepEnded(status)
 
-    def _poll(self, event):
-        """The agents' files now, as `event(t, readings)`; the read's cost spaces the next poll."""
+    def _poll(self, event, spent_s: float = 0.0):
+        """The agents' files now, as `event(t, readings)`; the read's cost, and `spent_s` already
+        spent on this poll, space the next poll (WATCH_SHARE)."""
         began = time.monotonic()
         readings = self.readings = read_node_files(self.gate_dir, self.state.chosen)
-        self.poll_cost_s = time.monotonic() - began
+        self.poll_cost_s = spent_s + time.monotonic() - began
         return event(time.time(), readings)
 
     def _ask_for_checkpoint(self, effect: machine.AskForCheckpoint) -> None:

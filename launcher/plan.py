@@ -18,7 +18,7 @@ from trainctl.errors import UsageError
 from trainctl.launcher.launchers import PYTHON_MODULE, Refusal, Translation, is_python, translate
 from trainctl.records import record
 from trainctl.site import PartitionConfig, SiteConfig, partition
-from trainctl.validate import MAX_NODES, InvalidValue, check_slurm_signal, check_text
+from trainctl.validate import MAX_NODES, InvalidValue, check_checkpoint_pattern, check_slurm_signal
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 # Set by the job script from site keys and options, by rank-exec for each rank, or by Slurm:
@@ -347,17 +347,11 @@ def _check_counts(request: SubmitRequest, part: PartitionConfig, partition_name:
 
 
 def check_checkpoints(value: str) -> str:
-    """--checkpoints: a path or glob (relative to the submit directory) that a command line can carry."""
+    """--checkpoints: a path or glob relative to the submit directory (`check_checkpoint_pattern`)."""
     try:
-        text = check_text(value)
+        return check_checkpoint_pattern(value)
     except InvalidValue as exc:
         raise UsageError(f"--checkpoints: {exc}") from None
-    if len(text) > CHECKPOINTS_MAX_CHARS:
-        raise UsageError(f"--checkpoints: longer than {CHECKPOINTS_MAX_CHARS} characters")
-    return text
-
-
-CHECKPOINTS_MAX_CHARS = 4096   # PATH_MAX
 
 
 def parse_alert_command(value: str) -> tuple[str, ...]:

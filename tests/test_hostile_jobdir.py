@@ -503,3 +503,82 @@ def test_a_fifo_or_a_link_as_a_nodes_watch_file_is_refused_in_one_line_never_wri
     assert str(refused.value) == f"cannot write {paths.node_file('node1')}: not a regular file"
     assert outside.read_text() == "theirs\n"
     assert (stat.S_ISFIFO if thing == "fifo" else stat.S_ISLNK)(os.lstat(paths.node_file("node1")).st_mode)
+
+
+def fill_journal(path: Path, size: int) -> int:
+    """A journal of `size` bytes in the supervisor's own line format: a job that trained, about a
+    million small events between its start and its end; how many events it holds."""
+    from trainctl.journal_events import Kind, journal_line
+
+    def line(t, kind, **fields):
+        return journal_line(t, kind, fields)[1] + "\n"
+
+    start = line(100, Kind.JOB_START, attempt=1) + line(110, Kind.TRAINING_START, nodes="node[1-2]")
+    end = line(9e5, Kind.STEP_END, status=0, training_start_t=110) + line(9e5, Kind.JOB_END, status=0)
+    filler = line(200, Kind.STACKS)
+    count = (size - len(start) - len(end)) // len(filler)
+    with open(path, "w") as handle:
+        handle.write(start)
+        for _ in range(count // 1000):
+            handle.write(filler * 1000)
+        handle.write(filler * (count % 1000) + end)
+    return count + 4
+
+
+def show_measured(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, int]:
+    """`trainctl job show` in a process of its own, with its peak resident memory in bytes."""
+    measure = ("import resource, subprocess, sys; out = open(sys.argv[1], 'w'); "
+               "code = subprocess.run(sys.argv[2:], stdout=out, env={'PATH': '/nonexistent'}).returncode; "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", measure, str(tmp_path / "out"), TRAINCTL, "job", "show", *args],
+                            capture_output=True, text=True, timeout=600)
+    return (subprocess.CompletedProcess(result.args, result.returncode, (tmp_path / "out").read_text(), result.stderr),
+            int(result.stdout))
+
+
+def test_job_show_on_a_journal_of_a_million_events_shows_both_ends_and_says_what_it_left_out(tmp_path):
+    """A full journal (64 MiB, the most any reader takes) in bounded memory, with a timeline of
+    its first and last events, the goodput of all of them, and one line for the rest; --json too."""
+    from trainctl.journal_events import JOURNAL_MAX_BYTES
+
+    gate = tmp_path / "trainctl-gate-9"
+    gate.mkdir()
+    count = fill_journal(gate / "journal.jsonl", JOURNAL_MAX_BYTES)
+    out, peak = show_measured(tmp_path, "9", "--dir", str(gate))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert f"timeline: 1,000 of {count:,} events shown, the first and the last; {count - 1000:,} between not shown " \
+           f"({count - 1000:,} watch: every rank's stack recorded) (job show reads 64 MiB of journals at most)" in lines
+    assert len(lines) < 1100 and "  ..." in lines and lines[-6].endswith("job 9: job ended: status 0")
+    assert any(line.startswith("goodput: ") and "productive" in line for line in lines)
+    assert peak < 4 * JOURNAL_MAX_BYTES                      # before: the whole journal as events, 10 times its size
+    data, _ = show_measured(tmp_path, "9", "--dir", str(gate), "--json")
+    document = strict_utf8_json(data.stdout)
+    assert len(document["timeline"][0]["events"]) == 1000 and document["timeline_left_out"].startswith("timeline: 1,000 of")
+    assert document["goodput"]["running"] is False and document["goodput_unknown"] is None
+
+
+def test_job_show_reads_a_chains_journals_up_to_its_bound_this_jobs_first_and_says_which_it_did_not(
+        tmp_path, monkeypatch):
+    import trainctl.job.show
+
+    monkeypatch.setattr(trainctl.job.show, "SHOW_JOURNAL_BYTES", 1 << 20)
+    for job, previous, successor in (("7", None, "8"), ("8", "7", "9"), ("9", "8", None)):
+        gate = tmp_path / f"trainctl-gate-{job}"
+        gate.mkdir()
+        fill_journal(gate / "journal.jsonl", 600 << 10)
+        if previous:
+            (gate / "attempt.json").write_text(json.dumps({"job_id": job, "attempt": int(job) - 6, "retries": 2,
+                                                           "previous_job": previous, "excluded": []}))
+        if successor:
+            (gate / "retry.json").write_text(json.dumps({"job_id": job, "attempt": int(job) - 6, "retries": 2,
+                                                         "reason": "lost", "phase": "step", "status": 1, "bad_nodes": {},
+                                                         "exclude": [], "successor": successor, "retry": True}))
+    out = show("8", "--dir", tmp_path / "trainctl-gate-8")
+    assert out.returncode == 0, out.stderr
+    summary = next(line for line in out.stdout.splitlines() if line.startswith("timeline: "))
+    assert summary.endswith("read in part: the journal of job 9; not read: the journal of job 7 "
+                            "(job show reads 1 MiB of journals at most)")
+    assert "goodput: not computed: not every journal of the chain was read whole" in out.stdout
+    data = show("8", "--dir", tmp_path / "trainctl-gate-8", "--json")
+    assert strict_utf8_json(data.stdout)["goodput"] is None

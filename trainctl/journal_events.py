@@ -188,12 +188,24 @@ def parse_event(line: str | bytes, *, strict: bool = False) -> dict | None:
     With `strict` (a reader that counts what the events say: fleet memory), an event with a field
     of another type than EVENT_FIELDS gives is None too, instead of losing that field (null is
     always a field's "none": the supervisor writes it so)."""
+    entry = event_entry(line)
+    return None if entry is None else typed_event(entry, strict=strict)
+
+
+def event_entry(line: str | bytes) -> dict | None:
+    """A journal line's JSON object as it stands when it has a finite time and a kind, else None:
+    the first half of `parse_event`, enough to count a line by its kind (`entry["event"]`)."""
     try:
         entry = loads(line)
     except ValueError:
         return None
     if not isinstance(entry, dict) or number(entry.get("t")) is None or not isinstance(entry.get("event"), str):
         return None
+    return entry
+
+
+def typed_event(entry: dict, *, strict: bool = False) -> dict | None:
+    """The second half of `parse_event`: an `event_entry` cleaned, its kind and its fields typed."""
     entry = clean(entry)
     kind = KINDS.get(entry["event"], entry["event"])
     types = EVENT_FIELDS.get(kind, {})     # type: ignore[call-overload]
@@ -294,6 +306,16 @@ def job_ended(events: Iterable[Mapping]) -> bool:
     return any(event["event"] == Kind.JOB_END for event in events)
 
 
+def journal_line(now: float, event: Kind, fields: Mapping[str, Any]) -> tuple[dict, str]:
+    """An event at `now` as the journal holds it, and its line (without the newline)."""
+    entry = {"t": round(now, 3), "at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
+             "event": str(event), **fields}
+    try:
+        return entry, json.dumps(entry, default=str, allow_nan=False)
+    except ValueError:   # a NaN in a value: written as null, so the journal stays JSON
+        return entry, json.dumps(clean(entry), default=str, allow_nan=False)
+
+
 class Journal:
     """Appends events; one write per line, so a reader never sees half an event."""
 
@@ -308,13 +330,7 @@ class Journal:
 
     def add(self, event: Kind, **fields) -> dict:
         """Append `event`; a journal that cannot be written (a full quota) never ends the job: one warning."""
-        now = self.clock()
-        entry = {"t": round(now, 3), "at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
-                 "event": str(event), **fields}
-        try:
-            line = json.dumps(entry, default=str, allow_nan=False)
-        except ValueError:   # a NaN in a value: written as null, so the journal stays JSON
-            line = json.dumps(clean(entry), default=str, allow_nan=False)
+        entry, line = journal_line(self.clock(), event, fields)
         if self.keep and (kept := parse_event(line)) is not None:
             self.events.append(kept)
         try:

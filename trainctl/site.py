@@ -25,7 +25,8 @@ from typing import Any, Literal
 
 from trainctl.errors import ConfigError, UsageError
 from trainctl.records import record
-from trainctl.validate import InvalidValue, check_number, check_slurm_signal, check_text, shown, site_bounds
+from trainctl.validate import (InvalidValue, check_checkpoint_pattern, check_number, check_slurm_signal, check_text,
+                               shown, site_bounds)
 
 BUILTIN_SITE_DIR = Path(__file__).resolve().parent / "site_configs"
 # Editable installs and the source tree keep the samples in the top-level site-configs/.
@@ -422,6 +423,10 @@ def load_site(name_or_file: str, dirs: list[Path] | None = None) -> LoadedSite:
         check_slurm_signal(config.launch.signal)
     except InvalidValue as exc:
         raise ConfigError(f"{path}: launch.signal = {config.launch.signal!r}: {exc}") from None
+    try:
+        check_checkpoint_pattern(config.launch.checkpoints)
+    except InvalidValue as exc:
+        raise ConfigError(f"{path}: launch.checkpoints: {exc}") from None
     contradiction = contradicting_keys(config)
     if contradiction:
         raise ConfigError(f"{path}: {contradiction}")
