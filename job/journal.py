@@ -127,6 +127,15 @@ def timeline_lines(attempts: list[tuple[str, list[dict]]], start: float) -> list
     return lines
 
 
+def event_lines(stamp: str, job_id: str, event: dict) -> list[str]:
+    """One event of job `job_id` at `stamp` (its offset, or its time of day): its line, and a
+    slowdown's evidence per rank and per link under it."""
+    lines = [f"{stamp} job {job_id}: {describe(event)}"]
+    if event["event"] in (Kind.DETECTION, Kind.WEIGHED):
+        lines += [f"      {line}" for line in own_time_lines(event) + link_lines(event)]
+    return lines
+
+
 def describe(event: dict) -> str:
     kind = event["event"]
     if kind == Kind.NODE_VERDICT:
