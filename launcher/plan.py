@@ -18,7 +18,7 @@ from trainctl.errors import UsageError
 from trainctl.launcher.launchers import PYTHON_MODULE, Refusal, Translation, is_python, translate
 from trainctl.records import record
 from trainctl.site import PartitionConfig, SiteConfig, partition
-from trainctl.validate import MAX_NODES, InvalidValue, check_checkpoint_pattern, check_slurm_signal
+from trainctl.validate import MAX_NODES, InvalidValue, check_checkpoint_pattern, check_slurm_signal, check_text
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 # Set by the job script from site keys and options, by rank-exec for each rank, or by Slurm:
