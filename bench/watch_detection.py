@@ -13,9 +13,11 @@ the end and the goodput, how many slowdowns the gate pinned on no node (training
 the same nodes), how many times the watch stopped the training step (stops), and how many
 slowdowns nobody was named for it weighed and let go on (let go), and how long the job trained
 (its first step to its end). `--watch-off` runs the same faults without the watch, with `--retries 1`.
+Each run's journal is kept beside the figures, in test-artifacts/watch-journals/.
 
     TRAINCTL_DEVCLUSTER_INSTANCE=1 .venv/bin/python -P bench/watch_detection.py --scenarios a,c,d,e --runs 10
     .venv/bin/python -P bench/watch_detection.py --scenarios f --runs 20 --seconds 180
+    for i in $(seq 10); do .venv/bin/python -P bench/watch_detection.py --scenarios l,o,m --seconds 200 --keep; done
     TRAINCTL_DEVCLUSTER_INSTANCE=2 .venv/bin/python -P bench/watch_detection.py --scenarios h,i,j --runs 3
     .venv/bin/python -P bench/watch_detection.py --scenarios a,c --runs 3 --watch-off --keep
     .venv/bin/python -P bench/watch_detection.py --summary-only

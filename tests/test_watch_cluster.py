@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from contextlib import ExitStack, contextmanager
@@ -339,6 +340,11 @@ def summarise(events: list[dict], victim: str, fault_t: float) -> dict:
 
 def record_row(scenario: Scenario, run_number: int, outcome: dict) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
+    # the journal beside its row: pytest's temporary folders are rotated away by later sessions
+    kept = ARTIFACTS / "watch-journals"
+    kept.mkdir(exist_ok=True)
+    shutil.copyfile(Path(outcome["gate_dir"]) / "journal.jsonl",
+                    kept / f"{scenario.name}-{run_number}-job{outcome['job_id']}-{int(time.time())}.jsonl")
 
     def seconds(value):
         return "" if value is None else f"{value:.1f}"
