@@ -52,6 +52,14 @@ def submitted(devcluster, cwd: Path, *args: str) -> tuple[str, str]:
     return result.stdout.strip().splitlines()[-1], result.stderr
 
 
+def replay_healthy_nodes(devcluster, undo: ExitStack) -> None:
+    """What the local-demo gate reads on every node, healthy: a clean kernel log and NVLink (until `undo`)."""
+    for node in NODES:
+        for made in (write_replay(devcluster.node_bin_dir(node), "dmesg", {"-T": CLEAN_DMESG}),
+                     write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})):
+            undo.callback(made.unlink, missing_ok=True)
+
+
 def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_torchrun_programs_run(
         devcluster, tmp_path):
     site = site_variant(tmp_path, "local-demo", {
@@ -63,10 +71,7 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
     lightning_dir.mkdir()
     others_dir.mkdir()
     with ExitStack() as undo:
-        for node in NODES:
-            for made in (write_replay(devcluster.node_bin_dir(node), "dmesg", {"-T": CLEAN_DMESG}),
-                         write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})):
-                undo.callback(made.unlink, missing_ok=True)
+        replay_healthy_nodes(devcluster, undo)
         lightning, _ = submitted(devcluster, lightning_dir, "--site", str(site), "--nodes", "2", "--spare", "1", "--",
                               str(PROGRAMS / "lightning_ddp.py"), "--nodes", "2", "--steps", str(LIGHTNING_STEPS),
                               "--step-time", str(STEP_S), "--dir", str(lightning_dir / "ck"))
@@ -193,14 +198,16 @@ def test_three_public_job_scripts_complete_under_trainctl_submit_on_the_gates_no
     env = {name: value for name, value in devcluster.client_env().items() if name != "PYTHONSAFEPATH"}
     env["PATH"] = f"{venv_bin}:{env['PATH']}"     # as a user submits from their activated environment
     records = {}
-    for name, folder in runs.items():   # one after the other: Slurm would put all three on the same nodes
-        args = ("--extra", "arg") if name.startswith("torchtitan") else ()
-        result = subprocess.run([TRAINCTL, "submit", "--site", str(site), name, *args], capture_output=True,
-                                text=True, cwd=folder, env=env, timeout=120)
-        assert result.returncode == 0, result.stderr
-        assert "taken over" in result.stderr, result.stderr
-        job_id = result.stdout.strip().splitlines()[-1]
-        records[name] = (job_id, wait_for_job(devcluster, job_id, timeout_s=400))
+    with ExitStack() as undo:
+        replay_healthy_nodes(devcluster, undo)
+        for name, folder in runs.items():   # one after the other: Slurm would put all three on the same nodes
+            args = ("--extra", "arg") if name.startswith("torchtitan") else ()
+            result = subprocess.run([TRAINCTL, "submit", "--site", str(site), name, *args], capture_output=True,
+                                    text=True, cwd=folder, env=env, timeout=120)
+            assert result.returncode == 0, result.stderr
+            assert "taken over" in result.stderr, result.stderr
+            job_id = result.stdout.strip().splitlines()[-1]
+            records[name] = (job_id, wait_for_job(devcluster, job_id, timeout_s=400))
 
     for name, folder in runs.items():
         job_id, record = records[name]
