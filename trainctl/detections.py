@@ -113,20 +113,8 @@ class FailedCheck:
     reason: str
 
 
-@dataclass(frozen=True)
-class SickDetails:
-    failed: tuple[FailedCheck, ...] = ()
-
-    def to_json(self) -> dict:
-        return {"failed": [{"node": f.node, "check": f.check, "reason": f.reason} for f in self.failed]}
-
-    @classmethod
-    def from_json(cls, data: Mapping, suspects: tuple[str, ...]) -> SickDetails:
-        return cls(tuple(FailedCheck(item["node"], item["check"], item["reason"]) for item in _items(data.get("failed"))
-                         if all(isinstance(item.get(key), str) for key in ("node", "check", "reason"))))
-
-    def causes(self, node: str, evidence: str) -> tuple[tuple[str, str], ...]:
-        return tuple((f.check, f.reason) for f in self.failed if f.node == node) or (("watch.sick", evidence),)
+class _NotSlow:
+    """What a detection other than a slowdown says of the step time: nothing."""
 
     @property
     def accepted_step_s(self) -> float | None:
@@ -142,7 +130,23 @@ class SickDetails:
 
 
 @dataclass(frozen=True)
-class HungDetails:
+class SickDetails(_NotSlow):
+    failed: tuple[FailedCheck, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"failed": [{"node": f.node, "check": f.check, "reason": f.reason} for f in self.failed]}
+
+    @classmethod
+    def from_json(cls, data: Mapping, suspects: tuple[str, ...]) -> SickDetails:
+        return cls(tuple(FailedCheck(item["node"], item["check"], item["reason"]) for item in _items(data.get("failed"))
+                         if all(isinstance(item.get(key), str) for key in ("node", "check", "reason"))))
+
+    def causes(self, node: str, evidence: str) -> tuple[tuple[str, str], ...]:
+        return tuple((f.check, f.reason) for f in self.failed if f.node == node) or (("watch.sick", evidence),)
+
+
+@dataclass(frozen=True)
+class HungDetails(_NotSlow):
     silent: tuple[str, ...] = ()         # the nodes whose agent fell silent
     steps: Mapping[str, int] = field(default_factory=dict)   # node -> its ranks' lowest step count
     startup_s: float | None = None       # before the first step: the start-up bound that passed
@@ -170,14 +174,6 @@ class HungDetails:
 
     def causes(self, node: str, evidence: str) -> tuple[tuple[str, str], ...]:
         return (("watch.hung", evidence),)
-
-    @property
-    def accepted_step_s(self) -> float | None:
-        return None
-
-    @property
-    def slowdown(self) -> float | None:
-        return None
 
     @property
     def at_startup(self) -> bool:
