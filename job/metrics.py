@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from trainctl.errors import UsageError
-from trainctl.files import write_atomically
+from trainctl.files import write_regular
 from trainctl.job.goodput import LOST_KINDS, goodput
 from trainctl.job.jobdir import Kind
 from trainctl.job.machine import JobState
@@ -208,12 +208,14 @@ def textfile_path(directory: str, job_id: str) -> str:
 
 
 def publish(directory: str, job_id: str, text: str) -> None:
-    """Write the job's file whole (`write_atomically`: a temporary file beside it, mode 0644 so that
-    node_exporter's user reads it, renamed over it). UsageError, one line, where it cannot be
-    (the directory missing: node_exporter is not set up on this host)."""
+    """Write the job's file whole (`write_regular`: a temporary file beside it, mode 0644 so that
+    node_exporter's user reads it, renamed over it). The directory is shared with other users'
+    jobs: a FIFO, symlink or directory someone placed at the job's name is refused, never waited
+    on or written through. UsageError, one line, where it cannot be (the directory missing:
+    node_exporter is not set up on this host)."""
     if not os.path.isdir(directory):
         raise UsageError(f"{directory}: no such directory")
-    write_atomically(textfile_path(directory, job_id), text)
+    write_regular(textfile_path(directory, job_id), text)
 
 
 def unpublish(directory: str, job_id: str) -> None:

@@ -175,3 +175,18 @@ def test_the_file_is_written_whole_readable_by_node_exporter_and_removed_at_the_
     with pytest.raises(UsageError, match="no such directory"):
         metrics.publish(str(tmp_path / "missing"), "1234", text)
     assert not (tmp_path / "missing").exists()
+
+
+def test_what_another_user_placed_at_the_jobs_name_is_refused_never_waited_on_or_written_through(tmp_path):
+    # the textfile directory is shared (mode 1777): a job's name is known before it runs
+    shared = tmp_path / "textfile"
+    shared.mkdir()
+    victim = tmp_path / "victims-own-file"
+    victim.write_text("theirs\n")
+    os.symlink(victim, metrics.textfile_path(str(shared), "41"))
+    os.mkfifo(metrics.textfile_path(str(shared), "42"))
+    for job_id in ("41", "42"):
+        with pytest.raises(UsageError, match="not a regular file"):
+            metrics.publish(str(shared), job_id, "trainctl_job_attempt 1\n")
+    assert victim.read_text() == "theirs\n"
+    assert stat.S_ISFIFO(os.lstat(metrics.textfile_path(str(shared), "42")).st_mode)
