@@ -124,9 +124,10 @@ def shrink_job(job_id: str, keep: str, gate_dir: str, env: dict[str, str]) -> tu
         if result.ok or TRY_AGAIN not in result.stderr or time.monotonic() + RESIZE_RETRY_S >= retry_until:
             break
         time.sleep(RESIZE_RETRY_S)
-    script = Path(gate_dir) / jobdir.resize_script(job_id)
-    try:   # a regular file only: a FIFO put there must not hold the supervisor
-        text = jobdir.read_bytes(script, jobdir.RESIZE_SCRIPT_MAX_BYTES) if result.ok else None
+    paths = jobdir.JobPaths(Path(gate_dir))
+    try:   # a regular file of the job directory only: a FIFO put there must not hold the supervisor
+        text = (jobdir.read_bytes(paths.resize_script(job_id), jobdir.RESIZE_SCRIPT_MAX_BYTES, root=paths.root)
+                if result.ok else None)
         return result, None if text is None else text.decode(errors="replace")
     except OSError:
         return result, None
