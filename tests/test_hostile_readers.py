@@ -181,3 +181,27 @@ def test_a_fifo_as_the_report_never_blocks_the_retry(tmp_path):
     assert not thread.is_alive(), "the retry blocked on report.txt"
     assert done["record"].retry is False and read_retry(paths) == done["record"]
     assert stat.S_ISFIFO(os.lstat(paths.report).st_mode)
+
+
+# ---------------------------------------------------------------- the supervisor's own steps
+
+@pytest.mark.parametrize("thing", ["fifo", "directory"])
+def test_a_fifo_or_a_directory_as_a_steps_srun_log_never_holds_the_supervisor(tmp_path, thing):
+    """srun's own messages for the gate step go to srun-trainctl-gate.log in the gate directory:
+    where something else is in its place, they go to the job's output, and the step starts."""
+    import threading
+
+    from trainctl.job.machine import GATE_STEP
+    from trainctl.job.slurm_actions import own_step_srun_log, start_step
+
+    argv = ["true", f"--job-name={GATE_STEP}", f"--output={tmp_path}/node-%N.log"]
+    log = Path(own_step_srun_log(argv))
+    os.mkfifo(log) if thing == "fifo" else log.mkdir()
+    started = {}
+    thread = threading.Thread(target=lambda: started.update(step=start_step(argv, dict(os.environ))), daemon=True)
+    thread.start()
+    thread.join(NO_BLOCK_S)
+    assert not thread.is_alive(), "the supervisor blocked on the step's srun log"
+    assert started["step"].wait(NO_BLOCK_S) == 0
+    kind = stat.S_ISFIFO if thing == "fifo" else stat.S_ISDIR
+    assert kind(os.lstat(log).st_mode)
