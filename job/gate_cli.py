@@ -247,8 +247,8 @@ def _wait_for_reports(paths: jobdir.JobPaths, hosts: list[str], limit_s: float, 
             break
         if fabric_seen is None and paths.fabric.exists():
             fabric_seen = now
-            fabric = _read_json(paths.fabric, paths) or {}
-            lost = {host for host, node in fabric.get("nodes", {}).items() if node.get("lost")}
+            fabric = _read_fabric(paths)
+            lost = {host for host, node in fabric.nodes.items() if node.lost} if fabric else set()
         if fabric_seen is not None:
             final = {p.name[:-len(jobdir.FINAL_MARKER)] for p in paths.node_reports.glob(f"*{jobdir.FINAL_MARKER}")}
             if reported - lost <= final or now - fabric_seen >= final_grace_s:

@@ -104,13 +104,15 @@ def test_a_node_report_that_is_no_report_is_one_line_and_that_node_unreported(tm
     assert "n2 no health report" in out.stderr.splitlines()[-1]
 
 
-def test_a_fabric_report_that_is_no_object_is_one_line_while_gate_decide_waits(tmp_path):
+@pytest.mark.parametrize("content, said", [("[1, 2]", "not a JSON object"),
+                                           ('{"nodes": {"n1": 5}}', "not a fabric report")])
+def test_a_fabric_report_that_is_no_report_is_one_line_while_gate_decide_waits(tmp_path, content, said):
     """`gate decide --wait` reads fabric.json as soon as it appears, for the nodes it says were lost."""
     paths = gate_dir(tmp_path, "n1", "n2")
-    paths.fabric.write_text("[1, 2]\n")
+    paths.fabric.write_text(content + "\n")
     out = decide(paths, "--nodes", "2", "--allocated", "n[1-2]", "--deadline", "30")
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert f"{paths.fabric}: not a JSON object; treated as missing" in out.stderr
+    assert f"{paths.fabric}: {said}" in out.stderr and "treated as missing" in out.stderr
     assert "n1 fabric: the fabric test's coordinator (rank 0) left no report" in out.stderr.splitlines()[-1]
 
 
