@@ -20,7 +20,6 @@ import re
 import statistics
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
 from trainctl.files import inside
 from trainctl.html_page import escape, legend, page_head
@@ -29,7 +28,7 @@ from trainctl.job.follow import mean_step_s
 from trainctl.job.goodput import LOST_KINDS, goodput_lines, watch_lines
 from trainctl.job.jobdir import JobPaths, Kind
 from trainctl.job.journal import describe, hms
-from trainctl.job.show import JobView, attempt_dir, chain_goodput, chain_start
+from trainctl.job.show import JobView, attempt_paths, chain_goodput, chain_start
 
 PHASE_COLOURS = {"queue": "#cfd8dc", "gate": "#90caf9", "training": "#4caf50", "stopping": "#ffb300",
                  "restart": "#ff7043"}
@@ -270,7 +269,7 @@ def collect_rounds(view: JobView) -> list[Round]:
     step's in `watch/`, earlier ones' where the gate after them moved them."""
     rounds = []
     for job_id, events in view.journals:
-        root = Path(attempt_dir(view.gate_dir, view.job_id, job_id))
+        root = attempt_paths(view.gate_dir, view.job_id, job_id).root
         for start, end, nodes, folder in training_rounds(list(events)):
             place = (root / folder).parent if folder else None
             readings = (jobdir.read_node_files(JobPaths(place), nodes)

@@ -270,9 +270,9 @@ class JobDriver:
     def _write_gate_status(self, step) -> None:
         status = slurm_actions.wait_step(step, STEP_POLL_S)
         try:
-            # read by `gate decide --wait`: the gate step is over
-            self.paths.gate_step_status.write_text(f"{status}\n")
-        except OSError:  # decide then waits for its deadline instead: slower, not wrong
+            # read by `gate decide --wait`: the gate step is over; a regular file of the job's own only
+            jobdir.write_regular(self.paths.gate_step_status, f"{status}\n")
+        except UsageError:  # decide then waits for its deadline instead: slower, not wrong
             pass
 
     def _decide_timeout_s(self) -> float:

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import TextIO
 
 from trainctl.errors import EXIT_UNKNOWN, ExternalCommandError, TrainctlError
@@ -35,7 +34,7 @@ from trainctl.job import jobdir
 from trainctl.job.goodput import LOST_KINDS, Goodput, goodput
 from trainctl.job.jobdir import JobPaths, Kind, NodeReading
 from trainctl.job.journal import event_lines, hms
-from trainctl.job.show import LocalFiles, attempt_dir, collect_chain
+from trainctl.job.show import LocalFiles, attempt_paths, collect_chain
 from trainctl.site import WatchConfig, load_site
 from trainctl.slurm import fold_hostlist
 from trainctl.text import printable
@@ -282,7 +281,7 @@ class Follower:
         self.watch: WatchConfig | None = None
 
     def paths(self, job: str) -> JobPaths:
-        return JobPaths(Path(attempt_dir(self.gate_dir, self.job_id, job)))
+        return attempt_paths(self.gate_dir, self.job_id, job)
 
     def read(self, now: float) -> FollowView:
         jobs = tuple(link["job_id"] for link in collect_chain(self.files, self.gate_dir, self.job_id))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -45,17 +44,17 @@ def node(site, partition, gate_dir, no_fabric):
     from trainctl.slurm import this_node_name
 
     ignore_checkpoint_signals()
-    root = Path(gate_dir)
+    paths = jobdir.JobPaths(Path(gate_dir))
     host = this_node_name()  # the name `gate decide` finds in SLURM_JOB_NODELIST
     gate_policy = load_gate_policy(site, partition)
     policy = node_policy(gate_policy.config, gate_policy.partition, None, in_gate=True)
-    report = check_node(root / jobdir.SNAPSHOTS / host, policy, collect=True)
-    _write_json(root / jobdir.NODE_REPORTS / f"{host}.json", report.to_json())
+    report = check_node(paths.snapshot(host), policy, collect=True)
+    jobdir.write_json(paths.node_report(host), report.to_json())
     click.echo(f"gate: {host} node checks {report.status.label}", err=True)
-    _run_compute(root, host, gate_policy.compute)
+    _run_compute(paths, host, gate_policy.compute)
     world = int(os.environ.get("SLURM_NTASKS", "1"))
     if no_fabric or world < 2:
-        _write_final_marker(root, host)
+        _write_final_marker(paths, host)
         return 0
     from torch.distributed import DistError
 
@@ -69,32 +68,32 @@ def node(site, partition, gate_dir, no_fabric):
                    f"{' '.join(str(exc).split())[:300]}", err=True)
         end_process(0)
     if fabric is not None:
-        _write_json(root / jobdir.FABRIC, fabric.to_json())
+        jobdir.write_json(paths.fabric, fabric.to_json())
         click.echo(f"gate: fabric test {fabric.status}, excluded "
                    f"{[item.host for item in fabric.excluded] or 'none'}", err=True)
     # error counters judged by their growth while the fabric test loaded the links
-    grown = counter_growth(report, root / jobdir.SNAPSHOTS / f"{host}.after-fabric", policy)
+    grown = counter_growth(report, paths.snapshot(host, after_fabric=True), policy)
     if grown is not report:
-        _write_json(root / jobdir.NODE_REPORTS / f"{host}.json", grown.to_json())
-    _write_final_marker(root, host)
+        jobdir.write_json(paths.node_report(host), grown.to_json())
+    _write_final_marker(paths, host)
     end_process(0)
     return 0
 
 
-def _write_final_marker(root: Path, host: str) -> None:
+def _write_final_marker(paths: jobdir.JobPaths, host: str) -> None:
     """DIR/nodes/HOST.final: this node's report will not change any more (its counters were
     read again after the fabric test), so `gate decide --wait` can judge it."""
-    _write_json(root / jobdir.NODE_REPORTS / f"{host}{FINAL_MARKER}", {"host": host})
+    jobdir.write_json(paths.node_report_final(host), {"host": host})
 
 
-def _run_compute(root: Path, host: str, policy) -> None:
+def _run_compute(paths: jobdir.JobPaths, host: str, policy) -> None:
     from trainctl.job.gate_compute import run_for_gate
 
     if not policy.enabled:
         return
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     world = int(os.environ.get("SLURM_NTASKS", "1"))
-    report = run_for_gate(root, host, rank, world, policy.budget_s, policy.in_turns)
+    report = run_for_gate(paths, host, rank, world, policy.budget_s, policy.in_turns)
     figures = ", ".join(f"{d['tflops']:.3g} TFLOPS {d['copy_gbps']:.3g} GB/s" + (f" ({d['error']})" if d["error"] else "")
                         for d in report["devices"])
     click.echo(f"gate: {host} compute {figures}", err=True)
@@ -179,20 +178,22 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     source = "--allocated" if allocated else "SLURM_JOB_NODELIST"
     hosts = [check_node_name(host, source) for host in expand_hostlist(hostlist, source=source)]  # file names under DIR
     policy = load_gate_policy(site, partition)
-    root = Path(gate_dir)
+    paths = jobdir.JobPaths(Path(gate_dir))
     missing = None
     if wait or deadline_s is not None:
         limit = deadline_s if deadline_s is not None else policy.deadline_s(len(hosts))
-        missing = _wait_for_reports(root, hosts, limit, policy.final_grace_s)
+        missing = _wait_for_reports(paths, hosts, limit, policy.final_grace_s)
     node_reports = {}
-    for path in sorted((root / jobdir.NODE_REPORTS).glob("*.json")):
-        report = _read_json(path)
-        if report is not None:
+    for path in sorted(paths.node_reports.glob("*.json")):
+        report = _read_json(path, paths)
+        if report is not None and (problem := _not_a_node_report(report)) is not None:
+            print(f"trainctl: warning: {path}: {problem}; treated as missing", file=sys.stderr)
+        elif report is not None:
             node_reports[report.get("host", path.stem)] = report
-    fabric = _read_fabric(root / jobdir.FABRIC)
+    fabric = _read_fabric(paths)
     from trainctl.job.gate_compute import judge_gate_dir
 
-    compute_verdicts, compute_reasons = judge_gate_dir(root, policy.compute)
+    compute_verdicts, compute_reasons = judge_gate_dir(paths, policy.compute)
     decision = decide(hosts, node_reports, fabric, wanted, minimum, missing=missing,
                       unknown_policy=policy.gate.unknown, compute_reasons=compute_reasons,
                       odd_node_fails=policy.gate.odd_node_out == "fail")
@@ -203,10 +204,11 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
 
     drains = drain_excluded(site, policy.config, decision, node_reports, fabric, os.environ)
     text += "".join(f"{line}\n" for line in drains.lines())
-    _write_json(root / jobdir.DECISION, decision.to_json() | {"drains": [d.to_json() for d in drains.drains],
-                                                               "breaker": drains.breaker,
-                                                               "compute": [v.to_json() for v in compute_verdicts]})
-    (root / jobdir.REPORT).write_text(text)
+    jobdir.write_json(paths.decision, decision.to_json() | {"drains": [d.to_json() for d in drains.drains],
+                                                             "breaker": drains.breaker,
+                                                             "compute": [v.to_json() for v in compute_verdicts]})
+    if (problem := jobdir.write_report(paths, text)) is not None:   # the report is for a human: the gate goes on
+        click.echo(f"trainctl: warning: {problem}", err=True)
     if not decision.ok:
         if drains.breaker:   # the job's output says when the breaker held drains back, however the gate ends
             click.echo(drains.breaker, err=True)
@@ -217,12 +219,10 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     return 0
 
 
-GATE_STEP_STATUS = jobdir.GATE_STEP_STATUS  # written by the supervisor when the gate's srun returns
-FINAL_MARKER = ".final"                # DIR/nodes/HOST.final: that node's report is final
 WAIT_POLL_S = 0.2
 
 
-def _wait_for_reports(root: Path, hosts: list[str], limit_s: float, final_grace_s: float) -> str:
+def _wait_for_reports(paths: jobdir.JobPaths, hosts: list[str], limit_s: float, final_grace_s: float) -> str:
     """Wait until the gate is over; returns why a node still without a report is missing.
 
     Over means: the fabric test's report is in (rank 0 writes it last, after every live node
@@ -241,20 +241,20 @@ def _wait_for_reports(root: Path, hosts: list[str], limit_s: float, final_grace_
     while True:
         now = time.monotonic()
         waited = now - start
-        reported = {p.stem for p in (root / jobdir.NODE_REPORTS).glob("*.json")}
-        if len(hosts) == 1 and (root / jobdir.NODE_REPORTS / f"{hosts[0]}{FINAL_MARKER}").exists():
+        reported = {p.stem for p in paths.node_reports.glob("*.json")}
+        if len(hosts) == 1 and paths.node_report_final(hosts[0]).exists():
             why = "no health report"  # after its compute test too, which it runs after its checks
             break
-        if fabric_seen is None and (root / jobdir.FABRIC).exists():
+        if fabric_seen is None and paths.fabric.exists():
             fabric_seen = now
-            fabric = _read_json(root / jobdir.FABRIC) or {}
-            lost = {host for host, node in fabric.get("nodes", {}).items() if node.get("lost")}
+            fabric = _read_fabric(paths)
+            lost = {host for host, node in fabric.nodes.items() if node.lost} if fabric else set()
         if fabric_seen is not None:
-            final = {p.name[:-len(FINAL_MARKER)] for p in (root / jobdir.NODE_REPORTS).glob(f"*{FINAL_MARKER}")}
+            final = {p.name[:-len(jobdir.FINAL_MARKER)] for p in paths.node_reports.glob(f"*{jobdir.FINAL_MARKER}")}
             if reported - lost <= final or now - fabric_seen >= final_grace_s:
                 why = "no health report"
                 break
-        if (root / GATE_STEP_STATUS).exists():
+        if paths.gate_step_status.exists():
             why = f"no report (the gate step ended after {waited:.0f} s)"
             break
         if waited >= limit_s:
@@ -265,35 +265,36 @@ def _wait_for_reports(root: Path, hosts: list[str], limit_s: float, final_grace_
     return why
 
 
-def _write_json(path: Path, data: dict) -> None:
-    from trainctl.files import write_atomically
-
-    write_atomically(path, json.dumps(data, indent=1) + "\n")
-
-
-def _read_fabric(path: Path) -> FabricReport | None:
+def _read_fabric(paths: jobdir.JobPaths) -> FabricReport | None:
     """Rank 0's fabric.json; one that is not a fabric report counts as missing, as an unreadable one does."""
     from trainctl.health.fabric.report import FabricReport
 
-    data = _read_json(path)
+    data = _read_json(paths.fabric, paths)
     if data is None:
         return None
     try:
         return FabricReport.from_json(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        print(f"trainctl: warning: {path}: not a fabric report ({exc!r}); treated as missing", file=sys.stderr)
+        print(f"trainctl: warning: {paths.fabric}: not a fabric report ({exc!r}); treated as missing", file=sys.stderr)
         return None
 
 
-def _read_json(path: Path) -> dict | None:
-    """A node's or rank 0's report: a regular file of at most JSON_MAX_BYTES (never a FIFO's wait)."""
-    try:
-        data = jobdir.read_bytes(path, jobdir.JSON_MAX_BYTES + 1)
-        if data is None:
-            return None
-        if len(data) > jobdir.JSON_MAX_BYTES:
-            raise ValueError(f"larger than {jobdir.JSON_MAX_BYTES} bytes")
-        return json.loads(data)
-    except (OSError, ValueError, RecursionError) as exc:
-        print(f"trainctl: warning: {path}: unreadable ({exc}); treated as missing", file=sys.stderr)
-        return None
+def _not_a_node_report(report: dict) -> str | None:
+    """Why `report` is not what `gate node` writes (NodeReport.to_json), in a few words, as far as
+    the decision reads it; None when it is one."""
+    checks = report.get("checks")
+    if not isinstance(report.get("host", ""), str) or not isinstance(checks, list):
+        return "not a node report"
+    if not all(isinstance(check, dict) and all(isinstance(check.get(key), str) for key in ("name", "status", "reason"))
+               for check in checks):
+        return "not a node report (a check without its name, status and reason)"
+    return None
+
+
+def _read_json(path: Path, paths: jobdir.JobPaths) -> dict | None:
+    """A node's or rank 0's report, by the job directory's reader (a regular file inside it, never a
+    FIFO's wait, at most JSON_MAX_BYTES; a counter's raw value kept); one line where it is no report."""
+    report, problem = jobdir.read_json_file(path, root=paths.root, limited=False)
+    if problem is not None:
+        print(f"trainctl: warning: {path}: {problem}; treated as missing", file=sys.stderr)
+    return report

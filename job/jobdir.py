@@ -10,14 +10,16 @@ reader here:
   again with fstat);
 - follows no symlink that leads out of the job directory (a rank log linked to /etc/shadow, read
   by root running `job show` on a user's directory);
-- reads a bounded number of bytes, except the journal, which is streamed whole (a job of
-  thousands of nodes writes megabytes of it; its end says whether the job ended);
+- reads a bounded number of bytes (the journal is streamed, up to JOURNAL_MAX_BYTES: a job of
+  thousands of nodes writes megabytes of it, and its end says whether the job ended);
 - turns bad content into None ("unknown") or a skipped line, never an exception: NaN, Infinity,
   numbers no clock or counter reaches, wrong types and deep nesting included.
 
-The journal's lines (their kinds, fields, writer and reader) are `trainctl.journal_events`, one
-floor below, so that the fleet history reads them by the same rules; `read_journal` and the rest
-are re-exported here with the directory's other readers.
+Where each file is (`JobPaths`) and the journal's lines (their kinds, fields, writer and its
+readers) are one floor below, `trainctl.jobdir_names` and `trainctl.journal_events`, so that the
+fleet history finds and reads journals by the same names and rules; they are re-exported here
+with the directory's other readers. `job show` reads over SSH too: it parses what it reads with
+the readers' own functions (`json_object`, `journal_events.journal_lines`).
 """
 
 from __future__ import annotations
@@ -26,23 +28,27 @@ import fnmatch
 import glob
 import heapq
 import json
+import math
 import os
 import re
 import stat
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
-from trainctl.jobdir_names import JOURNAL, dir_name
-from trainctl.files import inside, open_regular, read_bytes, write_regular  # noqa: F401 (open_regular: re-exported)
+from trainctl.jobdir_names import (ALERTS_LOG, ATTEMPT, CHECKPOINT_MARKER, COMPUTE, DECISION, FABRIC,  # noqa: F401
+                                   FINAL_MARKER, GATE_STEP_STATUS, JOURNAL, NODE_REPORTS, REPORT, RETRY, ROUNDS,
+                                   SNAPSHOTS, WATCH, JobPaths, dir_name, node_file_name, resize_script)
+from trainctl.files import (inside, open_append_regular, open_regular, read_bytes,  # noqa: F401 (open_regular: re-exported)
+                            write_regular)
 # The journal's lines are owned below job/ (the fleet history reads them too); re-exported here
 # with the rest of the job directory's readers and writers.
 from trainctl.journal_events import (KINDS, NUMBER_LIMIT, Journal, JournalUnreadable, Kind,  # noqa: F401
                                      all_strings, clean, integer, job_ended, loads, number, parse_event,
                                      parse_journal, read_journal, read_journal_bytes, read_journal_since,
                                      string_list)
+from trainctl.errors import UsageError
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.guest import wire as guest_wire
@@ -52,20 +58,9 @@ from trainctl.validate import JOB_ID
 
 # ---------------------------------------------------------------- names
 
-DECISION = "decision.json"
-REPORT = "report.txt"
-RETRY = "retry.json"
-ATTEMPT = "attempt.json"
-CHECKPOINT_MARKER = "checkpoint.seen"   # written by the program, named by CHECKPOINT_ENV
+# Where each file is: `trainctl.jobdir_names` (below the job room: the fleet history finds journals
+# by them too), re-exported here with what each file holds.
 CHECKPOINT_ENV = guest_wire.CHECKPOINT_ENV
-WATCH = "watch"
-ROUNDS = "rounds"
-NODE_REPORTS = "nodes"                  # the gate's per-node reports
-SNAPSHOTS = "snapshots"
-COMPUTE = "compute"
-FABRIC = "fabric.json"
-GATE_STEP_STATUS = "gate-step.status"
-ALERTS_LOG = "alerts.log"               # the alert command's runs: what it was given and what it said
 BATCH_HOST_BEAT = "batch-host.beat"
 SENTINEL_LOG = "sentinel.log"
 DUMP_REQUEST = "dump-request"           # in watch/: holds a token; each agent answers with dump-done-<node>
@@ -76,10 +71,6 @@ SIGNAL_REFUSED_MAX_BYTES = 300
 PROBE_PREFIX = "alive-"                 # the retry's probe step: alive-<node>.out
 # what a gate round writes; moved to rounds/<n>/ before the gate runs again
 GATE_ROUND_FILES = (NODE_REPORTS, SNAPSHOTS, COMPUTE, FABRIC, DECISION, REPORT, GATE_STEP_STATUS)
-
-
-def node_file_name(node: str) -> str:
-    return f"{node}.json"
 
 
 def stacks_file(node: str) -> str:
@@ -104,68 +95,6 @@ GATE_LOG_PATTERN = gate_log("%N")
 AGENT_LOG_PATTERN = f"{WATCH}/agent-%N.log"
 SENTINEL_OUT = "sentinel.out"
 RESIZE_SCRIPT_MAX_BYTES = 1 << 20
-
-
-def resize_script(job_id: str) -> str:
-    """What `scontrol update NodeList=` writes in the current directory (scontrol(1), NodeList)."""
-    return f"slurm_job_{job_id}_resize.sh"
-
-
-@dataclass(frozen=True)
-class JobPaths:
-    """Where each file of one job's directory is."""
-
-    root: Path
-
-    @classmethod
-    def of(cls, submit_dir: str | os.PathLike, job_id: str) -> JobPaths:
-        return cls(Path(submit_dir) / dir_name(job_id))
-
-    def sibling(self, job_id: str) -> JobPaths:
-        """Another job's directory in the same submit directory (the attempts of one --retries job)."""
-        return JobPaths(self.root.parent / dir_name(job_id))
-
-    @property
-    def decision(self) -> Path:
-        return self.root / DECISION
-
-    @property
-    def report(self) -> Path:
-        return self.root / REPORT
-
-    @property
-    def journal(self) -> Path:
-        return self.root / JOURNAL
-
-    @property
-    def retry(self) -> Path:
-        return self.root / RETRY
-
-    @property
-    def attempt(self) -> Path:
-        return self.root / ATTEMPT
-
-    @property
-    def checkpoint_marker(self) -> Path:
-        return self.root / CHECKPOINT_MARKER
-
-    @property
-    def gate_step_status(self) -> Path:
-        return self.root / GATE_STEP_STATUS
-
-    @property
-    def watch(self) -> Path:
-        return self.root / WATCH
-
-    @property
-    def alerts_log(self) -> Path:
-        return self.root / ALERTS_LOG
-
-    def node_file(self, node: str) -> Path:
-        return self.watch / node_file_name(node)
-
-    def round(self, number: int) -> Path:
-        return self.root / ROUNDS / str(number)
 
 
 @dataclass(frozen=True)
@@ -255,18 +184,96 @@ def read_signal_refusal(paths: JobPaths) -> str | None:
 def read_json(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None) -> dict | None:
     """A JSON object from a file, or None: missing, not a regular file, unreadable, cut at `cap`,
     not JSON or not an object."""
-    data = _quietly(read_bytes, path, cap + 1, root=root)
-    if data is None or len(data) > cap:
-        return None
+    return read_json_file(path, cap, root=root)[0]
+
+
+def read_json_file(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None,
+                   limited: bool = True) -> tuple[dict | None, str | None]:
+    """A JSON object from a file, and None; or None and why not in a few words (None too where
+    there is no such file): not a regular file (a FIFO, a device, a directory, a link out of
+    `root`), unreadable, over `cap` bytes, not JSON, not an object. NaN and Infinity read as null;
+    `limited`: numbers past NUMBER_LIMIT too (`clean`), where the reader takes them for times or
+    counts (a node's health report keeps a counter's raw value)."""
+    document, problem = _json_document(path, cap, root)
+    if problem is None and document is not None and not isinstance(document, dict):
+        return None, "not a JSON object"
+    return (clean(document) if limited and document is not None else document), problem
+
+
+def _json_document(path: str | os.PathLike, cap: int, root) -> tuple[Any, str | None]:
     try:
-        document = loads(data)
+        data = read_bytes(path, cap + 1, root=root)
+    except OSError as exc:
+        return None, f"cannot read: {exc.strerror or exc}"
+    if data is None:
+        return None, "not a regular file" if os.path.lexists(path) else None
+    return json_document(data, cap)
+
+
+def json_document(data: bytes | str, cap: int) -> tuple[Any, str | None]:
+    """The JSON value of a file's first `cap` + 1 bytes (read here, or over SSH by `job show`), and
+    None; or None and why not: over `cap` bytes, not JSON (NaN and Infinity read as null)."""
+    if len(data) > cap:
+        return None, f"larger than {cap} bytes"
+    try:
+        return loads(data), None
     except ValueError:
+        return None, "not JSON"
+
+
+def json_object(data: bytes | str, cap: int = JSON_MAX_BYTES) -> dict | None:
+    """`json_document`'s object, `clean`; None where it is none."""
+    document, problem = json_document(data, cap)
+    return clean(document) if problem is None and isinstance(document, dict) else None
+
+
+def read_compute_order(paths: JobPaths) -> list[int] | None:
+    """Node 0's order of the compute test's turns (ranks); None where there is none, or it is not one."""
+    order, _ = _json_document(paths.compute_order, JSON_MAX_BYTES, paths.root)
+    if not isinstance(order, list) or not all(integer(rank) is not None for rank in order):
         return None
-    return clean(document) if isinstance(document, dict) else None
+    return order
 
 
-def write_json(path: str | os.PathLike, data: Mapping) -> None:
-    write_regular(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
+def write_json(path: str | os.PathLike, data: Mapping | list) -> None:
+    """Whole or not at all, as a regular file of the job's own (`write_regular`: UsageError where
+    something else is in its place); strict JSON: a NaN or infinity in `data` is written as null."""
+    try:
+        text = json.dumps(data, indent=1, allow_nan=False)
+    except ValueError:
+        text = json.dumps(finite(data), indent=1, allow_nan=False)
+    write_regular(path, text + "\n")
+
+
+def finite(value: Any) -> Any:
+    """`value` with each NaN and infinity as None (what a reader here makes of them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
+def write_report(paths: JobPaths, text: str, *, append: bool = False) -> str | None:
+    """report.txt, the gate's and the retry's words for a human: written whole (or a line added,
+    `append`) where it is a regular file or none yet; None, or why not in one line (a FIFO or
+    a directory in its place is never opened for writing, never waited on)."""
+    try:
+        if not append:
+            write_regular(paths.report, text)
+            return None
+        fd = open_append_regular(paths.report)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    except UsageError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot write {paths.report}: {exc.strerror or exc}"
+    return None
 
 
 # ---------------------------------------------------------------- the decision
@@ -401,7 +408,7 @@ def drop_journal(path: str, directory: str, job_id: str) -> str:
     target = os.path.join(os.path.expanduser(directory), f"{job_id}.jsonl")
     part = os.path.join(os.path.dirname(target), f".{job_id}.part-{os.getpid()}")
     try:
-        data = read_journal_bytes(path)
+        data = read_journal_bytes(path, os.path.dirname(os.path.abspath(path)))   # no link out of the job directory
     except JournalUnreadable as exc:
         return f"{path}: {exc}"
     try:

@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterator, Set
+from collections.abc import Set
 
 from trainctl.job.jobdir import KINDS, Kind
 from trainctl.job.watch import link_line
-from trainctl.journal_events import JOURNAL_LINE_MAX_BYTES, event_entry, typed_event
+from trainctl.journal_events import event_entry, journal_lines, typed_event
 
 SHOW_KEPT_MAX = 20_000                  # events of the kinds goodput reads, kept in all; past it, no goodput
 EACH_END = 500                          # events of a timeline shown at each end, and kept at each end of a journal
@@ -24,7 +24,7 @@ class ChainEvents:
     """The events of a chain's journals that `job show` keeps, within bounds: every event of the
     kinds in `kept` (goodput's, up to SHOW_KEPT_MAX in all), and of the others the first and the
     last EACH_END of each journal; the rest counted by kind. A journal's text is gone through a line
-    at a time (`journal_lines`)."""
+    at a time, split by the journal's one rule (`journal_events.journal_lines`)."""
 
     def __init__(self, kept: Set[str], budget: int):
         self.kept, self.budget = kept, budget   # budget: the bytes of journals read at most, in all
@@ -86,17 +86,6 @@ class ChainEvents:
         if self.kept_full:
             return f"the journals hold more than {SHOW_KEPT_MAX:,} events that it counts"
         return None
-
-
-def journal_lines(text: str) -> Iterator[str | None]:
-    """Each line of a journal's text, one at a time (None for one longer than JOURNAL_LINE_MAX_BYTES,
-    never copied): no list of them all, and no copy of the text."""
-    start = 0
-    while start < len(text):
-        end = text.find("\n", start)
-        end = len(text) if end < 0 else end
-        yield text[start:end] if end - start <= JOURNAL_LINE_MAX_BYTES else None
-        start = end + 1
 
 
 def timeline_events(attempts: list[tuple[str, list[dict]]]) -> tuple[list[tuple[float, str, dict]], Counter[str]]:

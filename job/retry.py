@@ -264,10 +264,7 @@ def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[s
         os.makedirs(following.root, exist_ok=True)
         jobdir.write_json(following.attempt, AttemptRecord(successor, decision.next_attempt, retries, job_id,
                                                            tuple(decision.exclude)).to_json())
-    try:
-        with open(paths.report, "a") as report:
-            report.write(f"\nretry: {summary_line(rec)}\n")
-    except OSError:
-        pass
+    # report.txt is for a human: a FIFO or a directory in its place is left as it is, never waited on
+    jobdir.write_report(paths, f"\nretry: {summary_line(rec)}\n", append=True)
     return rec
 

@@ -19,11 +19,13 @@ import re
 import shlex
 import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from trainctl.errors import ExternalCommandError, UsageError
 from trainctl.job import jobdir
 from trainctl.job.decision import Decision
+from trainctl.job.jobdir import JobPaths
 from trainctl.job.goodput import (COUNTED_KINDS, Goodput, WatchAccount, goodput, goodput_lines, watch_account,
                                   watch_lines)
 from trainctl.job.journal import ChainEvents, timeline_events, timeline_lines
@@ -48,8 +50,8 @@ class Files(Protocol):
 
     def scontrol_job(self, job_id: str) -> str | None: ...
     def listdir(self, path: str) -> list[tuple[str, float]] | None: ...   # (name, mtime); None: no dir
-    # at most max_bytes (None: all) of a regular file that stays inside its own directory; None: none such
-    def read(self, path: str, max_bytes: int | None, *, tail: bool = False) -> str | None: ...
+    # at most max_bytes of a regular file that stays inside its own directory; None: none such
+    def read(self, path: str, max_bytes: int, *, tail: bool = False) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,7 @@ def find_job(files: Files, job_id: str, gate_dir: str | None) -> tuple[str, dict
         if not slurm.get("WorkDir"):
             raise UsageError(f"Slurm has no record of job {job_id} any more: "
                              "give its gate directory with --dir")
-        gate_dir = posixpath.join(slurm["WorkDir"], jobdir.dir_name(job_id))
+        gate_dir = str(JobPaths.of(slurm["WorkDir"], job_id).root)
     entries = files.listdir(gate_dir)
     if entries is None:
         raise UsageError(f"{gate_dir}: no such directory (not a trainctl job, or another --dir)")
@@ -293,12 +295,13 @@ def find_job(files: Files, job_id: str, gate_dir: str | None) -> tuple[str, dict
 
 def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int) -> JobView:
     gate_dir, slurm, entries = find_job(files, job_id, gate_dir)
-    decision = jobdir.decision_from_json(read_json(files, posixpath.join(gate_dir, jobdir.DECISION)))
+    paths = JobPaths(Path(gate_dir))
+    decision = jobdir.decision_from_json(read_json(files, paths.decision))
     ranks = []
     for name, mtime in entries:
         match = jobdir.RANK_LOG_RE.fullmatch(name)
         if match:
-            text = files.read(posixpath.join(gate_dir, name), TAIL_BYTES, tail=True) or ""
+            text = files.read(str(paths.root / name), TAIL_BYTES, tail=True) or ""
             ranks.append(RankLog(int(match["rank"]), match["node"], last_lines(text, line_count), mtime,
                                  slurm_notes(text)))
     dumps = tuple(sorted(name for name, _ in entries if name.startswith(FLIGHT_RECORDER_PREFIX)))
@@ -318,7 +321,7 @@ def read_journals(files: Files, gate_dir: str, job_id: str, jobs: list[str]) -> 
         if left <= 0:
             read.unread.append(job)
             continue
-        text = files.read(posixpath.join(attempt_dir(gate_dir, job_id, job), jobdir.JOURNAL), left + 1) or ""
+        text = files.read(str(attempt_paths(gate_dir, job_id, job).journal), left + 1) or ""
         size = len(text) if text.isascii() else len(text.encode())   # a journal of trainctl's is ASCII
         if size > left:
             read.cut.append(job)
@@ -328,23 +331,17 @@ def read_journals(files: Files, gate_dir: str, job_id: str, jobs: list[str]) -> 
     return read
 
 
-def attempt_dir(gate_dir: str, job_id: str, attempt_job: str) -> str:
+def attempt_paths(gate_dir: str, job_id: str, attempt_job: str) -> JobPaths:
     """Where an attempt's files are: the directory given for this job itself (--dir), its
     siblings in the same submit directory for the others."""
-    if attempt_job == job_id:
-        return gate_dir
-    return posixpath.join(posixpath.dirname(gate_dir.rstrip("/")), jobdir.dir_name(attempt_job))
+    paths = JobPaths(Path(gate_dir))
+    return paths if attempt_job == job_id else paths.sibling(attempt_job)
 
 
-def read_json(files: Files, path: str) -> dict | None:
-    text = files.read(path, jobdir.JSON_MAX_BYTES + 1)
-    if not text or len(text) > jobdir.JSON_MAX_BYTES:
-        return None
-    try:
-        data = jobdir.loads(text)
-    except ValueError:
-        return None
-    return jobdir.clean(data) if isinstance(data, dict) else None
+def read_json(files: Files, path: Path) -> dict | None:
+    """A JSON object of the job directory's, here or over SSH, by the job directory's rules (`jobdir.json_object`)."""
+    text = files.read(str(path), jobdir.JSON_MAX_BYTES + 1)
+    return None if text is None else jobdir.json_object(text)
 
 
 def collect_chain(files: Files, gate_dir: str, job_id: str) -> tuple[dict, ...]:
@@ -353,15 +350,13 @@ def collect_chain(files: Files, gate_dir: str, job_id: str) -> tuple[dict, ...]:
 
     def retry(job: str) -> jobdir.RetryRecord | None:
         try:
-            return jobdir.RetryRecord.from_json(read_json(files, posixpath.join(attempt_dir(gate_dir, job_id, job),
-                                                                                 jobdir.RETRY)))
+            return jobdir.RetryRecord.from_json(read_json(files, attempt_paths(gate_dir, job_id, job).retry))
         except ValueError:
             return None
 
     def previous(job: str) -> str | None:
         try:
-            return jobdir.AttemptRecord.from_json(read_json(files, posixpath.join(
-                attempt_dir(gate_dir, job_id, job), jobdir.ATTEMPT))).previous_job
+            return jobdir.AttemptRecord.from_json(read_json(files, attempt_paths(gate_dir, job_id, job).attempt)).previous_job
         except ValueError:
             return None
 
@@ -399,15 +394,9 @@ class LocalFiles:
         except OSError as exc:  # another user's job directory
             raise ExternalCommandError(f"cannot list {path}: {exc.strerror or exc}") from exc
 
-    def read(self, path: str, max_bytes: int | None, *, tail: bool = False) -> str | None:
+    def read(self, path: str, max_bytes: int, *, tail: bool = False) -> str | None:
         root = os.path.dirname(path)
         try:
-            if max_bytes is None:
-                fd = jobdir.open_regular(path, root)
-                if fd is None:
-                    return None
-                with os.fdopen(fd, "rb") as handle:
-                    return handle.read().decode(errors="replace")
             data = jobdir.read_bytes(path, max_bytes, root=root, tail=tail)
             return None if data is None else data.decode(errors="replace")
         except OSError as exc:
@@ -439,7 +428,7 @@ class RemoteFiles:
         except (OSError, paramiko.SSHException) as exc:
             raise ExternalCommandError(f"SFTP: cannot list {path}: {exc}") from exc
 
-    def read(self, path: str, max_bytes: int | None, *, tail: bool = False) -> str | None:
+    def read(self, path: str, max_bytes: int, *, tail: bool = False) -> str | None:
         import paramiko   # here: only `job show` over SSH pays for paramiko
 
         try:   # a regular file whose real path stays in its directory (SFTP's realpath), never a FIFO
@@ -447,10 +436,10 @@ class RemoteFiles:
             if not real.startswith(root.rstrip("/") + "/") or not stat.S_ISREG(self.sftp.stat(real).st_mode or 0):
                 return None
             with self.sftp.open(real, "rb") as handle:
-                if tail and max_bytes is not None:
+                if tail:
                     size = handle.stat().st_size or 0
                     handle.seek(max(0, size - max_bytes))
-                return (handle.read() if max_bytes is None else handle.read(max_bytes)).decode(errors="replace")
+                return handle.read(max_bytes).decode(errors="replace")
         except FileNotFoundError:
             return None
         except (OSError, paramiko.SSHException) as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainctl.errors import ExternalCommandError, ParseError
+from trainctl.files import open_append_regular
 from trainctl.job import jobdir
 from trainctl.job.machine import OWN_STEPS, PROBE_STEP
 from trainctl.launcher.submit import parse_parsable
@@ -40,13 +41,17 @@ def start_step(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
     srun's own messages go to `srun-<step>.log` beside the step's output files, and the job's
     output keeps trainctl's lines."""
     log = own_step_srun_log(argv)
+    try:   # a regular file of the gate directory only: a FIFO or a directory there never holds the supervisor
+        stderr = open_append_regular(log) if log is not None else None
+    except OSError:   # then srun's messages go to the job's output, as another step's do
+        stderr = None
     try:
-        if log is None:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
-        with open(log, "ab") as stderr:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=stderr, env=env)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=stderr, env=env)
     except OSError as exc:   # no srun on this PATH, say: the machine's, not a bug
         raise ExternalCommandError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+    finally:
+        if stderr is not None:
+            os.close(stderr)
 
 
 def own_step_srun_log(argv: list[str]) -> str | None:
@@ -124,9 +129,10 @@ def shrink_job(job_id: str, keep: str, gate_dir: str, env: dict[str, str]) -> tu
         if result.ok or TRY_AGAIN not in result.stderr or time.monotonic() + RESIZE_RETRY_S >= retry_until:
             break
         time.sleep(RESIZE_RETRY_S)
-    script = Path(gate_dir) / jobdir.resize_script(job_id)
-    try:   # a regular file only: a FIFO put there must not hold the supervisor
-        text = jobdir.read_bytes(script, jobdir.RESIZE_SCRIPT_MAX_BYTES) if result.ok else None
+    paths = jobdir.JobPaths(Path(gate_dir))
+    try:   # a regular file of the job directory only: a FIFO put there must not hold the supervisor
+        text = (jobdir.read_bytes(paths.resize_script(job_id), jobdir.RESIZE_SCRIPT_MAX_BYTES, root=paths.root)
+                if result.ok else None)
         return result, None if text is None else text.decode(errors="replace")
     except OSError:
         return result, None

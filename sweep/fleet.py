@@ -9,7 +9,9 @@ it, add nothing. A journal that is damaged, from another site, from the future, 
 than when it was folded in is refused with one line and changes nothing.
 
 A journal is read by the journal's own readers (`trainctl.journal_events`): its bytes by
-`read_journal_bytes` (a regular file only, never blocking, capped), each line by `parse_event`.
+`read_journal_bytes` (a regular file only, never blocking, capped; in the directory it was found
+in, never through a link out of it: the drop directory is everyone's), its lines split by
+`journal_lines` and each read by `parse_event`.
 Where `job show` skips a bad line and shows the rest, folding refuses the whole journal
 (`parse_journal_bytes`): its rows are keyed by line number and count what the events say, so a
 journal with a line the supervisor never writes is damaged, and nothing of it is counted.
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from trainctl.detections import DetectionKind
 from trainctl.health.xid_catalog import GPU, GPU_MEMORY, GPU_RESET, NVLINK, xid_info
-from trainctl.jobdir_names import DIR_PREFIX, JOURNAL
+from trainctl.jobdir_names import DIR_PREFIX, JobPaths
 from trainctl.sweep.model import JobEventRow, JobRow
 
 JOURNAL_SUFFIX = ".jsonl"
@@ -67,8 +69,9 @@ class ParsedJournal:
 def job_id_from_path(path: str) -> str:
     """`<drop dir>/<id>.jsonl` or `trainctl-gate-<id>/journal.jsonl` -> id (empty if neither)."""
     p = Path(path)
-    if p.parent.name.startswith(DIR_PREFIX):
-        return p.parent.name[len(DIR_PREFIX):]
+    in_job_dir = JobPaths(p.parent)
+    if in_job_dir.job_id is not None and p == in_job_dir.journal:
+        return in_job_dir.job_id
     return p.name[:-len(JOURNAL_SUFFIX)] if p.name.endswith(JOURNAL_SUFFIX) else ""
 
 
@@ -80,14 +83,15 @@ def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float) -
     complete lines count: a last line without its newline is being written (or was cut) and is
     left for the next fold."""
     from trainctl.errors import UsageError
-    from trainctl.journal_events import JOURNAL_LINE_MAX_BYTES, Kind, parse_event
+    from trainctl.journal_events import Kind, journal_lines, parse_event
     from trainctl.validate import check_node_name
 
     end = data.rfind(b"\n") + 1
     events: list[tuple[int, dict]] = []
-    # split at b"\n" alone, as the supervisor ends its lines: the line numbers are the rows' keys
-    for number, raw in enumerate(data[:end - 1].split(b"\n") if end else (), start=1):
-        event = parse_event(raw, strict=True) if len(raw) <= JOURNAL_LINE_MAX_BYTES else None
+    # split by the journal's one rule (at b"\n" alone, as the supervisor ends its lines): the line
+    # numbers are the rows' keys
+    for number, raw in enumerate(journal_lines(data[:end]), start=1):
+        event = parse_event(raw, strict=True) if raw is not None else None
         if event is None or event["t"] < 0:
             raise JournalRefused(f"line {number} is not a journal event: damaged")
         if event["t"] > now + FUTURE_SLACK_S:
@@ -177,7 +181,9 @@ def journal_paths(journal_dir: str, extra: Iterable[str] = ()) -> list[str]:
         place = os.path.expanduser(place)
         if os.path.isdir(place):
             found += sorted(glob.glob(os.path.join(glob.escape(place), "*" + JOURNAL_SUFFIX)))
-            found += sorted(glob.glob(os.path.join(glob.escape(place), DIR_PREFIX + "*", JOURNAL)))
+            found += [str(JobPaths(Path(job_dir)).journal)
+                      for job_dir in sorted(glob.glob(os.path.join(glob.escape(place), DIR_PREFIX + "*")))
+                      if os.path.lexists(JobPaths(Path(job_dir)).journal)]
         else:
             found.append(place)
     return found
@@ -209,7 +215,8 @@ def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_
             if before is not None and before.source == path and os.stat(path).st_size == before.size:
                 result.unchanged += 1
                 continue
-            data = read_journal_bytes(path)   # the journal's reader: regular, non-blocking, capped
+            # the journal's reader: regular, non-blocking, capped, no link out of where it was found
+            data = read_journal_bytes(path, os.path.dirname(os.path.abspath(path)))
             parsed = parse_journal_bytes(data, named_job=named, site=site, now=now)
             before = known.get(parsed.job_id)
             if parsed.started_at < keep_after:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trainctl.site import GateConfig
 from trainctl.job.gate_compute import ComputePolicy, judge_gate_dir, run_for_gate
+from trainctl.job.jobdir import JobPaths
 from trainctl.health.compute.judge import (FAILED, NOT_JUDGED, OK, SLOW, GpuFigures, figures_from_report,
                                            judge, node_reasons)
 from trainctl.job.gate import decide, format_report
@@ -94,7 +95,7 @@ def test_a_gpu_that_could_not_be_measured_fails_and_unreadable_figures_fail():
 
 
 def test_measuring_this_cpu_gives_figures_and_the_gate_writes_and_judges_them(tmp_path):
-    report = run_for_gate(tmp_path, "node1", rank=0, world=1, budget_s=0.3, in_turns=True)
+    report = run_for_gate(JobPaths(tmp_path), "node1", rank=0, world=1, budget_s=0.3, in_turns=True)
     (device,) = report["devices"]
     assert device["error"] == "" and device["tflops"] > 0 and device["copy_gbps"] > 0
     assert device["matmul_iters"] >= 3 and device["copy_iters"] >= 3
@@ -104,7 +105,7 @@ def test_measuring_this_cpu_gives_figures_and_the_gate_writes_and_judges_them(tm
     for host, scale in (("node2", 1.0), ("node3", 0.4), ("node4", 1.0)):
         copy = dict(stored, host=host, devices=[dict(device, tflops=device["tflops"] * scale)])
         (tmp_path / "compute" / f"{host}.json").write_text(json.dumps(copy))
-    verdicts, reasons = judge_gate_dir(tmp_path, ComputePolicy.from_gate(GateConfig()))
+    verdicts, reasons = judge_gate_dir(JobPaths(tmp_path), ComputePolicy.from_gate(GateConfig()))
     assert set(reasons) == {"node3"} and reasons["node3"][0].startswith("compute fail-slow: CPU: matmul")
     healthy = {h: {"host": h, "status": "ok", "checks": []} for h in ("node1", "node2", "node3", "node4")}
     # without a fabric report node1 (its coordinator) is left out too
@@ -123,7 +124,7 @@ def test_a_node_not_ready_when_the_turns_start_gets_no_turn_and_delays_no_one(tm
     (tmp_path / "compute" / ".ready-1").touch()   # node 1 finished its checks; node 2 never will
     (tmp_path / "compute" / ".turn-1").touch()    # and node 1 has measured by the time node 0 is done
     started = time.monotonic()
-    report = run_for_gate(tmp_path, "node0", rank=0, world=3, budget_s=0.1, in_turns=True)
+    report = run_for_gate(JobPaths(tmp_path), "node0", rank=0, world=3, budget_s=0.1, in_turns=True)
     assert json.loads((tmp_path / "compute" / ".order").read_text()) == [0, 1]
     assert 0.3 <= report["waited_s"] < 5          # slot 0: waiting for node 2's checks, once
     # the last turn is node 1's, already taken: node 0 does not wait out node 2's slot
@@ -135,7 +136,7 @@ def test_without_node_0s_order_the_others_go_in_rank_order_and_a_missing_turn_is
 
     monkeypatch.setattr(gate_step, "turn_limit_s", lambda budget_s: 0.2)
     monkeypatch.setattr(gate_step, "ORDER_GRACE_S", 0.3)
-    report = run_for_gate(tmp_path, "node2", rank=2, world=3, budget_s=0.1, in_turns=True)
+    report = run_for_gate(JobPaths(tmp_path), "node2", rank=2, world=3, budget_s=0.1, in_turns=True)
     assert 0.5 <= report["waited_s"] < 5          # slot 0 and the grace for node 0's order; node 1's turn skipped
     assert (tmp_path / "compute" / ".turn-2").exists()
 

@@ -748,3 +748,58 @@ def test_the_readmes_links_work_on_the_package_index_and_name_files_that_exist()
 
     urls = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]
     assert urls["Documentation"].startswith(REPO_URL) and (REPO / urls["Documentation"].removeprefix(REPO_URL)).is_file()
+
+
+# ---------------------------------------------------------------- the development page's room map is the tree
+
+# what a checkout holds beside the tree (.gitignore): never in the map
+NOT_THE_TREE = {".venv", "build", "dist", "site", "test-artifacts", "__pycache__"}
+
+
+def layout_rows() -> list[tuple[list[str], list[str]]]:
+    """The development page's Layout table: each row's paths (its first cell's code) and what it names."""
+    text = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
+    table = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            paths, what = line.strip().strip("|").split("|", 1)
+            rows.append((INLINE.findall(paths), INLINE.findall(what)))
+    return rows
+
+
+def named_files(folder: str, names: list[str]) -> tuple[set[str], list[str]]:
+    """The modules and folders a row names (`cli.py`, `devcluster/`, `tests/fixtures/recorded/`),
+    and those of them that are nowhere: in the row's folder, or from the repository's top."""
+    found, missing = set(), []
+    for name in names:
+        if not re.fullmatch(r"[\w./-]+(\.py|/)", name):
+            continue    # a command, a name in the code: not a path
+        places = [REPO / folder / name, REPO / name]
+        if any(place.exists() for place in places):
+            found.add(name)
+        else:
+            missing.append(f"{folder}: {name}")
+    return found, missing
+
+
+def test_the_development_pages_room_map_is_the_tree():
+    """Every top-level folder of the tree is in the map and every folder and module the map names
+    exists; the top floor's row (trainctl/) names each of its modules."""
+    rows = layout_rows()
+    listed = {path.rstrip("/") for paths, _ in rows for path in paths if path.endswith("/")}
+    tree = {entry.name for entry in REPO.iterdir()
+            if entry.is_dir() and not entry.name.startswith(".") and entry.name not in NOT_THE_TREE
+            and not entry.name.endswith(".egg-info")}
+    assert listed == tree, f"in the map, not the tree: {sorted(listed - tree)}; in the tree, not the map: {sorted(tree - listed)}"
+    problems = []
+    for paths, names in rows:
+        folder = next((path.rstrip("/") for path in paths if path.endswith("/")), "")
+        found, missing = named_files(folder, names)
+        problems += missing
+        if folder == "trainctl":
+            modules = {entry.name + ("/" if entry.is_dir() else "") for entry in (REPO / "trainctl").iterdir()
+                       if (entry.suffix == ".py" and entry.name not in ("__init__.py", "__main__.py"))
+                       or (entry.is_dir() and (entry / "__init__.py").is_file())}
+            problems += [f"trainctl: {name} not in the map" for name in sorted(modules - found)]
+    assert not problems, "; ".join(problems)

@@ -224,7 +224,7 @@ def test_decide_cli_failure_is_one_line_and_exit_2(tmp_path):
     assert errors == ["trainctl: error: only 0 of 2 nodes healthy, need 2: n1 fabric: the fabric test's "
                       "coordinator (rank 0) left no report; n2 no health report: the gate did not run or "
                       "finish on this node"]
-    assert "unreadable" in out.stderr
+    assert f"{tmp_path / 'nodes' / 'n2.json'}: not JSON; treated as missing" in out.stderr
     assert json.loads((tmp_path / "decision.json").read_text())["ok"] is False
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from support.cli_runs import run_main
+from trainctl.job.jobdir import JobPaths
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
 NO_BLOCK_S = 60          # a read that never returns is caught by this, not timed by it
@@ -367,7 +368,7 @@ def test_a_fifo_or_a_list_as_a_nodes_compute_file_never_blocks_or_kills_gate_dec
     (compute / "node2.json").write_text("[1, 2]\n")
     (compute / "node3.json").write_text(json.dumps({"host": "node3", "devices": [
         {"index": 0, "name": "CPU", "tflops": 1.0, "copy_gbps": 2.0, "error": ""}]}))
-    verdicts, reasons = finishes(judge_gate_dir, tmp_path, ComputePolicy.from_gate(GateConfig()))
+    verdicts, reasons = finishes(judge_gate_dir, JobPaths(tmp_path), ComputePolicy.from_gate(GateConfig()))
     assert [verdict.figures.host for verdict in verdicts] == ["node3"] and reasons == {}
 
 
@@ -378,7 +379,7 @@ def test_a_fifo_as_the_compute_turns_order_never_blocks_a_node(tmp_path, monkeyp
     monkeypatch.setattr(gate_step, "turn_limit_s", lambda budget_s: 0.3)
     (tmp_path / "compute").mkdir()
     os.mkfifo(tmp_path / "compute" / ".order")
-    report = finishes(gate_step.run_for_gate, tmp_path, "node1", 1, 2, 0.1, True)
+    report = finishes(gate_step.run_for_gate, JobPaths(tmp_path), "node1", 1, 2, 0.1, True)
     assert report["host"] == "node1" and (tmp_path / "compute" / "node1.json").is_file()
 
 
@@ -462,7 +463,7 @@ def test_a_fifo_as_a_nodes_compute_report_never_blocks_the_node_that_writes_it(t
 
     (tmp_path / "compute").mkdir()
     os.mkfifo(tmp_path / "compute" / "node1.json")
-    report = finishes(run_for_gate, tmp_path, "node1", 0, 1, 0.1, False)
+    report = finishes(run_for_gate, JobPaths(tmp_path), "node1", 0, 1, 0.1, False)
     assert report["host"] == "node1"
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "compute report not written" in err and "not a regular file" in err
@@ -475,7 +476,7 @@ def test_a_fifo_as_the_compute_turns_order_never_blocks_node_0_that_writes_it(tm
     monkeypatch.setattr(gate_step, "turn_limit_s", lambda budget_s: 0.3)
     (tmp_path / "compute").mkdir()
     os.mkfifo(tmp_path / "compute" / ".order")
-    report = finishes(gate_step.run_for_gate, tmp_path, "node0", 0, 1, 0.1, True)
+    report = finishes(gate_step.run_for_gate, JobPaths(tmp_path), "node0", 0, 1, 0.1, True)
     assert report["host"] == "node0" and (tmp_path / "compute" / "node0.json").is_file()
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "order not written" in err and "not a regular file" in err

@@ -23,10 +23,10 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-from trainctl.files import open_append_regular, open_regular, read_fd
+from trainctl.files import inside, open_append_regular, open_regular, read_fd
 
 JOURNAL_LINE_MAX_BYTES = 1 << 20        # one event; a longer line is skipped, never cut
-JOURNAL_MAX_BYTES = 64 << 20            # copied or folded whole; a few kB, tens of kB with a watch's details
+JOURNAL_MAX_BYTES = 64 << 20            # read, copied or folded at most; a few kB, tens of kB with a watch's details
 NUMBER_LIMIT = 1e15                     # beyond any clock (Unix seconds), step count or duration
 MAX_DEPTH = 16                          # of a value inside an event
 
@@ -217,25 +217,43 @@ def typed_event(entry: dict, *, strict: bool = False) -> dict | None:
     return event
 
 
-def parse_journal(text: str | bytes) -> list[dict]:
+def journal_lines(data: str | bytes) -> Iterator[str | bytes | None]:
+    """Each line of a journal's text or bytes, one at a time, split at "\n" alone (as the writer ends
+    its lines: the fleet history's line numbers count them so); None for one longer than
+    JOURNAL_LINE_MAX_BYTES (no event of trainctl's is), never copied. No list of them all, no copy
+    of the text. The one rule every reader of a journal splits it by."""
+    newline = "\n" if isinstance(data, str) else b"\n"
+    start = 0
+    while start < len(data):
+        end = data.find(newline, start)          # type: ignore[arg-type]
+        end = len(data) if end < 0 else end
+        yield data[start:end] if end - start <= JOURNAL_LINE_MAX_BYTES else None
+        start = end + 1
+
+
+def parse_journal(data: str | bytes) -> list[dict]:
     """The events of a journal's text, in order; a torn or foreign line is skipped, and so is one
-    longer than JOURNAL_LINE_MAX_BYTES (no event of trainctl's is)."""
-    lines = text.splitlines() if isinstance(text, str) else text.split(b"\n")
-    return [event for event in map(parse_event, (line for line in lines if len(line) <= JOURNAL_LINE_MAX_BYTES))
-            if event is not None]
+    longer than JOURNAL_LINE_MAX_BYTES."""
+    return [event for line in journal_lines(data) if line is not None and (event := parse_event(line)) is not None]
 
 
-def iter_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Iterator[dict]:
-    """Stream a journal's events, the whole file, in order (None of it: no journal). A line
-    longer than JOURNAL_LINE_MAX_BYTES is skipped whole. OSError where it cannot be read."""
+def iter_journal(path: str | os.PathLike, root: str | os.PathLike | None = None,
+                 cap: int = JOURNAL_MAX_BYTES) -> Iterator[dict]:
+    """Stream a journal's events, in order, from its first `cap` bytes (none: no journal); the lines
+    split as `journal_lines` splits them, one longer than JOURNAL_LINE_MAX_BYTES skipped unread.
+    OSError where it cannot be read."""
     fd = open_regular(path, root)
     if fd is None:
         return
     with os.fdopen(fd, "rb") as handle:
-        while line := handle.readline(JOURNAL_LINE_MAX_BYTES + 1):
+        left = cap
+        while left > 0 and (line := handle.readline(min(left, JOURNAL_LINE_MAX_BYTES + 1))):
+            left -= len(line)
             if len(line) > JOURNAL_LINE_MAX_BYTES and not line.endswith(b"\n"):
-                while (rest := handle.readline(JOURNAL_LINE_MAX_BYTES)) and not rest.endswith(b"\n"):
-                    pass
+                while left > 0 and (rest := handle.readline(min(left, JOURNAL_LINE_MAX_BYTES))):
+                    left -= len(rest)
+                    if rest.endswith(b"\n"):
+                        break
                 continue
             event = parse_event(line)
             if event is not None:
@@ -267,8 +285,8 @@ def read_journal_since(path: str | os.PathLike, offset: int, root: str | os.Path
 
 
 def read_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> list[dict]:
-    """Every event of a journal (see the module's docstring for their shape); [] without one.
-    A bad line is skipped: the job's own readers show what the rest says."""
+    """Every event of a journal's first JOURNAL_MAX_BYTES (see the module's docstring for their
+    shape); [] without one. A bad line is skipped: the job's own readers show what the rest says."""
     return list(iter_journal(path, root))
 
 
@@ -276,17 +294,21 @@ class JournalUnreadable(Exception):
     """A journal that `read_journal_bytes` will not read; the message is the one line that says why."""
 
 
-def read_journal_bytes(path: str | os.PathLike) -> bytes:
+def read_journal_bytes(path: str | os.PathLike, root: str | os.PathLike | None = None) -> bytes:
     """A journal's bytes, whole, for copying it or folding it into the fleet history (which refuses
-    a journal with a bad line, `trainctl.sweep.fleet`): only a regular file, never blocking (a FIFO),
-    at most JOURNAL_MAX_BYTES. JournalUnreadable, saying why, for anything else."""
+    a journal with a bad line, `trainctl.sweep.fleet`): only a regular file (inside `root`, when
+    given: a link out of it is another user's file, never read), never blocking (a FIFO), at most
+    JOURNAL_MAX_BYTES. JournalUnreadable, saying why, for anything else."""
     try:
-        fd = open_regular(path)
+        fd = open_regular(path, root)
     except OSError as exc:
         raise JournalUnreadable(f"cannot read: {exc.strerror or exc}") from None
     if fd is None:
-        raise JournalUnreadable("not a regular file" if os.path.lexists(path)
-                                else f"cannot read: {os.strerror(errno.ENOENT)}")
+        if not os.path.lexists(path):
+            raise JournalUnreadable(f"cannot read: {os.strerror(errno.ENOENT)}")
+        if root is not None and os.path.islink(path) and not inside(path, root):
+            raise JournalUnreadable(f"a link out of {root}, not read")
+        raise JournalUnreadable("not a regular file")
     try:
         size = os.fstat(fd).st_size
         if size > JOURNAL_MAX_BYTES:
