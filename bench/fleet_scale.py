@@ -125,10 +125,12 @@ def run(args, work: Path) -> int:
     new_jobs = write_journals(drop, hosts, args.days, args.jobs_per_day, now)
     with History.open(db, write=True) as history:   # every day but the last, folded in as the nights did
         old = [p for p in journal_paths(str(drop)) if Path(p).stem not in set(new_jobs)]
-        fold_journals(history, old, site="bench", now=now)
+        # no Slurm accounting on a bench host: journals fold unverified ([fleet] unverified_journals)
+        fold_journals(history, old, site="bench", now=now, unverified_journals=True)
     site = work / "bench.toml"
     site.write_text(f'name = "bench"\ndefault_partition = "gpu"\n[partitions.gpu]\ngpus_per_node = 8\n'
-                    f'socket_ifname = "eth0"\n[sweep]\ndb = "{db}"\n[fleet]\njournal_dir = "{drop}"\n')
+                    f'socket_ifname = "eth0"\n[sweep]\ndb = "{db}"\n[fleet]\njournal_dir = "{drop}"\n'
+                    'unverified_journals = true\n')
     with sqlite3.connect(db) as conn:
         job_rows = conn.execute("SELECT COUNT(*) FROM job_events").fetchone()[0]
     setup = {"nodes": args.nodes, "days": args.days, "jobs_per_day": args.jobs_per_day,

@@ -175,9 +175,15 @@ def _fold(history, config, paths: tuple[str, ...]):
     now = time.time()
     keep_after = now - config.sweep.keep_days * DAY_S if config.sweep.keep_days > 0 else 0.0
     found = journal_paths(config.fleet.journal_dir, paths)
-    result = fold_journals(history, found, site=config.name, now=now, keep_after=keep_after, say=_progress)
+    result = fold_journals(history, found, site=config.name, now=now, keep_after=keep_after, say=_progress,
+                           unverified_journals=config.fleet.unverified_journals)
     _progress(f"history: folded in {result.folded} job journal(s) ({result.events} node verdicts), "
               f"{result.unchanged} unchanged, {len(result.refused)} refused")
+    if result.no_accounting:
+        _progress(f"history: Slurm's accounting did not answer ({result.no_accounting}): "
+                  + (f"{result.unverified} journal(s) folded in unverified, checked only by their file's owner "
+                     "and the nodes the history knows ([fleet] unverified_journals)" if config.fleet.unverified_journals
+                     else "its journals are left for an ingest it answers ([fleet] unverified_journals = false)"))
     if config.fleet.lemons_file:
         from trainctl.sweep.fleet import publish_lemons
 
@@ -216,7 +222,8 @@ def history_ingest(site, paths, db_path, as_json):
         result = _fold(opened, config, paths)
     if as_json:
         click.echo(json.dumps({"db": str(opened.path), "folded": result.folded, "events": result.events,
-                               "unchanged": result.unchanged, "refused": result.refused}, indent=1))
+                               "unchanged": result.unchanged, "refused": result.refused,
+                               "unverified": result.unverified, "no_accounting": result.no_accounting}, indent=1))
     return 1 if result.refused else 0
 
 

@@ -471,6 +471,12 @@ class History:
             self._execute("INSERT OR IGNORE INTO job_events (job_id, line, host, kind, at, what, detail) "
                           "VALUES (?, ?, ?, ?, ?, ?, ?)", event_rows, many=True)
 
+    def known_hosts(self) -> set[str]:
+        """Every node a sweep recorded or a job's verdict named: the nodes the history knows."""
+        rows = self._rows("SELECT host FROM nodes UNION SELECT host FROM job_events" if self.version >= FLEET_VERSION
+                          else "SELECT DISTINCT host FROM nodes")
+        return {_host(self.path, host) for (host,) in rows}
+
     def job_counts(self, since: float) -> list[tuple[str, str, int, int]]:
         """(host, kind, distinct jobs, events) of the job events from `since` on."""
         if self.version < FLEET_VERSION:

@@ -8,6 +8,10 @@ it names, keyed by (job id, journal line, node), so a journal folded twice, or t
 it, add nothing. A journal that is damaged, from another site, from the future, or shorter
 than when it was folded in is refused with one line and changes nothing.
 
+Slurm vouches for every journal before it adds anything (`vouch`): its job ran, its file is the
+job's user's, it names only nodes the job held, at times the job ran, by Slurm's accounting (sacct,
+asked in batches). A journal it does not vouch for adds nothing and is refused with one line.
+
 A journal is read by the journal's own readers (`trainctl.journal_events`): its bytes by
 `read_journal_bytes` (a regular file only, never blocking, capped), each line by `parse_event`.
 Where `job show` skips a bad line and shows the rest, folding refuses the whole journal
@@ -32,10 +36,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainctl.health.xid_catalog import GPU, GPU_MEMORY, GPU_RESET, NVLINK, xid_info
 from trainctl.jobdir_names import DIR_PREFIX, JOURNAL
 from trainctl.sweep.model import JobEventRow, JobRow
+
+if TYPE_CHECKING:
+    from trainctl.slurm import AccountedJob
 
 JOURNAL_SUFFIX = ".jsonl"
 LEMONS_FILE_MAX_BYTES = 64 << 20  # a host and its jobs a lemon: far below for any fleet
@@ -80,7 +88,8 @@ def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float) -
     left for the next fold."""
     from trainctl.errors import UsageError
     from trainctl.journal_events import JOURNAL_LINE_MAX_BYTES, Kind, parse_event
-    from trainctl.validate import check_node_name
+    from trainctl.text import printable
+    from trainctl.validate import JOB_ID, check_node_name
 
     end = data.rfind(b"\n") + 1
     events: list[tuple[int, dict]] = []
@@ -99,7 +108,10 @@ def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float) -
         raise JournalRefused("does not begin with job_start: cut at its head, or not a job's journal")
     job_id = first.get("job", named_job)     # a journal from before job_start named its job: its file's name
     if not job_id or (named_job and job_id != named_job):
-        raise JournalRefused(f"names job {job_id[:40]!r}, but its file is job {named_job!r}'s")
+        raise JournalRefused(f"names job {printable(repr(job_id[:40]))}, but its file is job "
+                             f"{printable(repr(named_job[:40]))}'s")
+    if not JOB_ID.fullmatch(job_id):    # the id reaches the history, drain reasons and terminals
+        raise JournalRefused(f"names job {printable(repr(job_id[:40]))}, which is no Slurm job id")
     from_site = first.get("site") or ""
     if from_site and site and from_site != site:
         raise JournalRefused(f"from site {from_site[:60]!r}, not {site!r}")
@@ -176,6 +188,87 @@ def journal_paths(journal_dir: str, extra: Iterable[str] = ()) -> list[str]:
     return found
 
 
+# ------------------------------------------------------------------ Slurm vouches (pure)
+
+# Before a journal adds anything, Slurm's own record of its job must agree with it (`vouch`): the job
+# ran, the journal's file belongs to the job's user (or root), every node it names was in one of the
+# job's allocations, and every event falls inside the job's run. The record comes from Slurm's
+# accounting (`trainctl.slurm.accounted_jobs`: sacct, in batches); a site without one decides with
+# [fleet] unverified_journals whether a journal Slurm cannot vouch for is folded in on weaker checks.
+ROOT_UID = 0
+
+
+@dataclass(frozen=True)
+class SlurmRecords:
+    """What Slurm's accounting said of one batch of jobs, or why it could not say (`unavailable`)."""
+    jobs: dict[str, AccountedJob]
+    unavailable: str = ""
+
+
+def vouch(parsed: ParsedJournal, owner: int, record: AccountedJob | None, *, now: float) -> None:
+    """JournalRefused, naming why, unless Slurm's record of the job agrees with its journal."""
+    if record is None or record.start is None:
+        raise JournalRefused(f"job {parsed.job_id} never ran, by Slurm's accounting (sacct has "
+                             f"{'no such job' if record is None else 'no start for it'}): not verified")
+    if owner not in (ROOT_UID, record.uid):
+        raise JournalRefused(f"the file is uid {owner}'s, but job {parsed.job_id} was uid {record.uid}'s: "
+                             "not verified")
+    foreign = sorted({event.host for event in parsed.events} - record.nodes)
+    if foreign:
+        from trainctl.slurm import fold_hostlist
+
+        raise JournalRefused(f"names {fold_hostlist(foreign)}, never allocated to job {parsed.job_id} (it held "
+                             f"{fold_hostlist(sorted(record.nodes)) if record.nodes else 'no node'}): not verified")
+    first, last = record.start - FUTURE_SLACK_S, (now if record.end is None else record.end) + FUTURE_SLACK_S
+    outside = [when for when in (parsed.started_at, *(event.at for event in parsed.events))
+               if not first <= when <= last]
+    if outside:
+        ran = f"{_iso(record.start)} to {'now' if record.end is None else _iso(record.end)}"
+        raise JournalRefused(f"an event at {_iso(outside[0])}, outside job {parsed.job_id}'s run ({ran}): "
+                             "not verified")
+
+
+def vouch_unverified(parsed: ParsedJournal, owner: int, earlier_owner: int | None, known_hosts: set[str]) -> None:
+    """Where Slurm keeps no accounting: the file's owner is that of the file the job was folded from
+    before (if any, and still there), and every node it names is one the history knows."""
+    if earlier_owner is not None and owner not in (ROOT_UID, earlier_owner):
+        raise JournalRefused(f"the file is uid {owner}'s, but job {parsed.job_id} was folded in before from "
+                             f"uid {earlier_owner}'s")
+    unknown = sorted({event.host for event in parsed.events} - known_hosts)
+    if unknown:
+        from trainctl.slurm import fold_hostlist
+
+        raise JournalRefused(f"names {fold_hostlist(unknown)}, which no sweep or earlier job of the history "
+                             "names (no accounting to ask)")
+
+
+# ------------------------------------------------------------------ collect (I/O)
+
+def journal_paths(journal_dir: str, extra: Iterable[str] = ()) -> list[str]:
+    """The site's drop directory's `*.jsonl`, and each extra path: a journal, or a directory
+    holding journals (`*.jsonl`) or job directories (`trainctl-gate-*/journal.jsonl`)."""
+    found: list[str] = []
+    for place in ([journal_dir] if journal_dir else []) + list(extra):
+        place = os.path.expanduser(place)
+        if os.path.isdir(place):
+            found += sorted(glob.glob(os.path.join(glob.escape(place), "*" + JOURNAL_SUFFIX)))
+            found += sorted(glob.glob(os.path.join(glob.escape(place), DIR_PREFIX + "*", JOURNAL)))
+        else:
+            found.append(place)
+    return found
+
+
+def ask_slurm(job_ids: list[str], env: dict[str, str] | None = None) -> SlurmRecords:
+    """Slurm's accounting records of `job_ids` (sacct, in batches), or why there are none."""
+    from trainctl.errors import ExternalCommandError
+    from trainctl.slurm import accounted_jobs
+
+    try:
+        return SlurmRecords(accounted_jobs(job_ids, env=env))
+    except ExternalCommandError as exc:
+        return SlurmRecords({}, str(exc).splitlines()[0])
+
+
 # ------------------------------------------------------------------ fold
 
 @dataclass
@@ -184,16 +277,36 @@ class FoldResult:
     events: int = 0                 # event rows offered (those already there are kept as they were)
     unchanged: int = 0              # journals folded in before, nothing new since
     refused: list[str] = field(default_factory=list)   # one line each
+    unverified: int = 0             # folded in without Slurm's accounting ([fleet] unverified_journals)
+    no_accounting: str = ""         # why sacct did not answer, when it did not
+
+
+@dataclass(frozen=True)
+class _ReadJournal:
+    path: str
+    parsed: ParsedJournal
+    owner: int
 
 
 def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_after: float = 0.0,
-                  say: Callable[[str], None] = lambda line: None) -> FoldResult:
-    """Fold `paths` into `history` (open for writing). Each refused journal costs one `say` line."""
-    from trainctl.journal_events import JournalUnreadable, read_journal_bytes
+                  say: Callable[[str], None] = lambda line: None,
+                  ask: Callable[[list[str]], SlurmRecords] = ask_slurm,
+                  unverified_journals: bool = False) -> FoldResult:
+    """Fold `paths` into `history` (open for writing), each journal once Slurm vouched for it: `ask`
+    is asked once per batch of up to FOLD_BATCH_JOBS new journals. Where it cannot answer,
+    `unverified_journals` folds them in on weaker checks (`vouch_unverified`), else refuses them.
+    Each refused journal costs one `say` line."""
+    from trainctl.journal_events import JournalUnreadable, read_journal_file
 
     known = history.folded_jobs()
     result = FoldResult()
-    batch: list[tuple[JobRow, list[JobEventRow]]] = []
+    pending: list[_ReadJournal] = []
+
+    def refuse(path: str, why: str) -> None:
+        line = f"journal {path}: {why}; skipped"
+        result.refused.append(line)
+        say(line)
+
     for path in paths:
         named = job_id_from_path(path)
         before = known.get(named)
@@ -202,11 +315,46 @@ def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_
             if before is not None and before.source == path and os.stat(path).st_size == before.size:
                 result.unchanged += 1
                 continue
-            data = read_journal_bytes(path)   # the journal's reader: regular, non-blocking, capped
+            data, owner = read_journal_file(path)   # the journal's reader: regular, non-blocking, capped
             parsed = parse_journal_bytes(data, named_job=named, site=site, now=now)
-            before = known.get(parsed.job_id)
-            if parsed.started_at < keep_after:
-                continue   # older than the history keeps: pruned, never folded in again
+        except (JournalRefused, JournalUnreadable) as exc:
+            refuse(path, str(exc))
+            continue
+        except OSError as exc:
+            refuse(path, f"cannot read: {exc.strerror or exc}")
+            continue
+        if parsed.started_at < keep_after:
+            continue   # older than the history keeps: pruned, never folded in again
+        pending.append(_ReadJournal(path, parsed, owner))
+        if len(pending) >= FOLD_BATCH_JOBS:
+            _fold_batch(history, pending, known, result, refuse, ask, unverified_journals, now, site)
+            pending = []
+    if pending:
+        _fold_batch(history, pending, known, result, refuse, ask, unverified_journals, now, site)
+    return result
+
+
+def _fold_batch(history, pending: list[_ReadJournal], known: dict[str, JobRow], result: FoldResult,
+                refuse: Callable[[str, str], None], ask: Callable[[list[str]], SlurmRecords],
+                unverified_journals: bool, now: float, site: str) -> None:
+    records = ask(sorted({read.parsed.job_id for read in pending}))
+    known_hosts = None
+    if records.unavailable:
+        result.no_accounting = records.unavailable
+        if unverified_journals:
+            known_hosts = history.known_hosts()
+    batch: list[tuple[JobRow, list[JobEventRow]]] = []
+    for read in pending:
+        parsed, path = read.parsed, read.path
+        before = known.get(parsed.job_id)
+        try:
+            if not records.unavailable:
+                vouch(parsed, read.owner, records.jobs.get(parsed.job_id), now=now)
+            elif known_hosts is None:
+                raise JournalRefused(f"not verified: Slurm's accounting did not answer ({records.unavailable}); "
+                                     "[fleet] unverified_journals = false")
+            else:
+                vouch_unverified(parsed, read.owner, _owner(before.source) if before else None, known_hosts)
             if before is not None:
                 if abs(before.started_at - parsed.started_at) > 0.001:
                     raise JournalRefused(f"job {parsed.job_id} was folded in from another journal ({before.source}, "
@@ -217,28 +365,26 @@ def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_
                 if parsed.lines == before.lines:
                     result.unchanged += 1
                     continue
-        except (JournalRefused, JournalUnreadable) as exc:
-            line = f"journal {path}: {exc}; skipped"
-            result.refused.append(line)
-            say(line)
-            continue
-        except OSError as exc:
-            line = f"journal {path}: cannot read: {exc.strerror or exc}; skipped"
-            result.refused.append(line)
-            say(line)
+        except JournalRefused as exc:
+            refuse(path, str(exc))
             continue
         row = JobRow(parsed.job_id, parsed.site or site, parsed.started_at, parsed.ended_at, parsed.status, path,
                      parsed.lines, parsed.size, now)
         known[parsed.job_id] = row
         batch.append((row, list(parsed.events)))
         result.folded += 1
+        result.unverified += records.unavailable != ""
         result.events += len(parsed.events)
-        if len(batch) >= FOLD_BATCH_JOBS:
-            history.record_jobs(batch)
-            batch = []
     if batch:
         history.record_jobs(batch)
-    return result
+
+
+def _owner(path: str) -> int | None:
+    """The uid owning `path`; None where it is gone."""
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None
 
 
 # ------------------------------------------------------------------ failure families (pure)
