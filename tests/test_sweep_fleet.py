@@ -378,9 +378,9 @@ def accounting(job_ids):
 
 
 def slurm_journal(path: Path, job: str, t: float, *, excluded: str = "node2", trained: str = "node1",
-                  owner: int | None = None) -> Path:
+                  owner: int | None = None, site: str = "test") -> Path:
     """An honest journal of `job`: its gate leaves `excluded` out, `trained` trains one step."""
-    write_journal(path, [{"t": t, "event": "job_start", "job": job, "site": "test", "attempt": 1,
+    write_journal(path, [{"t": t, "event": "job_start", "job": job, "site": site, "attempt": 1,
                           "nodes": [trained, excluded]},
                          {"t": t, "event": "node_verdict", "node": excluded, "verdict": "excluded",
                           "reasons": ["nvlink.links: GPU 3 link 5 inactive"]},
