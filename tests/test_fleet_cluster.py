@@ -25,7 +25,7 @@ from support.sites import site_variant
 from support.slurm_jobs import TRAINCTL, job_output, submit, wait_for_job
 from test_devcluster_jobs import HEALTHY_NVLINK, INACTIVE_LINKS, TRAIN, staged_nvidia_smi
 from trainctl.proc import run_checked
-from trainctl.slurm import expand_hostlist, parse_scontrol_oneliner
+from trainctl.slurm import accounted_jobs, expand_hostlist, parse_scontrol_oneliner
 from trainctl.sweep.db import History
 
 pytestmark = pytest.mark.cluster
@@ -159,6 +159,9 @@ def test_forged_journals_add_no_strike_by_slurms_accounting(accounted, tmp_path)
                             str(len(expand_hostlist(nodes))), "-o", "/dev/null", "--wrap", "hostname"],
                            timeout=120, env=env, cwd="/tmp").stdout.strip()
     roots, nobodys = ran(nodes="node[1-2]"), ran(*setpriv_nobody(), nodes="node1")
+    deadline = time.monotonic() + 60   # slurmctld sends its records to slurmdbd a moment later
+    while len(accounted_jobs([roots, nobodys], env=env)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
     journals = tmp_path / "journals"
     journals.mkdir()
     site = site_variant(tmp_path, "local-demo", {"sweep.db": str(tmp_path / "sweeps.db"),
@@ -184,7 +187,7 @@ def test_forged_journals_add_no_strike_by_slurms_accounting(accounted, tmp_path)
     assert (result["folded"], result["unverified"], len(result["refused"])) == (1, 0, 4), ingest.stderr
     why = "\n".join(result["refused"])
     assert "job 99999 never ran" in why and f"but job {roots} was uid 0's" in why
-    assert f"names node3, never allocated to job {nobodys}" in why
+    assert f"names node3, never allocated to job {nobodys}" in why, why
     with History.open(tmp_path / "sweeps.db") as history:
         strikes = history.job_events(0.0, ("exclusion", "detection"))
     assert [(event.job_id, event.host) for event in strikes] == [(roots, "node2")]   # the honest one's
