@@ -11,10 +11,13 @@ seconds from fault to detection, from fault to decision and from decision to tra
 (median, max), and for the whole chain of jobs (a requeue adds one) the seconds from submit to
 the end and the goodput, how many slowdowns the gate pinned on no node (training then went on on
 the same nodes), how many times the watch stopped the training step (stops), and how many
-slowdowns nobody was named for it weighed and let go on (let go). `--watch-off` runs the same faults without the watch, with `--retries 1`.
+slowdowns nobody was named for it weighed and let go on (let go), and how long the job trained
+(its first step to its end). `--watch-off` runs the same faults without the watch, with `--retries 1`.
+Each run's journal is kept beside the figures, in test-artifacts/watch-journals/.
 
     TRAINCTL_DEVCLUSTER_INSTANCE=1 .venv/bin/python -P bench/watch_detection.py --scenarios a,c,d,e --runs 10
     .venv/bin/python -P bench/watch_detection.py --scenarios f --runs 20 --seconds 180
+    for i in $(seq 10); do .venv/bin/python -P bench/watch_detection.py --scenarios l,o,m --seconds 200 --keep; done
     TRAINCTL_DEVCLUSTER_INSTANCE=2 .venv/bin/python -P bench/watch_detection.py --scenarios h,i,j --runs 3
     .venv/bin/python -P bench/watch_detection.py --scenarios a,c --runs 3 --watch-off --keep
     .venv/bin/python -P bench/watch_detection.py --summary-only
@@ -51,7 +54,8 @@ def summary(path: Path) -> str:
             rows[(fields[0], fields[11])].append(fields)
     lines = [f"{'scenario':<8} {'watch':<5} {'runs':>4} {'COMPLETED':>9} {'right node':>10} {'healthy out':>11}  "
              f"{'fault->detection s':<19} {'fault->decision s':<18} {'decision->training s':<21} "
-             f"{'slow, not localised':<19} {'stops':>5} {'let go':>6} {'jobs':>4}  {'submit->end s':<14} goodput"]
+             f"{'slow, not localised':<19} {'stops':>5} {'let go':>6} {'jobs':>4}  {'submit->end s':<14} {'goodput':<8}"
+             f"trained s (min, median)"]
     for (scenario, mode), runs in sorted(rows.items()):
         def numbers(index: int) -> list[float]:
             return [float(r[index]) for r in runs if r[index]]
@@ -64,12 +68,14 @@ def summary(path: Path) -> str:
         goodputs = numbers(14)
         stops = sum(int(r[15]) for r in runs if len(r) > 16)
         let_go = sum(int(r[16]) for r in runs if len(r) > 16)
+        trained = [float(r[17]) for r in runs if len(r) > 17 and r[17]]   # first step to the job's end
         lines.append(f"{scenario:<8} {mode:<5} {len(runs):>4} {sum(r[3] == 'COMPLETED' for r in runs):>9} "
                      f"{right!s:>10} {healthy_out:>11}  {spread(numbers(7)):<19} {spread(numbers(8)):<18} "
                      f"{spread(numbers(9)):<21} {f'{sum(unlocalised)} in {sum(map(bool, unlocalised))} runs':<19} "
                      f"{stops:>5} {let_go:>6} "
                      f"{max(int(r[12]) for r in runs):>4}  {spread(numbers(13)):<14} "
-                     f"{f'{statistics.median(goodputs):.1%}' if goodputs else '-'}")
+                     f"{f'{statistics.median(goodputs):.1%}' if goodputs else '-':<8}"
+                     f"{f'{min(trained):.0f}, {statistics.median(trained):.0f}' if trained else '-'}")
     return "\n".join(lines)
 
 

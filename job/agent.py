@@ -55,7 +55,7 @@ from typing import Any
 
 from trainctl.agent_socket import agent_socket_path
 from trainctl.errors import ParseError, UsageError
-from trainctl.files import write_atomically
+from trainctl.files import write_regular
 from trainctl.health.counters import COUNTER_CHECKS, judge_growth
 from trainctl.health.parse.link_counters import parse_ib_xmit_counters, parse_qdisc_stats
 from trainctl.health.parse.schedstat import LINE_MAX, SchedStat, parse_schedstat
@@ -501,9 +501,9 @@ class Agent:
         took = {rank: before[rank] for rank in ranks if not asked[rank]}
         dumped = await_flight_recorder_dumps(self.gate_dir, took, deadline)
         try:
-            write_atomically(self.folder / stacks_file(self.node),
+            write_regular(self.folder / stacks_file(self.node),
                              stacks + flight_recorder_text(self.node, asked, dumped))
-            write_atomically(self.folder / dump_done_file(self.node), token + "\n")
+            write_regular(self.folder / dump_done_file(self.node), token + "\n")
         except UsageError as exc:
             self._say(f"stack dump not written: {exc}")
 

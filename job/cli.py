@@ -28,7 +28,14 @@ def job() -> None:
 @click.option("--known-hosts", type=click.Path(dir_okay=False),
               help="Verify the login node's host key against this file (default: ~/.ssh/known_hosts).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
+@click.option("--follow", is_flag=True,
+              help="Follow the chain as it runs, from its job directories on this machine: redrawn at the "
+                   "site's watch.poll_s on a terminal, a line per event otherwise; exits with the job's "
+                   "status when the chain ends. Ctrl-C leaves the job alone.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="Write the chain as one self-contained HTML page to this file: a timeline of each job, "
+                   "the step time with each detection, where the goodput went.")
+def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json, follow, html_file):
     """The timeline and goodput, the gate decision, Slurm's record and attempts, each rank's last lines.
 
     The timeline is every event of every attempt's journal (trainctl-gate-JOBID/journal.jsonl),
@@ -45,12 +52,24 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
     first, with how long before the newest write each stopped writing: in a hung job, that is
     usually the rank everyone else is waiting for. NCCL flight recorder dumps in the gate
     directory are listed.
+
+    --follow shows the chain live instead: its phase, each training node's agent and step
+    time against the job's own baseline, the last checkpoint's age, the goodput so far and each
+    event as it happens. --html draws the chain on one page.
     """
     import getpass
     import time
 
+    from trainctl.errors import UsageError
     from trainctl.job.show import LocalFiles, RemoteFiles, collect_job, format_job, json_text, to_json
 
+    if follow:
+        if remote or as_json or html_file:
+            raise UsageError("--follow reads the job directory on this machine and draws it: "
+                             "not with --remote, --json or --html (run it on a login node that sees the directory)")
+        return follow_chain(job_id, gate_dir)
+    if html_file and (as_json or remote):
+        raise UsageError("--html draws the job directory on this machine as a page: not with --json or --remote")
     if remote:
         from trainctl.launcher.submit import parse_remote
         from trainctl.ssh import connect
@@ -66,16 +85,34 @@ def show(job_id, gate_dir, line_count, remote, identity, known_hosts, as_json):
         if remote:
             files.close()
     now = time.time()
+    if html_file:
+        from trainctl.files import write_atomically
+        from trainctl.job.chain_html import chain_page, collect_rounds
+
+        write_atomically(html_file, chain_page(view, collect_rounds(view), now))
+        click.echo(f"trainctl: wrote {html_file}: the chain of job {job_id} on one page")
+        return 0
     text = json_text(to_json(view, line_count, now)) if as_json else format_job(view, line_count, now)
     click.echo(text, nl=False)
 
 
-@job.command("run")
+def follow_chain(job_id: str, gate_dir: str | None) -> int:
+    import sys
+
+    from trainctl.job.follow import Follower, follow, site_watch
+    from trainctl.job.show import LocalFiles, find_job
+
+    gate_dir, _, _ = find_job(LocalFiles(), job_id, gate_dir)
+    return follow(Follower(gate_dir, job_id, site_watch), sys.stdout, tty=sys.stdout.isatty())
+
+
+@job.command("run", context_settings={"allow_interspersed_args": False})
 @click.option("--plan", "plan_file", required=True, type=click.File("r"),
               help="The job plan `trainctl submit` wrote into the job script ('-': stdin).")
 @click.option("--script", "script_path", required=True, type=click.Path(dir_okay=False, exists=True),
               help="The batch script itself (its $0): a retry submits it again.")
-def run_command(plan_file, script_path):
+@click.argument("training_line", nargs=-1, type=click.UNPROCESSED, metavar="[-- TRAINING LINE...]")
+def run_command(plan_file, script_path, training_line):
     """Inside the batch script: run the job's life, gate -> release -> training -> retry or end.
 
     The supervisor trainctl's job scripts hand over to. It runs the health gate step on every
@@ -83,6 +120,10 @@ def run_command(plan_file, script_path):
     on the chosen nodes and, with submit --retries, submits the successor around bad nodes.
     Every event goes to trainctl-gate-JOBID/journal.jsonl (`trainctl job show`). Exits with
     the status of the step that ended the job.
+
+    After `--`, the training line of the user's own job script, as bash expanded it
+    (`trainctl submit job.sbatch`): its srun and launcher are translated here, and each rank runs
+    the program they would have run.
     """
     from trainctl.errors import UsageError
     from trainctl.job.driver import run_job
@@ -92,7 +133,18 @@ def run_command(plan_file, script_path):
         document = json.loads(plan_file.read())
     except ValueError as exc:
         raise UsageError(f"--plan: not JSON: {exc}") from None
-    return run_job(JobPlan.from_document(document), script_path, dict(os.environ))
+    plan = JobPlan.from_document(document)
+    if training_line:
+        import dataclasses
+
+        from trainctl.launcher.job_script import JOB_SCRIPT_PYTHON, program_at_run_time
+        from trainctl.site import load_site
+
+        python = load_site(plan.site_ref).config.launch.python or JOB_SCRIPT_PYTHON
+        program, line = program_at_run_time(tuple(training_line), python)
+        click.echo(f"trainctl: {line}")
+        plan = dataclasses.replace(plan, program=program)
+    return run_job(plan, script_path, dict(os.environ))
 
 
 @job.command("agent")

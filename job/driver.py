@@ -8,6 +8,7 @@ machine's. It prints what the job script used to print, on the job's stdout and 
 
 from __future__ import annotations
 
+import getpass
 import os
 import subprocess
 import sys
@@ -18,13 +19,16 @@ from datetime import datetime
 from typing import Callable, Mapping
 
 from trainctl.errors import Stopped, TrainctlError, UsageError
-from trainctl.job import machine, slurm_actions
+from trainctl.job import machine, metrics, slurm_actions
 from trainctl.job import jobdir
+from trainctl.job.alerts import AlertSender, alert_event
 from trainctl.job.checkpoint_request import request_checkpoint
 from trainctl.job.decision import Decision
+from trainctl.job.follow import HTML_COMMAND
 from trainctl.job.gate_cli import ignore_checkpoint_signals
 from trainctl.job.gate_drain import drain_condemned
 from trainctl.job.jobdir import CHECKPOINT_ENV, JobPaths, Journal, Kind, drop_journal
+from trainctl.journal_events import Verdict
 from trainctl.job.policy import GatePolicy, load_gate_policy
 from trainctl.job.retry import (ENV_ATTEMPT, ENV_EXCLUDE, gate_bad_nodes, retry_around_bad_nodes,
                                 summary_line)
@@ -42,6 +46,8 @@ STEP_POLL_S = 2.0                       # how often the training step's checkpoi
 # The watch's polls take at most this share of the batch host's core (a training node's): a
 # poll's cost grows with the job's nodes (bench/watch_scale.py), so large jobs poll less often.
 WATCH_SHARE = 0.05
+# effects carried out at once: the metrics are written before each of the others (they may wait)
+INSTANT_EFFECTS = (machine.Journal, machine.Say, machine.Alert)
 YEAR_S = 365 * 86400.0                  # an allocation end further than this from its start: no time limit
 
 
@@ -65,12 +71,21 @@ class JobDriver:
         self.paths = JobPaths.of(env["SLURM_SUBMIT_DIR"], self.job_id)
         self.gate_dir = str(self.paths.root)
         os.makedirs(self.gate_dir, exist_ok=True)
-        self.journal = Journal(self.paths.journal)
+        self.journal = Journal(self.paths.journal, keep=True)   # kept: the metrics and alerts read it
         allocated = tuple(expand_hostlist(env["SLURM_JOB_NODELIST"]))
         self.policy = load_gate_policy(plan.site_ref, plan.partition)   # the site, read once
         self.facts = job_facts(plan, self.policy, allocated, this_node_name(env),
                                slurm_actions.binds_tasks(env), env)
         self.state = machine.JobState()
+        # the chain's earlier jobs, read once (they have ended), for the metrics' goodput and counts
+        earlier = jobdir.earlier_attempts(self.paths) if self.policy.metrics.textfile_dir or plan.alert_command \
+            else []
+        self.earlier = [events for _, events in earlier]
+        self.identity = metrics.JobIdentity(self.job_id, earlier[0][0] if earlier else self.job_id,
+                                            env.get("SLURM_JOB_USER") or getpass.getuser(), plan.job_name)
+        self.metrics_warned = False
+        self.alerts = AlertSender(plan.alert_command, self.policy.alerts.timeout_s, str(self.paths.alerts_log),
+                                  env, lambda line: say(line, err=True)) if plan.alert_command else None
         # the training step now: its srun, when it started, the checkpoints seen, the last poll's cost
         self.step: subprocess.Popen | None = None
         self.agents: subprocess.Popen | None = None
@@ -87,9 +102,14 @@ class JobDriver:
         try:
             return self._run()
         except Stopped as exc:  # scancel or the time limit: the end is journaled, then the CLI reports it
-            self.journal.add(Kind.JOB_END, status=128 + exc.signum, cause=f"stopped by signal {exc.signum}")
+            for effect in machine.stopped(self.facts, exc.signum):
+                self.carry_out(effect)
             raise
         finally:
+            if self.policy.metrics.textfile_dir:   # the job's series end with it
+                metrics.unpublish(self.policy.metrics.textfile_dir, self.job_id)
+            if self.alerts is not None:
+                self.alerts.close()
             self._drop_journal()
 
     def _drop_journal(self) -> None:
@@ -116,22 +136,49 @@ class JobDriver:
         event: machine.Event = machine.Started()
         while True:
             self.state, effects = machine.advance(self.facts, self.state, event)
-            event = None
+            event, status = None, None
             for effect in effects:
+                if not isinstance(effect, INSTANT_EFFECTS):   # the metrics as they stand before a wait
+                    self._publish()
                 answer = self.carry_out(effect)
                 if isinstance(effect, machine.Finish):
-                    return answer
-                if answer is not None:
+                    status = answer
+                elif answer is not None:
                     event = answer
+            if status is not None:
+                return status
             if event is None:
                 raise AssertionError(f"job driver: no event after {effects}")
+
+    def _publish(self) -> None:
+        """The job's metrics file, where the site names node_exporter's textfile directory; a
+        failure is one warning line, once (the file is tried again at the next event)."""
+        directory = self.policy.metrics.textfile_dir
+        if not directory:
+            return
+        now = time.time()
+        window_s = self.facts.watch.limits.slow_window_s if self.facts.watch is not None else 0.0
+        samples = metrics.job_samples([*self.earlier, self.journal.events],
+                                      metrics.live_state(self.state, window_s, now), now)
+        try:
+            metrics.publish(directory, self.job_id, metrics.render(self.identity, samples))
+        except UsageError as exc:
+            if not self.metrics_warned:
+                say(f"trainctl: warning: no metrics for Prometheus: {exc}", err=True)
+            self.metrics_warned = True
+
+    def _alert(self, effect: machine.Alert) -> None:
+        """The alert command on the journal's newest event of the kind (journaled just before)."""
+        entry = next((event for event in reversed(self.journal.events) if event["event"] == effect.kind), None)
+        if self.alerts is not None and entry is not None:
+            self.alerts.send(alert_event(entry, self.identity, self.gate_dir))
 
     def carry_out(self, effect: machine.Effect) -> machine.Event | None:
         """One effect, by its one executor; the event it answers with, for those that answer."""
         return self.executors()[type(effect)](effect)
 
     def executors(self) -> dict[type, Callable[..., machine.Event | None]]:
-        """The one way each effect is carried out (Finish ends the loop: `_finish`)."""
+        """The one way each effect is carried out (Finish ends the loop once its effects are carried out)."""
         return {
             machine.Journal: self._journal,
             machine.Say: lambda effect: say(effect.line, err=effect.err),
@@ -148,6 +195,7 @@ class JobDriver:
             machine.StepOver: self._step_over,
             machine.Retry: self._retry,
             machine.Finish: self._finish,
+            machine.Alert: self._alert,
         }
 
     def _finish(self, effect: machine.Finish) -> int:
@@ -155,6 +203,8 @@ class JobDriver:
         if effect.why:
             say(f"trainctl: the job cannot go on: {effect.why}", err=True)
         self.journal.add(Kind.JOB_END, status=effect.status, **({"cause": effect.why} if effect.why else {}))
+        say(f"trainctl: job {self.job_id} ended with status {effect.status}; the chain drawn: "
+            f"{HTML_COMMAND.format(job=self.job_id)}")
         return effect.status
 
     # ------------------------------------------------------------ the gate
@@ -243,8 +293,8 @@ class JobDriver:
         chosen = set(decision.chosen)
         excluded = {item.host: [str(reason) for reason in item.reasons] for item in decision.excluded}
         for node in decision.allocated:
-            verdict = "chosen" if node in chosen else "excluded" if node in excluded else "healthy, not needed"
-            self.journal.add(Kind.NODE_VERDICT, node=node, verdict=verdict, reasons=excluded.get(node, []))
+            verdict = Verdict.CHOSEN if node in chosen else Verdict.EXCLUDED if node in excluded else Verdict.NOT_NEEDED
+            self.journal.add(Kind.NODE_VERDICT, node=node, verdict=verdict.value, reasons=excluded.get(node, []))
 
     # ------------------------------------------------------------ the release
 
@@ -311,18 +361,20 @@ class JobDriver:
                 status = self.step.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 self.checkpoints.poll(self.journal, self.readings.values())
-                if effect.poll:
-                    return self._poll(lambda t, readings: machine.Polled(t, readings, self.checkpoints.last))
+                if effect.poll:   # the checkpoint patterns' time counts in the poll's cost too
+                    return self._poll(lambda t, readings: machine.Polled(t, readings, self.checkpoints.last),
+                                      self.checkpoints.cost_s)
                 continue
             status = 128 - status if status < 0 else status
             return self._poll(lambda t, readings: machine.StepEnded(status, t, readings)) if effect.poll \
                 else machine.StepEnded(status)
 
-    def _poll(self, event):
-        """The agents' files now, as `event(t, readings)`; the read's cost spaces the next poll."""
+    def _poll(self, event, spent_s: float = 0.0):
+        """The agents' files now, as `event(t, readings)`; the read's cost, and `spent_s` already
+        spent on this poll, space the next poll (WATCH_SHARE)."""
         began = time.monotonic()
         readings = self.readings = read_node_files(self.gate_dir, self.state.chosen)
-        self.poll_cost_s = time.monotonic() - began
+        self.poll_cost_s = spent_s + time.monotonic() - began
         return event(time.time(), readings)
 
     def _ask_for_checkpoint(self, effect: machine.AskForCheckpoint) -> None:
@@ -339,7 +391,8 @@ class JobDriver:
             self.agents = None
         self.checkpoints.poll(self.journal, self.readings.values())
         self.journal.add(Kind.STEP_END, status=effect.status, cause=effect.cause,
-                         training_start_t=self.step_started, last_checkpoint_t=self.checkpoints.last)
+                         training_start_t=self.step_started, last_checkpoint_t=self.checkpoints.last,
+                         **({"detection": effect.detection.value} if effect.detection else {}))
 
     def _journal(self, effect: machine.Journal) -> None:
         self.journal.add(effect.kind, **effect.fields)
@@ -364,7 +417,7 @@ class JobDriver:
         say("trainctl: " + summary_line(rec))
         self.journal.add(Kind.RETRY, retry=rec.retry, reason=rec.reason, successor=rec.successor,
                          bad_nodes=sorted(rec.bad_nodes), exclude=list(rec.exclude))
-        return machine.RetryHandled()
+        return machine.RetryHandled(successor=bool(rec.successor))
 
 
 def steps_counted(site_auto_steps: bool, env: Mapping[str, str]) -> bool:
@@ -400,7 +453,8 @@ def job_facts(plan: JobPlan, policy: GatePolicy, allocated: tuple[str, ...], bat
                                   allocation_end(env)) if watched else None
     return machine.JobFacts(allocated, batch_host, plan.release_unused, plan.retries,
                             watch.max_restarts if watched else 0, watch.hold_spares if watched else 0,
-                            plan.min_nodes, watch.max_successors if watched else 0, watching, binds_tasks)
+                            plan.min_nodes, watch.max_successors if watched else 0, watching, binds_tasks,
+                            alerts=bool(plan.alert_command))
 
 
 def healthy_unused(decision: Decision | None, chosen: tuple[str, ...]) -> tuple[str, ...]:

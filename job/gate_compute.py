@@ -11,11 +11,13 @@ its own turn at most.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.files import write_atomically
+from trainctl.errors import UsageError
+from trainctl.files import write_regular
 from trainctl.job import jobdir
 from trainctl.health.compute.judge import GpuVerdict, deadline_for, figures_from_report, judge, node_reasons
 from trainctl.site import GateConfig
@@ -85,7 +87,10 @@ def run_for_gate(gate_dir: Path, host: str, rank: int, world: int, budget_s: flo
     report = {"host": host, "rank": rank, "budget_s": budget_s, "in_turns": in_turns,
               "waited_s": round(waited, 3), "seconds": round(time.monotonic() - started, 3),
               "devices": [device.to_json() for device in devices]}
-    write_atomically(out / f"{host}.json", json.dumps(report, indent=1) + "\n")
+    try:   # a FIFO or a link in its place is refused, never waited on: the node is judged by its health report
+        write_regular(out / f"{host}.json", json.dumps(report, indent=1) + "\n")
+    except UsageError as exc:
+        print(f"trainctl: gate: compute report not written: {exc}", file=sys.stderr, flush=True)
     if in_turns:
         (out / f".turn-{rank}").touch()
         _wait_until([out / f".turn-{order[-1]}"], phase_start + (len(order) + 1) * turn)
@@ -108,7 +113,10 @@ def _take_turn(out: Path, rank: int, world: int, turn: float, phase_start: float
     if rank == 0:
         _wait_until([out / f".ready-{r}" for r in range(world)], phase_start + turn)
         order = [r for r in range(world) if (out / f".ready-{r}").exists()]
-        write_atomically(order_file, json.dumps(order) + "\n")
+        try:   # not written: the others go in rank order
+            write_regular(order_file, json.dumps(order) + "\n")
+        except UsageError as exc:
+            print(f"trainctl: gate: compute turns' order not written: {exc}", file=sys.stderr, flush=True)
         return order
     _wait_until([order_file], phase_start + turn + ORDER_GRACE_S)
     try:   # a regular file only, never blocking on a FIFO, at most so many bytes (`jobdir.read_bytes`)

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Mapping
 
+from trainctl.detections import RULES, DetectionKind
 from trainctl.errors import PrivilegeError, TrainctlError, UsageError
 from trainctl.health.fabric.report import FabricReport
 from trainctl.job.decision import Decision
@@ -73,17 +74,18 @@ def plan_gate_drains(decision: Decision, node_reports: Mapping[str, dict], fabri
     return drains
 
 
-def plan_watch_drains(condemned: Mapping[str, tuple[str, str, str]], drain_on: tuple[str, ...],
-                      job_id: str) -> list[GateDrain]:
-    """The nodes the in-training watch condemned ({node: (kind, check, reason)}), drained as the
-    gate's exclusions are: a check that newly failed ("sick") counts as "fail"; a node that hung
-    and fell silent counts as "unknown" (no check could tell what is wrong with it)."""
+def plan_watch_drains(condemned: Mapping[str, tuple[DetectionKind, tuple[tuple[str, str], ...]]],
+                      drain_on: tuple[str, ...], job_id: str) -> list[GateDrain]:
+    """The nodes the in-training watch condemned ({node: (kind, its (check, reason)s)}), drained as
+    the gate's exclusions are, each counting as its kind's status (`trainctl.detections.RULES`):
+    a check that newly failed (sick) as "fail"; a node that hung, or slowed, as "unknown" (no
+    check could tell what is wrong with it)."""
     from trainctl.slurm import tagged_reason
 
     drains = []
-    for node, (kind, check, reason) in sorted(condemned.items()):
-        if ("fail" if kind == "sick" else "unknown") in drain_on:
-            name, tagged = tagged_reason([(check, reason)], context=f"watch of job {job_id}")
+    for node, (kind, causes) in sorted(condemned.items()):
+        if RULES[kind].drain_as in drain_on:
+            name, tagged = tagged_reason(list(causes), context=f"watch of job {job_id}")
             drains.append(GateDrain(node, name, tagged))
     return drains
 
@@ -119,7 +121,8 @@ def drain_excluded(site: str | None, config, decision: Decision, node_reports: M
                          config, site, job_id, "gate", clock)
 
 
-def drain_condemned(site: str | None, config, condemned: Mapping[str, tuple[str, str, str]],
+def drain_condemned(site: str | None, config,
+                    condemned: Mapping[str, tuple[DetectionKind, tuple[tuple[str, str], ...]]],
                     environ: Mapping[str, str], clock=time.time) -> GateDrains:
     """Drain the watch's condemned nodes where `[gate] drain_on` asks (`plan_watch_drains`)."""
     if site is None or config is None or not config.gate.drain_on:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainctl.detections import RULES, DetectionKind, read_details
 from trainctl.job.jobdir import CHECKPOINT_ENV, Kind, job_ended
 from trainctl.job.journal import hms
 
@@ -111,7 +112,7 @@ def _lost_work(step_end: dict) -> float:
 
 @dataclass(frozen=True)
 class DetectionCost:
-    kind: str                      # slow, sick or hung
+    kind: str                      # a DetectionKind's value (another trainctl's kind as its journal says it)
     outcome: str                   # what the gate after it decided: "node2 left out", "slowdown not localised"
     cost_s: float | None           # detection to training again; None: no training since
     lost_work_s: float             # the ended step's time after its last checkpoint
@@ -146,28 +147,33 @@ def _round(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 1)
 
 
+# the kinds `goodput` and `watch_account` read: a reader that cannot keep every event keeps these
+COUNTED_KINDS = frozenset({Kind.SUBMITTED, Kind.JOB_START, Kind.TRAINING_START, Kind.FIRST_STEP, Kind.DETECTION,
+                           Kind.CONFIRMATION, Kind.STEP_END, Kind.JOB_END})
+
+
 def watch_account(attempts: list[list[dict]], result: Goodput, now: float) -> WatchAccount | None:
     """What each detection of the chain cost, and the goodput without the watch; None without a detection."""
     events = sorted((event for journal in attempts for event in journal), key=lambda event: event["t"])
     steps_reported = any(event["event"] == Kind.FIRST_STEP for event in events)
     # a detection with a note was only recorded (a start-up hang naming nobody, a slowdown past the
     # restarts the site allows): the watch stopped nothing, so it cost nothing
-    detections = tuple(_detection_cost(events, index, steps_reported, now)
-                       for index, event in enumerate(events)
-                       if event["event"] == Kind.DETECTION and not event.get("note"))
-    if not detections:
+    chosen = [index for index, event in enumerate(events) if event["event"] == Kind.DETECTION and not event.get("note")]
+    if not chosen:
         return None
+    following = Following(events, now)
+    detections = tuple(_detection_cost(events, index, following, steps_reported) for index in chosen)
     changes = [detection.wall_change_s for detection in detections]
     wall_without = None if None in changes else result.wall_s + sum(changes)
     return WatchAccount(detections, result.productive_s, result.wall_s, wall_without)
 
 
-def _detection_cost(events: list[dict], index: int, steps_reported: bool, now: float) -> DetectionCost:
+def _detection_cost(events: list[dict], index: int, following: Following, steps_reported: bool) -> DetectionCost:
     detection = events[index]
     kind, detected = detection.get("kind", "?"), detection["t"]
-    ended = _next(events, index, Kind.STEP_END)
-    judged = _next(events, index, Kind.CONFIRMATION, stop=Kind.DETECTION)
-    restart = _next(events, index, Kind.TRAINING_START)
+    ended = following.step_end[index]
+    judged = following.confirmation[index]
+    restart = following.training_start[index]
     lost_work = redone = 0.0
     if ended is not None:
         lost_work = _lost_work(events[ended])
@@ -180,63 +186,69 @@ def _detection_cost(events: list[dict], index: int, steps_reported: bool, now: f
         outcome = f"{', '.join(named)} left out" if named else events[judged].get("note", "nobody named")
     again = None
     if restart is not None and steps_reported:
-        first = _next(events, restart, Kind.FIRST_STEP, stop=Kind.STEP_END)
+        first = following.first_step[restart]
         again = None if first is None else events[first]["t"]
     elif restart is not None:
         again = events[restart]["t"]
     cost = None if again is None else again - detected
 
-    slowdown = _slowdown(detection)
+    known = DetectionKind.read(kind)
     if cost is None:
         change, basis = None, f"{kind}: no training since"
-    elif kind == "slow" and judged is not None and not named:
+    elif known is None:
+        change, basis = None, f"{kind}: a detection this trainctl does not know"
+    elif RULES[known].not_estimated is not None:
+        change, basis = None, f"{kind}: {RULES[known].not_estimated}"
+    elif judged is not None and not named:
         change, basis = -(cost + redone), "slowdown not localised: same nodes, same step time; here the watch cost goodput"
-    elif kind == "slow" and named and slowdown is not None:
-        after = _productive_since(events, restart, now)
+    elif named and (slowdown := read_details(known, detection.get("details")).slowdown) is not None:
+        after = following.productive_from[restart]
         change = after * (slowdown - 1) - cost - redone
         basis = f"the {hms(after)} of training after the restart at {slowdown:.2f}x the step time"
-    elif kind == "slow":
-        change, basis = None, "slow: " + ("no step times in the detection" if named else "the gate did not judge it")
     else:
-        change, basis = None, (f"{kind}: the job would have waited for the collective timeout or its time limit, "
-                               "or crashed, at a time the journal does not hold")
+        change, basis = None, f"{kind}: " + ("no step times in the detection" if named else "the gate did not judge it")
     return DetectionCost(kind, outcome, cost, lost_work, change, basis)
 
 
-def _next(events: list[dict], after: int, name: Kind, stop: Kind | None = None) -> int | None:
-    """The index of the first `name` event after `after`, unless a `stop` event comes first."""
-    for index in range(after + 1, len(events)):
-        if events[index]["event"] == name:
-            return index
-        if events[index]["event"] == stop:
-            return None
-    return None
+class Following:
+    """For each event of a chain (in time order), the index of the next event of a kind, in one pass
+    from the end each: a detection's account costs the same however many events follow it."""
+
+    def __init__(self, events: list[dict], now: float):
+        self.step_end = _next_index(events, {Kind.STEP_END})
+        self.confirmation = _next_index(events, {Kind.CONFIRMATION}, stop=Kind.DETECTION)
+        self.training_start = _next_index(events, {Kind.TRAINING_START})
+        self.first_step = _next_index(events, {Kind.FIRST_STEP}, stop=Kind.STEP_END)
+        ends = _next_index(events, {Kind.STEP_END, Kind.JOB_END})
+        # productive training time of the training steps from each event on: each step's time, to
+        # its end (now while it runs), less the work a failed one lost
+        self.productive_from = [0.0] * (len(events) + 1)
+        for index in range(len(events) - 1, -1, -1):
+            self.productive_from[index] = self.productive_from[index + 1]
+            if events[index]["event"] == Kind.TRAINING_START:
+                self.productive_from[index] += _productive(events[index], None if ends[index] is None
+                                                           else events[ends[index]], now)
 
 
-def _slowdown(detection: dict) -> float | None:
-    """The slow step time over the baseline, as the detection measured them."""
-    details = detection.get("details") or {}
-    step_s, baseline_s = details.get("step_s"), details.get("baseline_s")
-    if isinstance(step_s, (int, float)) and isinstance(baseline_s, (int, float)) and step_s > 0 and baseline_s > 0:
-        return step_s / baseline_s
-    return None
+def _next_index(events: list[dict], names: set[Kind], stop: Kind | None = None) -> list[int | None]:
+    """For each index, the first event after it of one of `names`, unless a `stop` event comes first."""
+    table: list[int | None] = [None] * len(events)
+    found = None
+    for index in range(len(events) - 1, -1, -1):
+        table[index] = found
+        if events[index]["event"] in names:
+            found = index
+        elif events[index]["event"] == stop:
+            found = None
+    return table
 
 
-def _productive_since(events: list[dict], start: int, now: float) -> float:
-    """Productive training time of the training steps from events[start] on: each step's time,
-    to its end (now while it runs), less the work a failed one lost."""
-    total = 0.0
-    for index in range(start, len(events)):
-        if events[index]["event"] != Kind.TRAINING_START:
-            continue
-        ended = next((later for later in events[index + 1:] if later["event"] in (Kind.STEP_END, Kind.JOB_END)), None)
-        if ended is None:
-            total += max(0.0, now - events[index]["t"])
-            continue
-        spent = max(0.0, ended["t"] - events[index]["t"])
-        failed = ended["event"] == Kind.STEP_END and ended.get("status", 0) != 0
-        total += spent - (min(spent, _lost_work(ended)) if failed else 0.0)
-    return total
+def _productive(start: dict, ended: dict | None, now: float) -> float:
+    if ended is None:
+        return max(0.0, now - start["t"])
+    spent = max(0.0, ended["t"] - start["t"])
+    failed = ended["event"] == Kind.STEP_END and ended.get("status", 0) != 0
+    return spent - (min(spent, _lost_work(ended)) if failed else 0.0)
 
 
 def goodput_lines(result: Goodput) -> list[str]:

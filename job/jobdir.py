@@ -22,30 +22,33 @@ are re-exported here with the directory's other readers.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
-import itertools
+import heapq
 import json
 import os
 import re
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from trainctl.jobdir_names import JOURNAL, dir_name
-from trainctl.files import inside, open_regular, read_bytes, write_atomically  # noqa: F401 (open_regular: re-exported)
+from trainctl.files import inside, open_regular, read_bytes, write_regular  # noqa: F401 (open_regular: re-exported)
 # The journal's lines are owned below job/ (the fleet history reads them too); re-exported here
 # with the rest of the job directory's readers and writers.
 from trainctl.journal_events import (KINDS, NUMBER_LIMIT, Journal, JournalUnreadable, Kind,  # noqa: F401
                                      all_strings, clean, integer, job_ended, loads, number, parse_event,
-                                     parse_journal, read_journal, read_journal_bytes, string_list)
+                                     parse_journal, read_journal, read_journal_bytes, read_journal_since,
+                                     string_list)
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.guest import wire as guest_wire
 from trainctl.guest.wire import LISTENING_FILE, SIGNAL_REFUSED_FILE
 from trainctl.text import printable
+from trainctl.validate import JOB_ID
 
 # ---------------------------------------------------------------- names
 
@@ -62,6 +65,7 @@ SNAPSHOTS = "snapshots"
 COMPUTE = "compute"
 FABRIC = "fabric.json"
 GATE_STEP_STATUS = "gate-step.status"
+ALERTS_LOG = "alerts.log"               # the alert command's runs: what it was given and what it said
 BATCH_HOST_BEAT = "batch-host.beat"
 SENTINEL_LOG = "sentinel.log"
 DUMP_REQUEST = "dump-request"           # in watch/: holds a token; each agent answers with dump-done-<node>
@@ -153,6 +157,10 @@ class JobPaths:
     def watch(self) -> Path:
         return self.root / WATCH
 
+    @property
+    def alerts_log(self) -> Path:
+        return self.root / ALERTS_LOG
+
     def node_file(self, node: str) -> Path:
         return self.watch / node_file_name(node)
 
@@ -194,6 +202,8 @@ LAYOUT = (
           "the watch's request for a checkpoint, relayed by each agent to its ranks; the mark of a rank "
           "that takes such requests, and why the job's signal would not get a save (with either, no "
           "signal is sent)"),
+    Entry(ALERTS_LOG, "the supervisor", "each run of the alert command (the site's [alerts] command, submit "
+          "--alert-command): the event, how it ended, its output (capped)"),
     Entry(f"{ROUNDS}/<n>/", "the supervisor", "an earlier gate round's files and the watch's evidence from "
           "the training after it, moved aside before the gate runs again"),
     Entry(CHECKPOINT_MARKER, "the program", f"written after each checkpoint, at ${CHECKPOINT_ENV}: "
@@ -256,7 +266,7 @@ def read_json(path: str | os.PathLike, cap: int = JSON_MAX_BYTES, *, root=None) 
 
 
 def write_json(path: str | os.PathLike, data: Mapping) -> None:
-    write_atomically(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
+    write_regular(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------- the decision
@@ -356,6 +366,30 @@ def read_attempt(paths: JobPaths) -> AttemptRecord | None:
         return AttemptRecord.from_json(read_json(paths.attempt, root=paths.root))
     except ValueError:
         return None
+
+
+CHAIN_MAX_ATTEMPTS = 100               # a chain of successors is followed back this far at most
+
+
+def earlier_attempts(paths: JobPaths) -> list[tuple[str, list[dict]]]:
+    """The chain's attempts before this job, first first: each one's job id and journal, found
+    through attempt.json (written by each predecessor into its successor's directory) in the
+    sibling directories; [] for a chain's first job."""
+    attempts: list[tuple[str, list[dict]]] = []
+    seen = {paths.root.name}
+    record = read_attempt(paths)
+    while record is not None and len(attempts) < CHAIN_MAX_ATTEMPTS:
+        earlier = paths.sibling(record.previous_job)
+        if not JOB_ID.fullmatch(record.previous_job) or earlier.root.name in seen:
+            break
+        seen.add(earlier.root.name)
+        try:
+            events = read_journal(earlier.journal, earlier.root)
+        except OSError:
+            events = []
+        attempts.insert(0, (record.previous_job, events))
+        record = read_attempt(earlier)
+    return attempts
 
 
 # ---------------------------------------------------------------- the journal (its lines: trainctl.journal_events)
@@ -585,14 +619,17 @@ def read_node_file(paths: JobPaths, node: str) -> NodeReading | None:
 def write_node_file(paths: JobPaths, reading: NodeReading) -> None:
     """Whole or not at all (UsageError where it cannot be written)."""
 
-    write_atomically(paths.node_file(reading.node), json.dumps(node_file_json(reading), allow_nan=False) + "\n")
+    write_regular(paths.node_file(reading.node), json.dumps(node_file_json(reading), allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------- checkpoints seen
 
 MARKER_NOTE_BYTES = 200
-MAX_GLOB_MATCHES = 10_000               # a pattern is looked at this far each poll, no further
-MAX_WALK_ENTRIES = 10_000               # entries inside a pattern's matched directories looked at each poll
+# A poll spends at most this long on the patterns (and one step more), then goes on from there at
+# the next poll: under half of the watch's share of its 1 s poll (driver.WATCH_SHARE), and counted in it.
+CHECKPOINT_SLICE_S = 0.02
+MAX_WALKED_DIRECTORIES = 64             # the newest matched directories (by their own mtime) looked into
+MAX_WALK_ENTRIES = 10_000               # entries inside a pattern's matched directories looked at each pass
 MAX_WALK_DEPTH = 8                      # levels below a matched directory (Megatron: iter_N/mp_rank_00/...)
 # A directory's newest time must hold this long to be a finished save: one of the watch's polls
 # (watch.poll_s, 1 s), five of the 0.2 s ones while the supervisor waits for a save it asked for.
@@ -622,24 +659,44 @@ class Written(NamedTuple):
 
 def file_saves(patterns: Iterable[str], base: str | os.PathLike, directories_before: Mapping[str, Written] | None = None,
                now: float = 0.0) -> tuple[list[Save], dict[str, Written]]:
-    """The newest save matching each pattern (a path or a glob, relative to `base`), looking at most
-    MAX_GLOB_MATCHES names a pattern; and each matched directory's newest time at `now`, for the
-    next poll.
+    """One whole pass of `save_steps` at `now`, however long it takes."""
+    return finish(save_steps(patterns, base, directories_before or {}, lambda: now))
+
+
+Steps = Generator[None, None, Any]
+
+
+def finish(steps: Steps) -> Any:
+    """What `steps` returns, once every step of it is taken."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def save_steps(patterns: Iterable[str], base: str | os.PathLike, directories_before: Mapping[str, Written],
+               clock: Callable[[], float]) -> Steps:
+    """A pass over the patterns, one step (a yield) for each name looked at, so that a caller may
+    stop between any two and go on later; it returns the newest save matching each pattern (a path
+    or a glob, relative to `base` unless absolute), and each looked-into directory's newest time at
+    `clock()`, for the next pass. Every name a pattern matches is looked at, however many.
 
     A regular file is a save at its mtime. A directory (Transformers' checkpoint-N/, Accelerate's
     save_state folder, torch.distributed.checkpoint, Megatron's iter_N/) is one once its writing
-    has ended: it holds a regular file, and its newest time (`newest_inside`) is the one a
-    previous poll saw (`directories_before`; none given: no directory has had a poll yet),
-    DIRECTORY_QUIET_S or more before `now`. The newest directories (by their own mtime) are
-    looked into first, MAX_WALK_ENTRIES entries in all a pattern. stat never blocks and no file
-    is opened; directories are only listed."""
+    has ended: it holds a regular file, and its newest time (`walk_steps`) is the one the previous
+    pass saw (`directories_before`), DIRECTORY_QUIET_S or more before. The MAX_WALKED_DIRECTORIES
+    newest directories (by their own mtime) are looked into, newest first, MAX_WALK_ENTRIES
+    entries in all a pattern. stat never blocks and no file is opened; directories are only listed."""
     saves, directories = [], {}
-    before = directories_before or {}
     for pattern in patterns:
-        full = os.path.join(base, pattern)
         newest: tuple[float, str] | None = None
-        matched_directories = []
-        for name in itertools.islice(glob.iglob(full) if glob.has_magic(full) else [full], MAX_GLOB_MATCHES):
+        matched_directories: list[tuple[float, str]] = []     # a heap: the oldest kept is dropped first
+        top = "/" if os.path.isabs(pattern) else os.fspath(base)
+        for name in glob_steps(top, pattern.strip("/").split("/")):
+            yield
+            if name is None:
+                continue
             try:
                 found = os.stat(name)
             except OSError:
@@ -647,16 +704,17 @@ def file_saves(patterns: Iterable[str], base: str | os.PathLike, directories_bef
             if stat.S_ISREG(found.st_mode) and (newest is None or found.st_mtime > newest[0]):
                 newest = (found.st_mtime, name)
             elif stat.S_ISDIR(found.st_mode):
-                matched_directories.append((found.st_mtime, name))
+                push = heapq.heappush if len(matched_directories) < MAX_WALKED_DIRECTORIES else heapq.heappushpop
+                push(matched_directories, (found.st_mtime, name))
         budget = MAX_WALK_ENTRIES
         for _, name in sorted(matched_directories, reverse=True):
             if budget <= 0:
                 break
-            written, looked = newest_inside(name, budget)
+            written, looked = yield from walk_steps(name, budget)
             budget -= looked
             if written is None:
                 continue
-            seen = before.get(name)
+            seen, now = directories_before.get(name), clock()
             held = seen is not None and seen.newest == written
             directories[name] = seen if held else Written(written, now)
             if held and now - seen.seen_at >= DIRECTORY_QUIET_S and (newest is None or written > newest[0]):
@@ -666,12 +724,42 @@ def file_saves(patterns: Iterable[str], base: str | os.PathLike, directories_bef
     return saves, directories
 
 
+def glob_steps(directory: str, parts: list[str]) -> Iterator[str | None]:
+    """The names under `directory` that match the pattern `parts` (its levels), by glob's rules
+    (a level that starts with no '.' matches no hidden name; '**' is '*'), and a None for each
+    other entry looked at: a step each, so that a walk of a large tree can be spread over polls.
+    A directory on the way may be a link to one, as with glob."""
+    part, rest = parts[0], parts[1:]
+    if not glob.has_magic(part):
+        path = os.path.join(directory, part)
+        if rest:
+            yield from glob_steps(path, rest)
+        else:
+            yield path if os.path.lexists(path) else None
+        return
+    hidden = part.startswith(".")
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                matches = fnmatch.fnmatchcase(entry.name, part) and (hidden or not entry.name.startswith("."))
+                yield entry.path if matches and not rest else None
+                if matches and rest and entry.is_dir():
+                    yield from glob_steps(entry.path, rest)
+    except OSError:     # not a directory, gone, or not ours to list
+        yield None
+
+
 def newest_inside(directory: str, budget: int) -> tuple[float | None, int]:
+    """All of `walk_steps` at once."""
+    return finish(walk_steps(directory, budget))
+
+
+def walk_steps(directory: str, budget: int) -> Steps:
     """The newest mtime under `directory`: of its regular files, and of the directories on the way
     (a file renamed into place changes only its directory's), with how many entries were looked
-    at. None when no regular file was seen: an empty directory is no save. At most `budget`
-    entries and MAX_WALK_DEPTH levels; no symlink inside is followed (a loop cannot hold it), and
-    nothing but a directory is opened, to list it (a FIFO or a device is only lstat'ed)."""
+    at; a step for each. None when no regular file was seen: an empty directory is no save. At
+    most `budget` entries and MAX_WALK_DEPTH levels; no symlink inside is followed (a loop cannot
+    hold it), and nothing but a directory is opened, to list it (a FIFO or a device is only lstat'ed)."""
     try:
         newest = os.stat(directory).st_mtime
     except OSError:
@@ -686,6 +774,7 @@ def newest_inside(directory: str, budget: int) -> tuple[float | None, int]:
                     looked += 1
                     if looked > budget:
                         break
+                    yield
                     try:
                         found = entry.stat(follow_symlinks=False)
                     except OSError:
@@ -725,22 +814,42 @@ class Checkpoints:
     """The program's saves during one training step, from every source it has: the marker at
     $TRAINCTL_CHECKPOINT_FILE, the files and directories the site's `launch.checkpoints` or
     submit's `--checkpoints` name (a directory once its newest time held DIRECTORY_QUIET_S), and
-    progress.checkpoint() through the node files."""
+    progress.checkpoint() through the node files.
+
+    The patterns are looked at `slice_s` a poll (and one step more), the next poll going on where
+    this one stopped; a save they name counts once a whole pass has looked at every name, so the
+    newest is never missed, however many there are. `cost_s`: the last poll's time."""
 
     def __init__(self, paths: JobPaths, patterns: Iterable[str], base: str | os.PathLike, since: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, slice_s: float = CHECKPOINT_SLICE_S):
         self.paths, self.patterns, self.base = paths, tuple(pattern for pattern in patterns if pattern), base
-        self.since, self.clock = since, clock
+        self.since, self.clock, self.slice_s = since, clock, slice_s
         self.last: float | None = None
+        self.files: list[Save] = []                 # what the last whole pass over the patterns found
         self.directories: dict[str, Written] = {}   # each matched directory's newest time, since when
+        self.passing: Steps | None = None           # the pass under way
+        self.cost_s = 0.0
 
     def poll(self, journal: Journal, readings: Iterable[NodeReading | None] = ()) -> Save | None:
+        began = time.monotonic()
+        self._step_patterns(began + self.slice_s)
         marker = marker_save(self.paths)
-        files, self.directories = file_saves(self.patterns, self.base, self.directories, self.clock())
-        saves = [*([marker] if marker else []), *files, *rank_saves(readings)]
+        saves = [*([marker] if marker else []), *self.files, *rank_saves(readings)]
         seen = checkpoint_seen(self.last, self.since, saves)
         if seen is not None:
             self.last = seen.t
             journal.add(Kind.CHECKPOINT, checkpoint_t=seen.t, note=seen.note,
                         **({"source": seen.source} if seen.source != CHECKPOINT_MARKER else {}))
+        self.cost_s = time.monotonic() - began
         return seen
+
+    def _step_patterns(self, until: float) -> None:
+        if self.passing is None:
+            self.passing = save_steps(self.patterns, self.base, self.directories, self.clock)
+        try:
+            next(self.passing)
+            while time.monotonic() < until:
+                next(self.passing)
+        except StopIteration as done:
+            self.files, self.directories = done.value
+            self.passing = None

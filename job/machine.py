@@ -24,6 +24,7 @@ import signal as signals
 from dataclasses import dataclass, replace
 from typing import Literal, Mapping, NamedTuple, Union
 
+from trainctl.detections import RULES, DetectionKind, HungDetails
 from trainctl.job.journal import weighed_line
 from trainctl.job.jobdir import AGENT_LOG_PATTERN, GATE_LOG_PATTERN, SENTINEL_LOG, SENTINEL_OUT, Kind
 from trainctl.job.watch import (Detection, NodeReading, WatchLimits, WatchState, confirm, observe, silent_nodes,
@@ -68,6 +69,7 @@ class JobFacts:
     successors: int = 0            # the site's watch.max_successors: successors after a detection (0: none)
     watch: WatchFacts | None = None   # None: the watch is off
     binds_tasks: bool = True       # the cluster's srun binds tasks to CPUs (a TaskPlugin that binds)
+    alerts: bool = False           # the job has an alert command (the site's [alerts] command, submit --alert-command)
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ class StepStopped(NamedTuple):
 
 
 class RetryHandled(NamedTuple):
-    pass
+    successor: bool = False        # a successor job was submitted
 
 
 Event = Union[Started, GateDecided, GateRefused, Resized, TrainingStarted, Polled, StepEnded, StepStopped,
@@ -179,7 +181,7 @@ class RunGate(NamedTuple):
 
 class Drain(NamedTuple):
     """Drain the nodes a detection named where the site's `[gate] drain_on` asks."""
-    nodes: Mapping[str, tuple[str, str, str]]   # node -> (kind, check, reason)
+    nodes: Mapping[str, tuple[DetectionKind, tuple[tuple[str, str], ...]]]   # node -> (kind, its (check, reason)s)
 
 
 class Release(NamedTuple):
@@ -230,6 +232,7 @@ class StepOver(NamedTuple):
     status: int
     cause: str
     agents: bool                   # the watch's agents ran beside it
+    detection: DetectionKind | None = None   # what the watch found that ended it (None: it ended by itself)
 
 
 class Retry(NamedTuple):
@@ -242,12 +245,19 @@ class Retry(NamedTuple):
 
 
 class Finish(NamedTuple):
+    """Journal the job's end; the job's exit status (the effects after it are carried out, then the job ends)."""
     status: int
     why: str = ""                  # after a detection: one plain line, the nodes and why the job cannot go on
 
 
+class Alert(NamedTuple):
+    """Run the job's alert command on the journal's newest `kind` event, journaled just before;
+    the job never waits for it (`trainctl.job.alerts`)."""
+    kind: Kind
+
+
 Effect = Union[Journal, Say, StartSentinel, RunGate, Drain, Release, RunTraining, StartAgents, WaitStep,
-               RequestStacks, AskForCheckpoint, StopStep, StepOver, Retry, Finish]
+               RequestStacks, AskForCheckpoint, StopStep, StepOver, Retry, Finish, Alert]
 Effects = tuple[Effect, ...]
 
 
@@ -268,36 +278,39 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
                       event.node_count)
     if phase == "train" and isinstance(event, TrainingStarted):
         state = replace(state, trained_since=state.trained_since or event.t)
+        restarted = _alert(facts, Kind.TRAINING_START) if state.restarts else ()
         if facts.watch is None:
-            return state, (WaitStep(poll=False),)
+            return state, (*restarted, WaitStep(poll=False))
         watching = start_watch(event.t, state.accepted_step_s, stepped_before=state.stepped)
         return (replace(state, watch=watching),
-                (StartAgents(state.job_nodes, len(state.chosen)), WaitStep(poll=True)))
+                (*restarted, StartAgents(state.job_nodes, len(state.chosen)), WaitStep(poll=True)))
     if phase == "train" and isinstance(event, Polled) and facts.watch is not None and state.watch is not None:
         return _watch_poll(facts, state, event)
     if phase == "train" and isinstance(event, StepEnded):
         return _step_ended(facts, state, event)
     if phase == "stopping" and isinstance(event, StepStopped):
         detection = state.detection
-        over = StepOver(event.status, f"ended by the watch ({detection.kind})", facts.watch is not None)
+        over = StepOver(event.status, f"ended by the watch ({detection.kind})", facts.watch is not None,
+                        detection.kind)
         state, effects = _after_detection(facts, replace(state, watch=None), detection, event.status)
         return state, (over,) + effects
     if phase == "retry" and isinstance(event, RetryHandled):
-        return replace(state, phase="end"), (Finish(state.status),)
+        successor = _alert(facts, Kind.RETRY) if event.successor else ()
+        return replace(state, phase="end"), (*successor, *_end(facts, state.status))
     raise ValueError(f"job machine: {type(event).__name__} cannot happen in phase {phase}")
 
 
 def _after_gate(facts: JobFacts, state: JobState, event: GateDecided | GateRefused) -> tuple[JobState, Effects]:
     if isinstance(event, GateRefused):
         if not event.retryable:
-            return replace(state, phase="end", status=event.status), (Finish(event.status),)
+            return replace(state, phase="end", status=event.status), _end(facts, event.status)
         if state.restarts:   # the gate after a detection: the job goes on in a successor where it may
             return _go_on_elsewhere(facts, state, "gate", event.status, state.held,
                                     "the gate after the detection found too few healthy nodes")
         if facts.retries:
             return (replace(state, phase="retry", status=event.status),
                     (Retry("gate", event.status, state.held, state.condemned, facts.retries),))
-        return replace(state, phase="end", status=event.status), (Finish(event.status),)
+        return replace(state, phase="end", status=event.status), _end(facts, event.status)
     decided = replace(state, job_nodes=event.job_nodes, chosen=event.chosen, master_addr=event.master_addr,
                       spares=event.healthy_unused[:facts.hold_spares])
     kept = nodes_to_keep(facts, decided) if facts.release_unused else None
@@ -316,14 +329,13 @@ def _confirm(state: JobState, gate_named: Mapping[str, str]) -> tuple[JobState, 
     confirmed = confirm(detection, gate_named, state.chosen, state.accepted_step_s)
     state = replace(state, detection=None, accepted_step_s=confirmed.accepted_step_s)
     checked = [node for node in state.held if node not in state.condemned]
-    journal = Journal(Kind.CONFIRMATION, {"kind": confirmed.kind, "named": dict(confirmed.named),
+    journal = Journal(Kind.CONFIRMATION, {"kind": confirmed.kind.value, "named": dict(confirmed.named),
                                           "checked": checked,
                                           **({"note": confirmed.note} if confirmed.note else {})})
     if not confirmed.named:
         return state, (journal, Say(f"trainctl: watch: the gate names no node ({detection.kind} not localised): "
                                     "resuming on the same nodes"))
-    failed = {item["node"]: (item["check"], item["reason"]) for item in detection.details.get("failed", [])}
-    drains = {node: (detection.kind, *failed.get(node, ("watch." + detection.kind, detection.evidence)))
+    drains = {node: (detection.kind, detection.details.causes(node, detection.evidence))
               for node in detection.suspects}
     return state, (journal, Say(f"trainctl: watch: leaving out {', '.join(sorted(confirmed.named))}"),
                    *((Drain(drains),) if drains else ()))
@@ -345,54 +357,77 @@ def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobSta
     detection = seen.detection
     if detection is None:
         return state, (*effects, WaitStep(poll=True))
-    if detection.kind == "slow" and not detection.suspects and state.restarts >= facts.max_restarts:
+    return on_detection(facts, state, event, detection, effects)
+
+
+def on_detection(facts: JobFacts, state: JobState, event: Polled, detection: Detection,
+                 effects: list[Effect]) -> tuple[JobState, Effects]:
+    """The watch found `detection` at the poll `event`: by its kind's rules (`trainctl.detections.RULES`)
+    it is recorded only, weighed, or its evidence asked for and the step stopped for the gate."""
+    watch = facts.watch
+    rules = RULES[detection.kind]
+    if rules.unnamed == "weigh" and not detection.suspects and state.restarts >= facts.max_restarts:
         # the gate could only run again in a successor job, and this slowdown names nobody: ending the
         # step would stop a job that can go on (its program may not even survive the checkpoint
         # signal), on a guess. Training goes on, and the slower step time is the new normal.
         note = (f"not acted on: the {facts.max_restarts} restarts the site allows inside the allocation "
                 "are used up; the slower step time is the new normal")
-        accepted = float(detection.details.get("step_s", 0.0))
+        accepted = detection.details.accepted_step_s or 0.0
         return (replace(state, accepted_step_s=accepted, watch=replace(state.watch, accepted_step_s=accepted)),
-                (*effects, Journal(Kind.DETECTION, {"kind": detection.kind, "suspects": [],
-                                                    "evidence": detection.evidence, "details": detection.details,
-                                                    "note": note}),
-                 Say(f"trainctl: watch: slow: {detection.evidence} ({note})"), WaitStep(poll=True)))
-    if detection.kind == "slow" and not detection.suspects:
+                (*effects, Journal(Kind.DETECTION, {**detection.journal_fields(), "note": note}),
+                 *_alert(facts, Kind.DETECTION),
+                 Say(f"trainctl: watch: {detection.kind}: {detection.evidence} ({note})"), WaitStep(poll=True)))
+    if rules.unnamed == "weigh" and not detection.suspects:
         # nobody is named: stopping for the gate is a bet, taken only where it pays several times over
         weighed = weigh(detection, event.t, watch.pay_factor, state.restart_s, watch.restart_cost_s,
                         max(event.saved_t or 0.0, state.watch.started_t), watch.end_t,
                         event.t - (state.trained_since or state.watch.started_t))
-        fields = {"kind": detection.kind, "evidence": detection.evidence, "details": detection.details,
-                  **weighed.fields()}
+        fields = {key: value for key, value in detection.journal_fields().items() if key != "suspects"}
+        fields.update(weighed.fields())
         effects += [Journal(Kind.WEIGHED, fields), Say(f"trainctl: {weighed_line(fields)}")]
         if not weighed.act:   # the slower step time is the new normal: the same slowdown is not weighed again
             accepted = weighed.step_s
             return (replace(state, accepted_step_s=accepted, watch=replace(state.watch, accepted_step_s=accepted)),
                     (*effects, WaitStep(poll=True)))
-    if detection.kind == "hung" and "startup_s" in detection.details and not detection.suspects:
+    if detection.details.at_startup and not detection.suspects:
         # no rank reached its first step and no node is named: the ranks' stacks say where they wait,
         # and training is not stopped on a guess (a long start-up, a program that steps no torch
         # optimizer); the bound is not judged again in this step
         note = "not acted on: no node is named; the ranks' stacks say where they wait"
         return (replace(state, watch=replace(state.watch, startup=False)),
-                (*effects, Journal(Kind.DETECTION, {"kind": detection.kind, "suspects": [],
-                                                    "evidence": detection.evidence, "details": detection.details,
-                                                    "note": note}),
-                 Say(f"trainctl: watch: hung: {detection.evidence} ({note}: trainctl job show)"),
+                (*effects, Journal(Kind.DETECTION, {**detection.journal_fields(), "note": note}),
+                 *_alert(facts, Kind.DETECTION),
+                 Say(f"trainctl: watch: {detection.kind}: {detection.evidence} ({note}: trainctl job show)"),
                  RequestStacks(tuple(state.chosen), watch.dump_wait_s), WaitStep(poll=True)))
-    if detection.kind == "hung":   # the stacks of the ranks whose agent still answers
+    if rules.evidence == "stacks":   # the stacks of the ranks whose agent still answers
         evidence: Effect = RequestStacks(tuple(n for n in state.chosen if n not in detection.suspects),
                                          watch.dump_wait_s)
     else:
         evidence = AskForCheckpoint(watch.checkpoint_signal, watch.checkpoint_wait_s)
     return (replace(state, phase="stopping", detection=detection, stopped_t=event.t),
-            (*effects, *_detected(detection), evidence, StopStep(watch.end_grace_s)))
+            (*effects, *_detected(facts, detection), evidence, StopStep(watch.end_grace_s)))
 
 
-def _detected(detection: Detection) -> Effects:
-    return (Journal(Kind.DETECTION, {"kind": detection.kind, "suspects": list(detection.suspects),
-                                     "evidence": detection.evidence, "details": detection.details}),
+def _detected(facts: JobFacts, detection: Detection) -> Effects:
+    return (Journal(Kind.DETECTION, detection.journal_fields()),
+            *_alert(facts, Kind.DETECTION),
             Say(f"trainctl: watch: {detection.kind}: {detection.evidence}"))
+
+
+def _alert(facts: JobFacts, kind: Kind) -> Effects:
+    """The alert on the event just journaled, where the job has an alert command."""
+    return (Alert(kind),) if facts.alerts else ()
+
+
+def _end(facts: JobFacts, status: int, why: str = "") -> Effects:
+    """The job's end, and its alert."""
+    return (Finish(status, why), *_alert(facts, Kind.JOB_END))
+
+
+def stopped(facts: JobFacts, signum: int) -> Effects:
+    """The job stopped by a signal (scancel, the time limit): its end is journaled, and alerted."""
+    return (Journal(Kind.JOB_END, {"status": 128 + signum, "cause": f"stopped by signal {signum}"}),
+            *_alert(facts, Kind.JOB_END))
 
 
 def _step_ended(facts: JobFacts, state: JobState, event: StepEnded) -> tuple[JobState, Effects]:
@@ -406,19 +441,19 @@ def _step_ended(facts: JobFacts, state: JobState, event: StepEnded) -> tuple[Job
         if silent:
             evidence = (f"the training step ended with status {event.status} after the agent of "
                         f"{', '.join(silent)} fell silent")
-            detection = Detection("hung", silent, evidence, {"silent": list(silent)})
-            over = StepOver(event.status, f"ended by the watch ({detection.kind})", True)
+            detection = Detection(DetectionKind.HUNG, silent, evidence, HungDetails(silent))
+            over = StepOver(event.status, f"ended by the watch ({detection.kind})", True, detection.kind)
             state, effects = _after_detection(facts, replace(state, watch=None, detection=detection,
                                                              stopped_t=event.t), detection, event.status)
-            return state, (*_detected(detection), over, *effects)
+            return state, (*_detected(facts, detection), over, *effects)
     over = StepOver(event.status, "completed" if event.status == 0 else f"exit status {event.status}", watching)
     state = replace(state, watch=None)
     if event.status == 0:
-        return replace(state, phase="end"), (over, Finish(0))
+        return replace(state, phase="end"), (over, *_end(facts, 0))
     if facts.retries:
         return (replace(state, phase="retry", status=event.status),
                 (over, Retry("step", event.status, state.chosen, state.condemned, facts.retries)))
-    return replace(state, phase="end", status=event.status), (over, Finish(event.status))
+    return replace(state, phase="end", status=event.status), (over, *_end(facts, event.status))
 
 
 def _after_detection(facts: JobFacts, state: JobState, detection: Detection, status: int) -> tuple[JobState, Effects]:
@@ -450,7 +485,7 @@ def _go_on_elsewhere(facts: JobFacts, state: JobState, phase: Literal["gate", "s
         return (replace(state, phase="retry", status=status),
                 (Retry(phase, status, nodes, state.condemned, budget),))
     return (replace(state, phase="end", status=status),
-            (Finish(status, f"{why}; no successor job: --retries is 0 and the site's watch.max_successors is 0"),))
+            _end(facts, status, f"{why}; no successor job: --retries is 0 and the site's watch.max_successors is 0"))
 
 
 def _named(detection: Detection) -> str:

@@ -8,13 +8,13 @@ decision, the drains and the deadlines. Without a site every value is the site m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainctl.health.fabric.options import FabricPolicy
 from trainctl.job.gate import gate_deadline_s
 from trainctl.job.gate_compute import ComputePolicy, compute_deadline_s
 from trainctl.job.watch import WatchLimits
-from trainctl.site import GateConfig, PartitionConfig, SiteConfig, WatchConfig
+from trainctl.site import AlertsConfig, GateConfig, MetricsConfig, PartitionConfig, SiteConfig, WatchConfig
 
 FINAL_MARGIN_S = 5.0
 
@@ -28,6 +28,8 @@ class GatePolicy:
     gate: GateConfig
     compute: ComputePolicy
     watch: WatchConfig
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
     @property
     def watch_limits(self) -> WatchLimits:
@@ -63,4 +65,5 @@ def load_gate_policy(site: str | None, partition: str | None) -> GatePolicy:
 
     config = load_site(site).config
     _, part = pick_partition(config, partition)
-    return GatePolicy(site, partition, config, part, config.gate, ComputePolicy.from_gate(config.gate), config.watch)
+    return GatePolicy(site, partition, config, part, config.gate, ComputePolicy.from_gate(config.gate), config.watch,
+                      config.metrics, config.alerts)

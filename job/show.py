@@ -24,10 +24,11 @@ from typing import Protocol
 from trainctl.errors import ExternalCommandError, UsageError
 from trainctl.job import jobdir
 from trainctl.job.decision import Decision
-from trainctl.job.goodput import Goodput, WatchAccount, goodput, goodput_lines, watch_account, watch_lines
-from trainctl.job.journal import timeline_lines
+from trainctl.job.goodput import (COUNTED_KINDS, Goodput, WatchAccount, goodput, goodput_lines, watch_account,
+                                  watch_lines)
+from trainctl.job.journal import ChainEvents, timeline_events, timeline_lines
 from trainctl.job.retry import summary_line
-from trainctl.journal_events import without_lone_surrogates
+from trainctl.journal_events import JOURNAL_MAX_BYTES, without_lone_surrogates
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.proc import run
 from trainctl.slurm import SCONTROL_TIMEOUT_S, fold_hostlist, parse_scontrol_oneliner
@@ -36,6 +37,7 @@ from trainctl.validate import JOB_ID as JOB_ID_RE   # the one owner of what a Sl
 
 TAIL_BYTES = 64 * 1024          # enough for the last lines of any sane log
 MAX_ATTEMPTS = 100              # a chain of --retries jobs is followed this far at most
+SHOW_JOURNAL_BYTES = JOURNAL_MAX_BYTES   # of a chain's journals, read this much at most in all
 # slurmstepd's own notices in a task's output (`*** STEP 12.1 ON node1 CANCELLED AT ... ***`): Slurm's
 # words, not the program's, and written to some ranks' files only, so kept out of the tails.
 SLURMSTEPD_RE = re.compile(r"slurmstepd(-[\w.-]+)?: error: \*\*\* .*")
@@ -81,7 +83,8 @@ class JobView:
     ranks: tuple[RankLog, ...]
     flight_dumps: tuple[str, ...]  # file names of the flight recorder's per-rank dumps
     chain: tuple[dict, ...] = ()   # submit --retries: each attempt's job id and RetryRecord, first to last
-    journals: tuple[tuple[str, tuple[dict, ...]], ...] = ()   # (job id, its journal's events), first to last
+    journals: tuple[tuple[str, tuple[dict, ...]], ...] = ()   # (job id, its journal's events kept), first to last
+    read: ChainEvents | None = None   # how the journals were read: what was left out of them
 
 
 # ---------------------------------------------------------------- pure
@@ -170,7 +173,10 @@ def chain_start(journals: tuple[tuple[str, tuple[dict, ...]], ...]) -> float | N
 
 
 def chain_goodput(view: JobView, now: float) -> tuple[Goodput | None, WatchAccount | None]:
-    """The chain's goodput, and the watch's account where it detected something."""
+    """The chain's goodput, and the watch's account where it detected something; neither where
+    the journals could not be read whole (`ChainEvents.goodput_unknown`)."""
+    if view.read is not None and view.read.goodput_unknown:
+        return None, None
     attempts = [list(events) for _, events in view.journals]
     result = goodput(attempts, now)
     return result, watch_account(attempts, result, now) if result else None
@@ -182,9 +188,18 @@ def timeline_and_goodput(view: JobView, now: float) -> list[str]:
         return [f"timeline: no {jobdir.JOURNAL} (a job script from an older trainctl, or the job has not started)"]
     result, account = chain_goodput(view, now)
     lines = ["timeline (from the first submit):"]
-    lines += timeline_lines([(job, list(events)) for job, events in view.journals], start)
+    attempts = [(job, list(events)) for job, events in view.journals]
+    lines += [summary] if (summary := left_out_line(view, attempts)) else []
+    lines += timeline_lines(attempts, start)
+    if view.read is not None and view.read.goodput_unknown:
+        lines.append(f"goodput: not computed: {view.read.goodput_unknown}")
     lines += goodput_lines(result) if result else []
     return lines + (watch_lines(account) if account else [])
+
+
+def left_out_line(view: JobView, attempts: list[tuple[str, list[dict]]]) -> str | None:
+    shown, cut = timeline_events(attempts)
+    return view.read.summary(len(shown), cut) if view.read is not None else None
 
 
 def format_job(view: JobView, line_count: int, now: float) -> str:
@@ -220,9 +235,15 @@ def format_job(view: JobView, line_count: int, now: float) -> str:
 
 def to_json(view: JobView, line_count: int, now: float) -> dict:
     result, account = chain_goodput(view, now)
+    attempts = [(job, list(events)) for job, events in view.journals]
+    shown, cut = timeline_events(attempts)
+    shown_ids = {id(event) for _, _, event in shown} if cut else None
     return {"job_id": view.job_id, "gate_dir": view.gate_dir, "slurm": view.slurm,
             "decision": view.decision.to_json() if view.decision else None,
-            "timeline": [{"job_id": job, "events": list(events)} for job, events in view.journals],
+            "timeline": [{"job_id": job, "events": [event for event in events if shown_ids is None or id(event) in shown_ids]}
+                         for job, events in attempts],
+            "timeline_left_out": left_out_line(view, attempts),
+            "goodput_unknown": view.read.goodput_unknown if view.read is not None else None,
             "goodput": result.to_json() if result else None,
             "watch": account.to_json() if account else None,
             "lines": line_count, "flight_recorder_dumps": list(view.flight_dumps),
@@ -250,7 +271,9 @@ def _without_lone_surrogates(value):
 
 # ---------------------------------------------------------------- collect
 
-def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int) -> JobView:
+def find_job(files: Files, job_id: str, gate_dir: str | None) -> tuple[str, dict[str, str], list[tuple[str, float]]]:
+    """The job's gate directory (--dir, else the one in the working directory Slurm reports),
+    Slurm's record of the job, and the directory's files; UsageError where there is none."""
     if not JOB_ID_RE.fullmatch(job_id):
         raise UsageError(f"job id {job_id!r}: expected a number such as 1234")
     record = files.scontrol_job(job_id)
@@ -265,6 +288,11 @@ def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int
     entries = files.listdir(gate_dir)
     if entries is None:
         raise UsageError(f"{gate_dir}: no such directory (not a trainctl job, or another --dir)")
+    return gate_dir, slurm, entries
+
+
+def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int) -> JobView:
+    gate_dir, slurm, entries = find_job(files, job_id, gate_dir)
     decision = jobdir.decision_from_json(read_json(files, posixpath.join(gate_dir, jobdir.DECISION)))
     ranks = []
     for name, mtime in entries:
@@ -275,11 +303,29 @@ def collect_job(files: Files, job_id: str, gate_dir: str | None, line_count: int
                                  slurm_notes(text)))
     dumps = tuple(sorted(name for name, _ in entries if name.startswith(FLIGHT_RECORDER_PREFIX)))
     chain = collect_chain(files, gate_dir, job_id)
-    journals = tuple((link["job_id"], tuple(jobdir.parse_journal(
-        files.read(posixpath.join(attempt_dir(gate_dir, job_id, link["job_id"]), jobdir.JOURNAL), None) or "")))
-        for link in chain)
+    read = read_journals(files, gate_dir, job_id, [link["job_id"] for link in chain])
+    journals = tuple((link["job_id"], read.journals.get(link["job_id"], ())) for link in chain)
     return JobView(job_id, gate_dir, slurm, decision, tuple(sorted(ranks, key=lambda r: r.rank)), dumps,
-                   chain, journals)
+                   chain, journals, read)
+
+
+def read_journals(files: Files, gate_dir: str, job_id: str, jobs: list[str]) -> ChainEvents:
+    """The chain's journals, SHOW_JOURNAL_BYTES of them in all: this job's first, then the others
+    from the newest back; each kept within ChainEvents' bounds, and what is not, said."""
+    read = ChainEvents(COUNTED_KINDS, SHOW_JOURNAL_BYTES)
+    left = SHOW_JOURNAL_BYTES
+    for job in sorted(jobs, key=lambda job: (job != job_id, -jobs.index(job))):
+        if left <= 0:
+            read.unread.append(job)
+            continue
+        text = files.read(posixpath.join(attempt_dir(gate_dir, job_id, job), jobdir.JOURNAL), left + 1) or ""
+        size = len(text) if text.isascii() else len(text.encode())   # a journal of trainctl's is ASCII
+        if size > left:
+            read.cut.append(job)
+        left -= size
+        read.add(job, text)
+    read.unread.sort(key=jobs.index)
+    return read
 
 
 def attempt_dir(gate_dir: str, job_id: str, attempt_job: str) -> str:

@@ -56,8 +56,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Literal, Mapping, NamedTuple
+from typing import Mapping, NamedTuple
 
+from trainctl.detections import (LINK_WAIT, OWN_TIME, RULES, Details, DetectionKind, FailedCheck, HungDetails,
+                                  SickDetails, SlowDetails)
 from trainctl.job.jobdir import LinkReading, NodeReading, RankProgress
 
 MIN_BASELINE_SAMPLES = 5
@@ -68,8 +70,6 @@ FLAT_SHARE = 0.25                       # of the step's rise that the named node
 OWN_SAMPLES_PER_WINDOW = 10             # own-time samples per slow window (the verdict needs MIN_BASELINE_SAMPLES before it)
 LINK_WAIT_FACTOR = 1.5                  # a node's link holds back this many times as much per MB as the others'
 LINK_SAMPLES_PER_WINDOW = 6             # link samples per slow window: the counts are cumulative, two span it
-
-Kind = Literal["slow", "sick", "hung"]
 
 
 @dataclass(frozen=True)
@@ -92,10 +92,15 @@ class WatchLimits:
 
 @dataclass(frozen=True)
 class Detection:
-    kind: Kind
+    kind: DetectionKind
     suspects: tuple[str, ...]            # nodes the evidence names (slow: none, the gate decides)
     evidence: str                        # one line for the job's output and the journal
-    details: dict = field(default_factory=dict, compare=False)
+    details: Details = field(compare=False)
+
+    def journal_fields(self) -> dict:
+        """The journal's `detection` (and `weighed`) event's own fields."""
+        return {"kind": self.kind.value, "suspects": list(self.suspects), "evidence": self.evidence,
+                "details": self.details.to_json()}
 
 
 @dataclass(frozen=True)
@@ -165,7 +170,7 @@ class Observation:
 class Confirmation:
     """What the job makes of a detection once the gate after it has judged."""
 
-    kind: Kind
+    kind: DetectionKind
     named: Mapping[str, str]             # node -> why it is left out (none: resume on the same nodes)
     note: str                            # why nobody is named ("" when somebody is)
     accepted_step_s: float               # the step time the watch takes as normal from now on
@@ -180,9 +185,9 @@ def confirm(detection: Detection, gate_named: Mapping[str, str], training_nodes:
     named.update((node, why) for node, why in gate_named.items() if node in training_nodes)
     if named:
         return Confirmation(detection.kind, named, "", 0.0)
-    if detection.kind == "slow":
-        return Confirmation("slow", {}, "slowdown not localised", float(detection.details.get("step_s", 0.0)))
-    return Confirmation(detection.kind, {}, "nobody named", accepted_step_s)
+    accepted = detection.details.accepted_step_s
+    return Confirmation(detection.kind, {}, RULES[detection.kind].unconfirmed,
+                        accepted_step_s if accepted is None else accepted)
 
 
 def start(now: float, accepted_step_s: float = 0.0, stepped_before: bool = False) -> WatchState:
@@ -204,8 +209,8 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
     if sick:
         nodes = tuple(sorted({node for node, _, _ in sick}))
         evidence = "; ".join(f"{node}: {check}: {reason}" for node, check, reason in sick)
-        return Observation(state, Detection("sick", nodes, evidence,
-                                            {"failed": [{"node": n, "check": c, "reason": r} for n, c, r in sick]}))
+        return Observation(state, Detection(DetectionKind.SICK, nodes, evidence,
+                                            SickDetails(tuple(FailedCheck(n, c, r) for n, c, r in sick))))
 
     baseline = _baseline(limits, state, now)
     if state.progress_steps < 0:
@@ -214,8 +219,8 @@ def observe(limits: WatchLimits, state: WatchState, now: float,
         gone = tuple(node for node in silent if now - state.heard[node] >= limits.hang_floor_s)
         if gone:
             return Observation(state, Detection(
-                "hung", gone, f"the agent of {', '.join(gone)} fell silent {limits.hang_floor_s:.0f} s ago "
-                              "(no rank reports steps: no progress to judge)", {"silent": list(gone)}))
+                DetectionKind.HUNG, gone, f"the agent of {', '.join(gone)} fell silent {limits.hang_floor_s:.0f} s "
+                                          "ago (no rank reports steps: no progress to judge)", HungDetails(gone)))
         startup = _startup_hang(limits, state, now, ranks)
         if startup:
             return Observation(state, startup)
@@ -244,9 +249,9 @@ def _startup_hang(limits: WatchLimits, state: WatchState, now: float,
         return None
     if not (limits.steps_expected or ranks or state.last or state.stepped_before):
         return None
-    return Detection("hung", (), f"no rank reached its first step in {waited:.0f} s "
-                                 f"(start-up bound {limits.startup_s:.0f} s)",
-                     {"startup_s": limits.startup_s, "waited_s": round(waited, 1)})
+    return Detection(DetectionKind.HUNG, (), f"no rank reached its first step in {waited:.0f} s "
+                                             f"(start-up bound {limits.startup_s:.0f} s)",
+                     HungDetails(startup_s=limits.startup_s, waited_s=round(waited, 1)))
 
 
 def silent_nodes(limits: WatchLimits, state: WatchState, now: float) -> tuple[str, ...]:
@@ -447,22 +452,25 @@ def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | 
         return None
     evidence = (f"step time {current:.3g} s over the last {limits.slow_window_s:g} s, "
                 f"{current / normal:.2f}x the job's own {normal:.3g} s")
-    details = {"step_s": current, "baseline_s": normal, "samples": _polls(recent)}
     suspects: tuple[str, ...] = ()
+    named_by, own_fields, link_fields = "", [], []
     own = _own_times(limits, state, now)
     if own:
-        suspects, note, details["own"] = own_time_verdict(own, current - normal)
+        suspects, note, own_fields = own_time_verdict(own, current - normal)
+        named_by = OWN_TIME if suspects else ""
         evidence += "; " + note
     if not _made_the_rise(own, current - normal):   # the time goes to waiting: the wire?
         links = _link_waits(limits, state, now)
         if links:
-            suspects, note, details["links"] = link_wait_verdict(links)
+            suspects, note, link_fields = link_wait_verdict(links, tuple(sorted({*state.heard, *state.links})))
+            named_by = LINK_WAIT if suspects else ""
             evidence += "; " + note
     ratios = _compute_ratios(limits, state, now)
     if ratios:
-        details["compute_ratio"] = ratios
         evidence += "; " + _compute_note(limits, ratios)
-    return Detection("slow", suspects, evidence, details)
+    return Detection(DetectionKind.SLOW, suspects, evidence,
+                     SlowDetails(current, normal, _polls(recent), named_by, tuple(own_fields), tuple(link_fields),
+                                 ratios))
 
 
 @dataclass(frozen=True)
@@ -577,6 +585,9 @@ def link_line(item: Mapping) -> str:
 WAIT_WHAT = {"qdisc": "held back (qdisc overlimits + requeues + drops)", "ib": "waited for credit (PortXmitWait ticks)"}
 # how much holding back counts at all, per MB sent
 LINK_WAIT_FLOOR_PER_MB = 10.0
+# a link that sent less than this share of what it sent before says nothing of its wire: the job
+# stalled (a node starved of CPU, a rank stopped), and a link that sends nothing holds nothing back
+LINK_MIN_SENT_SHARE = 0.25
 
 
 def _link_waits(limits: WatchLimits, state: WatchState, now: float) -> list[LinkWait]:
@@ -614,7 +625,7 @@ def _window(start: LinkSample, end: LinkSample, name: str) -> tuple[float, float
     return (last.wait - first.wait) / (sent / 1e6), sent / (end.t - start.t)
 
 
-def link_wait_verdict(links: list[LinkWait]) -> tuple[tuple[str, ...], str, list[dict]]:
+def link_wait_verdict(links: list[LinkWait], nodes: tuple[str, ...]) -> tuple[tuple[str, ...], str, list[dict]]:
     """Whom the nodes' own links name for a slowdown spent waiting (the rule, `link-wait`).
 
     In synchronous training every node sends its share of each step. A link that cannot keep up
@@ -625,8 +636,16 @@ def link_wait_verdict(links: list[LinkWait]) -> tuple[tuple[str, ...], str, list
     one out. A node is named when one of its links holds back at least LINK_WAIT_FACTOR x as much
     per MB sent as every other node's link of the same kind over the slow window, and at least
     LINK_WAIT_FLOOR_PER_MB, and did not before (a node whose link always held back most is no new
-    fault)."""
+    fault). The rule compares every node of the job (`nodes`), each link still sending at least
+    LINK_MIN_SENT_SHARE of what it sent before; where one cannot be judged, it names nobody."""
     fields = [link.fields() for link in links]
+    unjudged = [f"{node}: no link readings over the window" for node in nodes
+                if not any(link.node == node for link in links)]
+    unjudged += [f"{link.node} {link.link}: sent {link.sent_per_s[1] / 1e6:.3g} MB/s, under "
+                 f"{LINK_MIN_SENT_SHARE:.0%} of its {link.sent_per_s[0] / 1e6:.3g} before" for link in links
+                 if link.sent_per_s[1] < LINK_MIN_SENT_SHARE * link.sent_per_s[0]]
+    if unjudged:
+        return (), (f"the links cannot be compared ({'; '.join(unjudged)}): nobody is named by the links"), fields
     apart = []
     for link in links:
         others = [o for o in links if o.node != link.node and o.source == link.source]
@@ -678,18 +697,18 @@ def _hung(state: WatchState, readings: Mapping[str, NodeReading | None], silent:
           stalled_s: float, hang_after: float) -> Detection:
     head = f"no rank finished a step for {stalled_s:.0f} s (hang timeout {hang_after:.0f} s)"
     if silent:
-        return Detection("hung", silent, f"{head}; the agent of {', '.join(silent)} fell silent",
-                         {"silent": list(silent)})
+        return Detection(DetectionKind.HUNG, silent, f"{head}; the agent of {', '.join(silent)} fell silent",
+                         HungDetails(silent))
     steps = {node: min(r.steps for r in reading.ranks)
              for node, reading in readings.items() if reading and reading.ranks}
     if steps and len(set(steps.values())) > 1:
         lowest = min(steps.values())
         behind = tuple(sorted(node for node, count in steps.items() if count == lowest))
-        return Detection("hung", behind, f"{head}; the ranks of {', '.join(behind)} are behind "
-                                         f"(step {lowest}, others {max(steps.values())})",
-                         {"steps": steps})
-    return Detection("hung", (), f"{head}; every rank is at the same step and every agent answers",
-                     {"steps": steps})
+        return Detection(DetectionKind.HUNG, behind, f"{head}; the ranks of {', '.join(behind)} are behind "
+                                                     f"(step {lowest}, others {max(steps.values())})",
+                         HungDetails(steps=steps))
+    return Detection(DetectionKind.HUNG, (), f"{head}; every rank is at the same step and every agent answers",
+                     HungDetails(steps=steps))
 
 
 @dataclass(frozen=True)
@@ -725,8 +744,8 @@ def weigh(detection: Detection, now: float, pay_factor: float, restart_s: float 
     none yet, the site's `default_restart_s`); `saved_t`: the last checkpoint seen, else the
     training step's start; `end_t`: the allocation's end (None: unknown, the job's own elapsed
     training time `trained_s` stands in for the time left)."""
-    step_s = float(detection.details.get("step_s", 0.0))
-    baseline_s = float(detection.details.get("baseline_s", 0.0))
+    details = detection.details
+    step_s, baseline_s = (details.step_s, details.baseline_s) if isinstance(details, SlowDetails) else (0.0, 0.0)
     restart, restart_basis = (restart_s, "measured") if restart_s is not None else (default_restart_s, "site default")
     lost = max(0.0, now - saved_t)
     if end_t is not None:

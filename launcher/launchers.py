@@ -40,6 +40,8 @@ LAYOUT = "layout: trainctl's ranks are the processes, one per GPU"
 LOCAL_RANK_ENV = "trainctl sets LOCAL_RANK in each rank's environment"
 MESSAGES = "the launcher's own messages"
 SRUN = "trainctl starts every rank with its own srun step"
+PLACEMENT = ("placement: trainctl runs one rank per GPU on the nodes the gate chooses (the job's #SBATCH --nodes, "
+             "or submit --nodes)")
 
 
 class Dropped(NamedTuple):
@@ -211,8 +213,10 @@ def is_python(word: str) -> bool:
     return bool(_PYTHON.fullmatch(_basename(word)))
 
 
-def translate(argv: tuple[str, ...] | list[str]) -> Translation | Refusal | None:
-    """`argv` with its launcher translated; a Refusal; None when `argv` starts with no launcher."""
+def translate(argv: tuple[str, ...] | list[str], *, placed: bool = False) -> Translation | Refusal | None:
+    """`argv` with its launcher translated; a Refusal; None when `argv` starts with no launcher.
+    `placed`: the job's node and rank counts are decided elsewhere (a job script's #SBATCH lines),
+    so the launcher's are dropped, whatever they say (`$SLURM_NNODES` included), not carried."""
     argv = tuple(argv)
     if not argv:
         return None
@@ -221,7 +225,7 @@ def translate(argv: tuple[str, ...] | list[str]) -> Translation | Refusal | None
         if start is None:
             return Refusal("srun", "srun in the program would start a job step from every rank: give trainctl the "
                                    "program srun runs, without srun (trainctl starts one rank per GPU with its own srun)")
-        inner = translate(argv[start:])
+        inner = translate(argv[start:], placed=placed)
         if isinstance(inner, Translation):
             return inner._replace(dropped=(Dropped(" ".join(argv[:start]), SRUN), *inner.dropped))
         return inner
@@ -229,7 +233,7 @@ def translate(argv: tuple[str, ...] | list[str]) -> Translation | Refusal | None
     if found is None:
         return None
     launcher, rest = found
-    return _translate(launcher, rest)
+    return _translate(launcher, rest, placed)
 
 
 def _launcher_at(argv: tuple[str, ...]) -> tuple[_Launcher, tuple[str, ...]] | None:
@@ -262,7 +266,7 @@ def _python_module(argv: tuple[str, ...]) -> tuple[_Launcher, tuple[str, ...]] |
     return _MODULES[module]._replace(python=argv[0]), rest
 
 
-def _translate(launcher: _Launcher, words: tuple[str, ...]) -> Translation | Refusal:
+def _translate(launcher: _Launcher, words: tuple[str, ...], placed: bool = False) -> Translation | Refusal:
     parsed = _parse(launcher, words)
     if isinstance(parsed, Refusal):
         return parsed
@@ -280,6 +284,8 @@ def _translate(launcher: _Launcher, words: tuple[str, ...]) -> Translation | Ref
             module = True
         elif action == "no_python":
             no_python = True
+        elif placed and action in ("nnodes", "nproc", "nodes", "ranks_per_node", "total_ranks"):
+            translation = translation._replace(dropped=(*translation.dropped, Dropped(written, PLACEMENT)))
         elif action == "drop" or action == "use_env":
             use_env |= action == "use_env"
             translation = translation._replace(dropped=(*translation.dropped, Dropped(written, option.why)))

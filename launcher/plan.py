@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
@@ -17,7 +18,7 @@ from trainctl.errors import UsageError
 from trainctl.launcher.launchers import PYTHON_MODULE, Refusal, Translation, is_python, translate
 from trainctl.records import record
 from trainctl.site import PartitionConfig, SiteConfig, partition
-from trainctl.validate import MAX_NODES, InvalidValue, check_slurm_signal, check_text
+from trainctl.validate import MAX_NODES, InvalidValue, check_checkpoint_pattern, check_slurm_signal, check_text
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 # Set by the job script from site keys and options, by rank-exec for each rank, or by Slurm:
@@ -59,6 +60,7 @@ class SubmitRequest:
     sbatch: tuple[str, ...] = ()         # submit --sbatch: more sbatch options for this job, e.g. --qos=high
     checkpoints: str | None = None       # None: the site's launch.checkpoints; "": none
     watch: bool | None = None            # submit --watch/--no-watch; None: the site's watch.enabled
+    alert_command: tuple[str, ...] | None = None   # submit --alert-command; None: the site's [alerts] command
     launcher: Translation | None = None  # the launcher the program was given with, translated (`with_launcher`)
 
 
@@ -105,6 +107,7 @@ class JobPlan:
     watch: bool | None                   # the watch runs beside the training (submit --watch/--no-watch;
                                          # None: the site's watch.enabled where the job runs)
     job_name: str
+    alert_command: tuple[str, ...]       # run on the job's detections, restarts, successor and end (empty: none)
     sbatch_options: tuple[SbatchOption, ...]
     environment: tuple[EnvSetting, ...]  # exported by the batch script, in this order
     trainctl: str                        # trainctl on the compute nodes
@@ -125,6 +128,7 @@ class JobPlan:
                 "rank_output": f"${{gate_dir}}/{RANK_OUTPUT}" if self.rank_output else None,
                 "release_unused": self.release_unused, "retries": self.retries,
                 "signal": self.signal or None, "checkpoints": self.checkpoints or None, "watch": self.watch,
+                "alert_command": list(self.alert_command) or None,
                 "environment": {setting.name: setting.shown for setting in self.environment}}
 
     def to_document(self) -> dict:
@@ -151,13 +155,14 @@ class JobPlan:
         fields["sbatch_options"] = tuple(SbatchOption(*option) for option in document["sbatch_options"])
         fields["environment"] = tuple(EnvSetting(*setting) for setting in document["environment"])
         fields["program"], fields["command"] = tuple(fields["program"]), tuple(fields["command"])
+        fields["alert_command"] = tuple(fields["alert_command"])
         return cls(**fields)
 
 
 PLAN_FORMAT = 1
 # Fields added to format 1 after its first release, with what a plan written before them meant:
 # a job queued before an upgrade runs after it as it was submitted.
-LATER_FIELDS = {"checkpoints": "", "watch": None, "launcher": ""}
+LATER_FIELDS = {"checkpoints": "", "watch": None, "launcher": "", "alert_command": []}
 JOB_PLAN_FIELDS = tuple(JobPlan.__dataclass_fields__)
 # the plan's JSON for each field's type (the annotations are strings: `from __future__ import annotations`)
 _PLAIN = {"str": (str,), "bool": (bool,), "bool | None": (bool, type(None)), "int": (int,), "tuple[str, ...]": None}
@@ -211,9 +216,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
     signal = site.launch.signal if request.signal is None else check_signal(request.signal)
     checkpoints = site.launch.checkpoints if request.checkpoints is None else check_checkpoints(request.checkpoints)
 
-    script = request.program[0]
-    python = site.launch.python or node_python
-    program = (python, *request.program) if script.endswith(".py") or script == PYTHON_MODULE else request.program
+    program = runnable(request.program, site.launch.python or node_python)
     return JobPlan(
         site_name=site.name, site_ref=request.site_ref, partition=partition_name,
         nodes=request.nodes, spare=request.spare,
@@ -221,6 +224,7 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
         gpus_per_node=gpus, tasks_per_node=max(gpus, 1), bind=gpus > 0, rank_output=site.launch.rank_output,
         release_unused=site.launch.release_unused, retries=retries, signal=signal, checkpoints=checkpoints,
         watch=site.watch.enabled if request.watch is None else request.watch, job_name=job_name,
+        alert_command=site.alerts.command if request.alert_command is None else request.alert_command,
         sbatch_options=sbatch_options(site, partition_name, request.nodes + request.spare, gpus,
                                       max(gpus, 1), job_name, time_limit)
         + job_sbatch_options(request.sbatch)
@@ -231,6 +235,12 @@ def plan_job(site: SiteConfig, request: SubmitRequest, *, node_trainctl: str, no
         trainctl=site.launch.trainctl or node_trainctl,
         program=program, launcher=launcher_note(request.launcher, program, kept) if request.launcher else "",
         command=command, version=version)
+
+
+def runnable(program: tuple[str, ...], python: str) -> tuple[str, ...]:
+    """A .py script or `-m MODULE` runs under `python`; any other program as it is."""
+    script = program[0]
+    return (python, *program) if script.endswith(".py") or script == PYTHON_MODULE else program
 
 
 def with_launcher(request: SubmitRequest) -> SubmitRequest:
@@ -337,17 +347,19 @@ def _check_counts(request: SubmitRequest, part: PartitionConfig, partition_name:
 
 
 def check_checkpoints(value: str) -> str:
-    """--checkpoints: a path or glob (relative to the submit directory) that a command line can carry."""
+    """--checkpoints: a path or glob relative to the submit directory (`check_checkpoint_pattern`)."""
     try:
-        text = check_text(value)
+        return check_checkpoint_pattern(value)
     except InvalidValue as exc:
         raise UsageError(f"--checkpoints: {exc}") from None
-    if len(text) > CHECKPOINTS_MAX_CHARS:
-        raise UsageError(f"--checkpoints: longer than {CHECKPOINTS_MAX_CHARS} characters")
-    return text
 
 
-CHECKPOINTS_MAX_CHARS = 4096   # PATH_MAX
+def parse_alert_command(value: str) -> tuple[str, ...]:
+    """--alert-command: the command's words, split as a shell would (never run by one); '' for none."""
+    try:
+        return tuple(shlex.split(check_text(value)))
+    except (InvalidValue, ValueError) as exc:
+        raise UsageError(f"--alert-command: {exc}") from None
 
 
 def check_signal(value: str) -> str:

@@ -17,6 +17,7 @@ import functools
 import json
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import jinja2
 
@@ -36,6 +37,36 @@ _ANSI_C_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\
 
 class ShellText(str):
     """Text a filter has made safe for where the template puts it."""
+
+
+class WrittenText(str):
+    """Lines of the user's own job script, which the rendered script runs as written."""
+
+
+class JobScriptParts(NamedTuple):
+    """What the rendered script keeps of a job script (`trainctl.launcher.job_script`)."""
+
+    name: str
+    shebang: str                 # its bash line (`#!/bin/bash -l`), checked by the parser
+    args: tuple[str, ...]        # the arguments after it on submit's command line: its "$@"
+    prelude: WrittenText         # its lines from the first command to the training line
+    prelude_lines: str           # "9-17", for the comment
+    training_line: int
+    exports: WrittenText         # the training line's own NAME=value words, exported
+    training: WrittenText        # the training line's words, as written
+    after: WrittenText           # its lines after the training line ("": none)
+
+
+def job_script_parts(script, args: tuple[str, ...]) -> JobScriptParts:
+    """The rendered script's view of a parsed JobScript."""
+    training = script.training
+    prelude_end = training.first - 1
+    after = script.text(training.last + 1, len(script.lines)) if script.after else ""
+    return JobScriptParts(
+        script.name, script.shebang, args, WrittenText(script.text(script.body_start, prelude_end)),
+        f"{script.body_start}-{prelude_end}", training.first,
+        WrittenText(f"export {' '.join(training.assignments)}" if training.assignments else ""),
+        WrittenText(" ".join(training.words)), WrittenText(after))
 
 
 def shell_word(value: str) -> str:
@@ -77,11 +108,11 @@ def sbatch_argv(plan: JobPlan) -> list[str]:
     return ["sbatch", "--parsable", *(option.argv for option in on_argv)]
 
 
-def render_script(plan: JobPlan) -> str:
+def render_script(plan: JobPlan, job_script: JobScriptParts | None = None) -> str:
     directives, on_argv = split_sbatch_options(plan.sbatch_options)
     return template_environment().get_template(TEMPLATE).render(
         plan=plan, directives=directives, on_argv=on_argv, rank_output=RANK_OUTPUT,
-        job_dir_prefix=DIR_PREFIX)
+        job_dir_prefix=DIR_PREFIX, job_script=job_script)
 
 
 # ---------------------------------------------------------------- filters
@@ -130,6 +161,21 @@ def _comment_filter(text: str) -> ShellText:
     return ShellText(text)
 
 
+def _as_written_filter(text: object) -> ShellText:
+    """The user's own lines: only a job script's parts (`job_script_parts`) may be put in as they are."""
+    text = _defined(text)
+    if not isinstance(text, WrittenText):
+        raise TypeError(f"as_written: expected a job script's own lines, got {text!r}")
+    return ShellText(text.rstrip("\n"))
+
+
+def _shebang_filter(line: object) -> ShellText:
+    line = _defined(line)
+    if not isinstance(line, str) or not line.startswith("#!") or any(_is_control(char) for char in line):
+        raise ValueError(f"not an interpreter line: {line!r}")
+    return ShellText(line)
+
+
 PLAN_END = "TRAINCTL_PLAN"   # the job script's here-document of the plan ends at this line
 
 
@@ -148,7 +194,7 @@ def _only_filtered(value: object) -> object:
     if isinstance(value, ShellText) or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     raise TypeError(f"unfiltered value {value!r} in {TEMPLATE}: pass it through q, words, "
-                    "options, directive, env_name, comment or plan_json")
+                    "options, directive, env_name, comment, plan_json, as_written or shebang")
 
 
 class _BestEffortBytecodeCache(jinja2.FileSystemBytecodeCache):
@@ -177,5 +223,6 @@ def template_environment() -> jinja2.Environment:
         keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, bytecode_cache=_bytecode_cache())
     environment.filters.update(q=_quote_filter, words=_words_filter, options=_options_filter,
                                directive=_directive_filter, env_name=_env_name_filter,
-                               comment=_comment_filter, plan_json=_plan_json_filter)
+                               comment=_comment_filter, plan_json=_plan_json_filter,
+                               as_written=_as_written_filter, shebang=_shebang_filter)
     return environment

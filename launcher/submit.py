@@ -110,9 +110,9 @@ def parse_remote(text: str, default_user: str) -> RemoteTarget:
     return RemoteTarget(match["user"] or default_user, match["host"], port)
 
 
-def submit_remote(render: Callable[[str], str], sbatch_argv: list[str], target: RemoteTarget, *, script: str,
+def submit_remote(render: Callable[[str], str], sbatch_argv: list[str], target: RemoteTarget, *, script: str | None,
                   chdir: str | None, identity: str | None, known_hosts: str) -> tuple[Submitted, str]:
-    """Check SCRIPT over SFTP, render the job script for the path the check found (`render`),
+    """Check SCRIPT over SFTP (None: nothing to check), render the job script for the path the check found (`render`),
     then run sbatch on `target` with it on the channel's stdin. Returns what was submitted and the script."""
     import shlex
 
@@ -122,7 +122,7 @@ def submit_remote(render: Callable[[str], str], sbatch_argv: list[str], target: 
 
     client = connect(target.user, target.host, target.port, identity=identity, known_hosts=known_hosts)
     try:
-        script_text = render(check_remote_script(client, script, chdir))
+        script_text = render(check_remote_script(client, script, chdir) if script is not None else "")
         command = shlex.join(sbatch_argv)
         if chdir:  # sbatch's working directory is the job's: the gate report and output land there
             command = f"cd -- {shlex.quote(chdir)} && {command}"

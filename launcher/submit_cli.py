@@ -57,6 +57,10 @@ class _CommandRecordingArgs(click.Command):
 @click.option("--watch/--no-watch", "watch", default=None,
               help="Watch the training for slow, sick and hung nodes and restart around them, or not, for this "
                    "job (default: the site's watch.enabled, on).")
+@click.option("--alert-command", "alert_command", metavar="'COMMAND [ARGS]...'", default=None,
+              help="Run this command (its words split as a shell would, never run by one) on each detection, "
+                   "restart, successor and end of the job, with the event as one JSON object on stdin "
+                   "(default: the site's alerts.command; '' for none).")
 @click.option("--chdir", help="Submit from this directory (default: the current one): the job runs there, "
               "SCRIPT is relative to it, the gate report and slurm-<id>.out land there.")
 @click.option("--exclude-lemons/--keep-lemons", "exclude_lemons", default=None,
@@ -70,12 +74,12 @@ class _CommandRecordingArgs(click.Command):
 @click.option("--known-hosts", type=click.Path(dir_okay=False),
               help="Verify the login node's host key against this file (default: ~/.ssh/known_hosts).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: job id, sbatch command, script, plan.")
-@click.argument("program", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- SCRIPT [ARGS]...")
+@click.argument("program", nargs=-1, required=True, type=click.UNPROCESSED, metavar="JOB_SCRIPT|-- SCRIPT [ARGS]...")
 @click.pass_context
 def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | None, spare: int,
            min_nodes: int | None, gpus_per_node: int | None, time_limit: str | None, job_name: str | None,
            nccl_debug: str | None, retries: int | None, signal_spec: str | None, sbatch: tuple[str, ...],
-           checkpoints: str | None, watch: bool | None, chdir: str | None, exclude_lemons: bool | None, dry_run: bool, remote: str | None,
+           checkpoints: str | None, watch: bool | None, alert_command: str | None, chdir: str | None, exclude_lemons: bool | None, dry_run: bool, remote: str | None,
            identity: str | None, known_hosts: str | None, as_json: bool, program: tuple[str, ...]) -> None:
     """Render an sbatch script for SITE's hardware and submit it (here, or over SSH).
 
@@ -87,11 +91,18 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | No
     before SCRIPT (torchrun, python -m torch.distributed.run, accelerate launch, deepspeed,
     after srun too) is replaced by trainctl's own ranks: one line says what was kept and dropped,
     and an option trainctl cannot honour is refused.
+
+    A JOB_SCRIPT (a Slurm job script: named .sbatch or .slurm, or with #SBATCH lines under its
+    #! line) runs as it is, with ARGS as its "$@": its #SBATCH lines are merged with the site's
+    (one line for each that trainctl takes over), its environment and helper lines run once
+    before the gate, and its one training line (srun with torchrun, accelerate launch, deepspeed
+    or python) runs on the gate's chosen nodes, one rank per GPU. --dry-run says what it understood.
     """
     from trainctl import __version__
     from trainctl.errors import UsageError
-    from trainctl.launcher.plan import SubmitRequest, plan_job, with_launcher
-    from trainctl.launcher.render import command_line, render_script, sbatch_argv
+    from trainctl.launcher.plan import SubmitRequest, parse_alert_command, plan_job, with_launcher
+    from trainctl.launcher.job_script import JOB_SCRIPT_PYTHON
+    from trainctl.launcher.render import command_line, job_script_parts, render_script, sbatch_argv
     from trainctl.health.check_names import check_site_check_names
     from trainctl.site import load_site
     from trainctl.launcher.submit import check_local_script, parse_remote
@@ -112,10 +123,28 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | No
     # find another copy (/etc/trainctl/site-configs). Over --remote the file here may not exist
     # there, so the login node's search path resolves the name.
     site_ref = str(loaded.path.resolve()) if target is None else site
+    job, job_args = _job_script(program[0]), program[1:]
+    if job is not None:   # a job script: its #SBATCH lines under the command line's own options
+        from trainctl.launcher.job_script import merge_directives
+
+        given = {"nodes": nodes, "partition": partition, "time_limit": time_limit, "job_name": job_name,
+                 "signal": signal_spec, "chdir": chdir, "gpus_per_node": gpus_per_node}
+        merged = merge_directives(job.directives, given, job.name)
+        for note in merged.notes if not dry_run else ():   # the dry run says them with the rest
+            click.echo(f"trainctl: {note}", err=True)
+        nodes, min_nodes = (nodes, min_nodes) if nodes is not None else (merged.nodes, min_nodes or merged.min_nodes)
+        partition, time_limit = partition or merged.partition, time_limit or merged.time_limit
+        gpus_per_node = gpus_per_node if gpus_per_node is not None else merged.gpus_per_node
+        job_name = job_name or merged.job_name or Path(job.name).name.rsplit(".", 1)[0]
+        signal_spec = signal_spec if signal_spec is not None else merged.signal
+        chdir, sbatch = chdir or merged.chdir, merged.sbatch + sbatch
+        job_program, job_launcher = _training_program(job)
     request = with_launcher(SubmitRequest(
-        site_ref=site_ref, program=program, nodes=nodes, partition=partition, spare=spare, min_nodes=min_nodes,
-        gpus_per_node=gpus_per_node, time_limit=time_limit, job_name=job_name, nccl_debug=nccl_debug,
-        retries=retries, signal=signal_spec, sbatch=sbatch, checkpoints=checkpoints, watch=watch))
+        site_ref=site_ref, program=program if job is None else job_program, nodes=nodes, partition=partition,
+        spare=spare, min_nodes=min_nodes, gpus_per_node=gpus_per_node, time_limit=time_limit, job_name=job_name,
+        nccl_debug=nccl_debug, retries=retries, signal=signal_spec, sbatch=sbatch, checkpoints=checkpoints,
+        watch=watch, launcher=None if job is None else job_launcher,
+        alert_command=None if alert_command is None else parse_alert_command(alert_command)))
     program = request.program   # what each rank runs: a launcher on the command line translated
 
     # Only where asked for: reading the history costs sqlite3 and a query, which a plain submit never pays.
@@ -123,6 +152,10 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | No
         lemons = _lemons_to_exclude(loaded.config)
     else:
         lemons = []
+    if job is not None and merged.exclude:
+        from trainctl.slurm import expand_hostlist
+
+        lemons = [*lemons, *expand_hostlist(merged.exclude, source=f"{job.name}: #SBATCH --exclude")]
 
     def plan_for(resolved: str):
         """The plan with SCRIPT as the pre-submit check found it: the job execs that very file."""
@@ -130,21 +163,34 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | No
 
         planned = plan_job(loaded.config, dataclasses.replace(request, program=(resolved, *program[1:])),
                            node_trainctl=loaded.config.launch.trainctl or _this_trainctl(),
-                           node_python=sys.executable, version=__version__,
+                           node_python=sys.executable if job is None else JOB_SCRIPT_PYTHON, version=__version__,
                            command=("trainctl", "submit", *ctx.meta["trainctl.raw_args"]))
+        if job is not None and not job.training.known:
+            planned = dataclasses.replace(planned, launcher=planned.launcher + "; the job decides the rest, once "
+                                                                              "bash has expanded the training line")
         return _excluding(planned, lemons) if lemons else planned
 
     submit_dir = Path.cwd() / (chdir or "")
     if target is None:
         if not submit_dir.is_dir():
             raise UsageError(f"--chdir {chdir}: no such directory")
-        plan = plan_for(check_local_script(program[0], submit_dir))
+        if job is None:
+            plan = plan_for(check_local_script(program[0], submit_dir))
+        else:   # the job runs its training line's words as written, from its own environment
+            _check_training_script(job, job_program, submit_dir)
+            plan = plan_for(job_program[0])
     else:
         plan = plan_for(program[0])   # checked and resolved on the login node, when submitting
-    script = render_script(plan)
+    parts = None if job is None else job_script_parts(job, job_args)
+    script = render_script(plan, parts)
     argv = sbatch_argv(plan)
-    if plan.launcher:
+    if plan.launcher and not (job is not None and dry_run):
         click.echo(f"trainctl: {plan.launcher}", err=True)
+    if job is not None and dry_run:
+        from trainctl.launcher.job_script import summary
+
+        for line in summary(job, merged, plan.launcher, tuple(setting.name for setting in plan.environment)):
+            click.echo(f"trainctl: {line}", err=True)
 
     if dry_run:
         where = f"in {submit_dir}" if target is None else f"on {target} over SSH, in {chdir or '~'}"
@@ -165,10 +211,11 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | No
 
         def render_for(resolved: str) -> str:
             nonlocal plan
-            plan = plan_for(resolved)
-            return render_script(plan)
+            plan = plan_for(resolved or plan.program[0])
+            return render_script(plan, parts)
 
-        submitted, script = submit_remote(render_for, argv, target, script=program[0], chdir=chdir,
+        submitted, script = submit_remote(render_for, argv, target, script=program[0] if job is None else None,
+                                          chdir=chdir,
                                           identity=identity,
                                           known_hosts=known_hosts or os.path.expanduser("~/.ssh/known_hosts"))
     if as_json:
@@ -180,6 +227,51 @@ def submit(ctx: click.Context, site: str, partition: str | None, nodes: int | No
         click.echo(f"trainctl: submitted job {submitted.job_id} ({submitted.where}): {plan.nodes} nodes "
                    f"+ {plan.spare} spare on {plan.site_name}/{plan.partition}; the gate report lands in "
                    f"{dir_name(submitted.job_id)}/ in the submit directory", err=True)
+
+
+def _job_script(word: str):
+    """The parsed job script `word` names (relative to the current directory, as sbatch reads it), or
+    None where it names a program: a file named .sbatch/.slurm, or one with #SBATCH lines under its
+    interpreter line."""
+    from trainctl.files import read_bytes
+    from trainctl.launcher.job_script import looks_like_job_script, read_job_script
+
+    try:
+        head = read_bytes(word, 1 << 16)
+    except OSError:
+        return None
+    if head is None or not looks_like_job_script(word, head):
+        return None
+    return read_job_script(word, word)
+
+
+def _training_program(job):
+    """(what each rank runs, as far as submit can tell, and the launcher's translation) for the job
+    script's training line; a launcher trainctl refuses is one line, unless the words it depends on
+    are only known in the job (then the job says it)."""
+    from trainctl.errors import UsageError
+    from trainctl.launcher.job_script import srun_command, training_program
+    from trainctl.launcher.launchers import Translation
+
+    try:
+        program, translation = training_program(job.training.shown)
+    except UsageError as exc:
+        if job.training.known:
+            raise UsageError(f"{job.name}:{job.training.first}: {exc}") from None
+        program = srun_command(job.training.shown)[1]
+        translation = None
+    return program, translation or Translation("the job script's training line", program)
+
+
+def _check_training_script(job, program: tuple[str, ...], submit_dir: Path) -> None:
+    """The .py file the training line runs is there (where its name holds no $ and no `cd` came first)."""
+    from trainctl.errors import UsageError
+
+    script = next((word for word in program if word.endswith(".py")), None)
+    if script is None or "$" in script or job.changes_directory or not job.training.known:
+        return
+    if not (submit_dir / script).is_file():
+        raise UsageError(f"{job.name}:{job.training.first}: {script} does not exist in {submit_dir}")
 
 
 def _lemons_to_exclude(config) -> list[str]:

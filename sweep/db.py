@@ -12,7 +12,7 @@ Every open goes through one verdict, `inspect_file`, on a read-only connection: 
 application id, exactly trainctl's schema objects (a foreign trigger or view is refused by name),
 the schema version. Readers then judge each row they read (`_sweep`, `_node`, `_result`,
 `_drain`); writers, before their first write, also run `PRAGMA quick_check` and judge every row
-of the file with those same functions (`_check_every_row`), so a file a report calls damaged is
+of the file with those same functions (`check_every_row`, `trainctl.sweep.db_rows`), so a file a report calls damaged is
 refused by a sweep with the same message, without a single byte of it changing.
 
 A new history is built whole under a temporary name and linked into place, so two first sweeps
@@ -35,8 +35,9 @@ from pathlib import Path
 from trainctl.errors import TrainctlError, UsageError
 from trainctl.text import printable
 from trainctl.validate import check_node_name
-from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, STATUSES, TIMEOUT, DrainRow, JobEventRow, JobRow,
-                                   NodeOutcome, NodeRow, ResultRow, SweepRow)
+from trainctl.sweep.db_rows import (JOB_EVENT_KINDS, check_every_row, damaged, drain_row, node_name_of, job_event_row,
+                                    job_row, node_row, result_row, sweep_row, text_of, time_of)
+from trainctl.sweep.model import CHECKED, DrainRow, JobEventRow, JobRow, NodeOutcome, NodeRow, ResultRow, SweepRow
 
 APPLICATION_ID = 0x74635377      # "tcSw", in the header at offset 68
 SCHEMA_VERSION = 2
@@ -77,7 +78,6 @@ CREATE INDEX job_events_by_time ON job_events (at, kind, host, job_id);
 CREATE INDEX job_events_by_host ON job_events (host, at);
 """
 FLEET_TABLES = ("jobs", "job_events")
-JOB_EVENT_KINDS = ("exclusion", "detection", "served")
 
 SCHEMA = f"""
 PRAGMA application_id = {APPLICATION_ID};
@@ -144,8 +144,6 @@ REFUSED_CLOSE = "not drained: "
 _DETAILS_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 BASE_TABLES = ("schema_version", "sweeps", "nodes", "results", "drains")
 TABLES = BASE_TABLES + FLEET_TABLES
-OUTCOMES = (CHECKED, TIMEOUT, ERROR, NOT_SWEPT)
-LATEST_TIME = 253402300799.0     # 9999-12-31: later than any sweep, and datetime can still show it
 # SQLite's extended result codes that mean "you may not" or "not now", never "the file is bad".
 ACCESS_ERRORS = ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH", "SQLITE_IOERR_LOCK")
 LOCK_ERRORS = ("SQLITE_BUSY", "SQLITE_LOCKED")
@@ -228,7 +226,7 @@ class History:
         except sqlite3.DatabaseError as exc:
             raise _refused(self.path, exc, "write" if self.writable else "read") from exc
         except UnicodeDecodeError as exc:  # sqlite3 decodes TEXT as UTF-8; trainctl never wrote anything else
-            raise _damaged(self.path, f"text that is not UTF-8 ({exc.reason})") from exc
+            raise damaged(self.path, f"text that is not UTF-8 ({exc.reason})") from exc
 
     def _rows(self, sql: str, params: Iterable | dict = ()) -> list[tuple]:
         """All rows of a query: a damaged page can surface while fetching, not only when executing."""
@@ -237,7 +235,7 @@ class History:
         except sqlite3.DatabaseError as exc:
             raise _refused(self.path, exc, "write" if self.writable else "read") from exc
         except UnicodeDecodeError as exc:  # sqlite3 decodes TEXT as UTF-8; trainctl never wrote anything else
-            raise _damaged(self.path, f"text that is not UTF-8 ({exc.reason})") from exc
+            raise damaged(self.path, f"text that is not UTF-8 ({exc.reason})") from exc
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -359,22 +357,22 @@ class History:
     def sweeps(self) -> list[SweepRow]:
         rows = self._rows("SELECT id, kind, started_at, finished_at, site, via, target, checks, "
                           "slurm_job_id, error FROM sweeps ORDER BY id")
-        return [_sweep(self.path, row) for row in rows]
+        return [sweep_row(self.path, row) for row in rows]
 
     def sweep_nodes(self, sweep_id: int) -> list[NodeRow]:
         rows = self._rows("SELECT sweep_id, host, outcome, status, slurm_state, detail, recorded_at "
                           "FROM nodes WHERE sweep_id = ? ORDER BY host", (sweep_id,))
-        return [_node(self.path, row) for row in rows]
+        return [node_row(self.path, row) for row in rows]
 
     def sweep_results(self, sweep_id: int) -> list[ResultRow]:
         rows = self._rows("SELECT sweep_id, host, check_name, status, reason, details FROM results "
                           "WHERE sweep_id = ? ORDER BY host, check_name", (sweep_id,))
-        return [_result(self.path, row) for row in rows]
+        return [result_row(self.path, row) for row in rows]
 
     def current_nodes(self, first_sweep: int) -> list[NodeRow]:
         """Each host's newest row among sweeps `first_sweep` and later."""
         rows = self._rows(CURRENT_ROWS, {"first_sweep": first_sweep})
-        return [_node(self.path, row) for row in rows]
+        return [node_row(self.path, row) for row in rows]
 
     def current_problems(self, first_sweep: int) -> list[ResultRow]:
         """Checks that are not ok in each host's newest row."""
@@ -382,7 +380,7 @@ class History:
             f"SELECT r.sweep_id, r.host, r.check_name, r.status, r.reason, r.details "
             f"FROM results r JOIN ({CURRENT_ROWS}) cur ON r.host = cur.host AND r.sweep_id = cur.sweep_id "
             f"WHERE r.status != 'ok'", {"first_sweep": first_sweep})
-        return [_result(self.path, row) for row in rows]
+        return [result_row(self.path, row) for row in rows]
 
     def check_history(self, pairs: Iterable[tuple[str, str]]) -> list[ResultRow]:
         """Every row ever recorded for each (host, check) pair, without details."""
@@ -391,7 +389,7 @@ class History:
             found += self._rows(
                 "SELECT sweep_id, host, check_name, status, reason, '{}' FROM results "
                 "WHERE host = ? AND check_name = ? ORDER BY sweep_id", (host, check))
-        return [_result(self.path, row) for row in found]
+        return [result_row(self.path, row) for row in found]
 
     def troubled_node_rows(self, first_sweep: int, also_hosts: Iterable[str] = ()) -> list[NodeRow]:
         """All rows since `first_sweep` of the hosts that were not ok (not merely not swept) in one,
@@ -405,7 +403,7 @@ class History:
         rows = self._rows(
             "SELECT sweep_id, host, outcome, status, slurm_state, detail, recorded_at FROM nodes "
             "WHERE host IN (SELECT value FROM json_each(?)) AND sweep_id >= ?", (json.dumps(hosts), first_sweep))
-        return [_node(self.path, row) for row in rows]
+        return [node_row(self.path, row) for row in rows]
 
     def latest_checked_results(self) -> list[tuple[ResultRow, float]]:
         """Each host's results from the newest sweep that checked it (without details), and their time."""
@@ -413,7 +411,7 @@ class History:
             "SELECT r.sweep_id, r.host, r.check_name, r.status, r.reason, r.recorded_at FROM results r "
             "JOIN (SELECT host, MAX(sweep_id) AS sid FROM nodes WHERE outcome = ? GROUP BY host) latest "
             "ON r.host = latest.host AND r.sweep_id = latest.sid", (CHECKED,))
-        return [(_result(self.path, (sweep_id, host, check, status, reason, "{}")), _time(self.path, at, "recorded_at"))
+        return [(result_row(self.path, (sweep_id, host, check, status, reason, "{}")), time_of(self.path, at, "recorded_at"))
                 for sweep_id, host, check, status, reason, at in rows]
 
     def previous_details(self, host: str, check: str, before_sweep: int) -> tuple[int, dict] | None:
@@ -426,13 +424,13 @@ class History:
     def breaker_reset_at(self) -> float:
         """When an admin last closed the breaker (0.0: never)."""
         row = self._rows("SELECT MAX(started_at) FROM sweeps WHERE kind = ?", (BREAKER_RESET,))[0]
-        return 0.0 if row[0] is None else _time(self.path, row[0], "breaker reset")
+        return 0.0 if row[0] is None else time_of(self.path, row[0], "breaker reset")
 
     def breaker_trips(self, since: float) -> list[SweepRow]:
         """The breaker's trips since `since`, oldest first."""
         rows = self._rows("SELECT id, kind, started_at, finished_at, site, via, target, checks, slurm_job_id, error "
                           "FROM sweeps WHERE kind = ? AND started_at >= ? ORDER BY id", (BREAKER_TRIP, since))
-        return [_sweep(self.path, row) for row in rows]
+        return [sweep_row(self.path, row) for row in rows]
 
     def drains_made(self, since: float) -> int:
         """Drains trainctl made (or has claimed) since `since`: not a shadow rule's, not one Slurm refused."""
@@ -443,7 +441,7 @@ class History:
         where = "WHERE closed_at IS NULL" if open_only else ""
         rows = self._rows(f"SELECT id, host, reason, reason_time, sweep_id, check_name, drained_at, "
                           f"closed_at, closed_how FROM drains {where} ORDER BY id")
-        return [_drain(self.path, row) for row in rows]
+        return [drain_row(self.path, row) for row in rows]
 
     # -- jobs' verdicts (trainctl.sweep.fleet folds the journals in)
     def folded_jobs(self) -> dict[str, JobRow]:
@@ -452,7 +450,7 @@ class History:
             return {}
         rows = self._rows("SELECT job_id, site, started_at, ended_at, status, source, lines, size, ingested_at "
                           "FROM jobs")
-        return {row[0]: _job(self.path, row) for row in rows}
+        return {row[0]: job_row(self.path, row) for row in rows}
 
     def record_jobs(self, jobs: Iterable[tuple[JobRow, list[JobEventRow]]]) -> None:
         """Jobs and their events in one transaction; an event already there (same job, line and
@@ -475,7 +473,7 @@ class History:
         """Every node a sweep recorded or a job's verdict named: the nodes the history knows."""
         rows = self._rows("SELECT host FROM nodes UNION SELECT host FROM job_events" if self.version >= FLEET_VERSION
                           else "SELECT DISTINCT host FROM nodes")
-        return {_host(self.path, host) for (host,) in rows}
+        return {node_name_of(self.path, host) for (host,) in rows}
 
     def job_counts(self, since: float) -> list[tuple[str, str, int, int]]:
         """(host, kind, distinct jobs, events) of the job events from `since` on."""
@@ -484,9 +482,9 @@ class History:
         rows = self._rows("SELECT host, kind, COUNT(DISTINCT job_id), COUNT(*) FROM job_events WHERE at >= ? "
                           "GROUP BY host, kind", (since,))
         for host, kind, *_ in rows:
-            _host(self.path, host)
+            node_name_of(self.path, host)
             if kind not in JOB_EVENT_KINDS:
-                raise _damaged(self.path, f"job event kind {printable(str(kind)[:40])!r} unknown")
+                raise damaged(self.path, f"job event kind {printable(str(kind)[:40])!r} unknown")
         return rows
 
     def job_events(self, since: float, kinds: Iterable[str], hosts: Iterable[str] | None = None) -> list[JobEventRow]:
@@ -500,7 +498,7 @@ class History:
         if hosts is not None:
             sql += " AND host IN (SELECT value FROM json_each(?))"
             params += (json.dumps(sorted(set(hosts))),)
-        return [_job_event(self.path, row) for row in self._rows(sql + " ORDER BY at, job_id, line", params)]
+        return [job_event_row(self.path, row) for row in self._rows(sql + " ORDER BY at, job_id, line", params)]
 
     def served_jobs(self, since: float, hosts: Iterable[str]) -> list[tuple[str, str, float]]:
         """(host, job, when it last served that job) for every job `hosts` served from `since` on."""
@@ -509,8 +507,8 @@ class History:
         rows = self._rows("SELECT host, job_id, MAX(at) FROM job_events WHERE kind = 'served' AND at >= ? "
                           "AND host IN (SELECT value FROM json_each(?)) GROUP BY host, job_id",
                           (since, json.dumps(sorted(set(hosts)))))
-        return [(_host(self.path, host), _text(self.path, job_id, "job_events.job_id"),
-                 _time(self.path, at, f"job {job_id} served_at")) for host, job_id, at in rows]
+        return [(node_name_of(self.path, host), text_of(self.path, job_id, "job_events.job_id"),
+                 time_of(self.path, at, f"job {job_id} served_at")) for host, job_id, at in rows]
 
     def sweep_failures(self, since: float, hosts: Iterable[str] | None = None) -> list[tuple[str, int, float, str]]:
         """(host, sweep, its start, failing checks) for every full sweep from `since` on that a node failed."""
@@ -524,7 +522,7 @@ class History:
             sql += " AND n.host IN (SELECT value FROM json_each(?))"
             params += (json.dumps(sorted(set(hosts))),)
         rows = self._rows(sql + " ORDER BY s.started_at", params)
-        return [(_host(self.path, host), sweep_id, _time(self.path, at, f"sweep #{sweep_id} started_at"),
+        return [(node_name_of(self.path, host), sweep_id, time_of(self.path, at, f"sweep #{sweep_id} started_at"),
                  checks if isinstance(checks, str) else "")
                 for host, sweep_id, at, checks in rows]
 
@@ -535,7 +533,7 @@ class History:
             "WHERE s.kind = 'sweep' AND s.started_at >= ? AND n.outcome = 'checked' AND n.status IN ('ok', 'warn') "
             "AND n.host IN (SELECT value FROM json_each(?)) ORDER BY s.started_at",
             (since, json.dumps(sorted(set(hosts)))))
-        return [(_host(self.path, host), sweep_id, _time(self.path, at, f"sweep #{sweep_id} started_at"))
+        return [(node_name_of(self.path, host), sweep_id, time_of(self.path, at, f"sweep #{sweep_id} started_at"))
                 for host, sweep_id, at in rows]
 
 
@@ -611,7 +609,7 @@ def inspect_file(path: Path, *, thorough: bool, judged: tuple[str, ...] = TABLES
     except sqlite3.DatabaseError as exc:
         raise _refused(path, exc, "read") from exc
     except UnicodeDecodeError as exc:
-        raise _damaged(path, f"text that is not UTF-8 ({exc.reason})") from exc
+        raise damaged(path, f"text that is not UTF-8 ({exc.reason})") from exc
     return uri, version
 
 
@@ -646,13 +644,13 @@ def _look_inside(uri: str, path: Path, thorough: bool, judged: tuple[str, ...] =
         version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
         problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()] if thorough else ["ok"]
         if problems != ["ok"]:
-            raise _damaged(path, "; ".join(problems[:3]))
+            raise damaged(path, "; ".join(problems[:3]))
         # Version 1 has exactly the base tables; version 2 exactly all of them.
         if (version, expected_tables) not in ((1, BASE_TABLES), (SCHEMA_VERSION, TABLES)):
             raise UsageError(f"{path}: sweep history schema version {version}; this trainctl reads versions "
                              f"1 to {SCHEMA_VERSION}", hint="use the trainctl that wrote it")
         if thorough:
-            _check_every_row(conn, path, tuple(t for t in expected_tables if t in judged))
+            check_every_row(conn, path, tuple(t for t in expected_tables if t in judged))
         return version
     finally:
         conn.close()
@@ -678,83 +676,6 @@ def _expected_columns() -> dict[str, list[str]]:
             for table in TABLES}
 
 
-# What `_check_every_row` hands to the row judges: rows of a shape trainctl never writes, and
-# every row with text outside printable ASCII (it may not be UTF-8) or long details (they may
-# nest deeper than the JSON parser goes). A cheap filter in SQL; the verdict is the judges'.
-_TIME_SQL = "typeof({0}) NOT IN ('integer', 'real') OR {0} < 0 OR {0} > " + repr(LATEST_TIME)
-_OPTIONAL_TIME_SQL = "({0} IS NOT NULL AND (" + _TIME_SQL + "))"
-
-
-def _not_text(*columns: str) -> str:
-    return " OR ".join([f"typeof({c}) != 'text'" for c in columns] + [f"({' || '.join(columns)}) GLOB '*[^ -~]*'"])
-
-
-def _quoted(values: Iterable[str]) -> str:
-    return ", ".join(f"'{v}'" for v in values)
-
-
-ROW_SUSPECTS = {
-    "sweeps": ("SELECT id, kind, started_at, finished_at, site, via, target, checks, slurm_job_id, error FROM sweeps "
-               f"WHERE {_not_text('kind', 'site', 'via', 'target', 'checks', 'slurm_job_id', 'error')} "
-               f"OR {_TIME_SQL.format('started_at')} OR {_OPTIONAL_TIME_SQL.format('finished_at')}"),
-    "nodes": ("SELECT sweep_id, host, outcome, status, slurm_state, detail, recorded_at FROM nodes "
-              f"WHERE outcome NOT IN ({_quoted(OUTCOMES)}) OR (status IS NOT NULL AND status NOT IN "
-              f"({_quoted(STATUSES)})) OR {_not_text('host', 'slurm_state', 'detail')} "
-              f"OR {_TIME_SQL.format('recorded_at')}"),
-    "results": ("SELECT sweep_id, host, check_name, status, reason, details, recorded_at FROM results "
-                f"WHERE status NOT IN ({_quoted(STATUSES)}) OR {_not_text('host', 'check_name', 'reason', 'details')} "
-                f"OR NOT json_valid(details) OR json_type(details) != 'object' OR length(details) > 1500 "
-                f"OR {_TIME_SQL.format('recorded_at')}"),
-    "drains": ("SELECT id, host, reason, reason_time, sweep_id, check_name, drained_at, closed_at, closed_how "
-               f"FROM drains WHERE {_not_text('host', 'reason', 'reason_time', 'check_name', 'closed_how')} "
-               f"OR {_TIME_SQL.format('drained_at')} OR {_OPTIONAL_TIME_SQL.format('closed_at')}"),
-    "jobs": ("SELECT job_id, site, started_at, ended_at, status, source, lines, size, ingested_at FROM jobs "
-             f"WHERE {_not_text('job_id', 'site', 'source')} OR {_TIME_SQL.format('started_at')} "
-             f"OR {_OPTIONAL_TIME_SQL.format('ended_at')} OR {_TIME_SQL.format('ingested_at')} "
-             "OR (status IS NOT NULL AND typeof(status) != 'integer') OR typeof(lines) != 'integer' "
-             "OR typeof(size) != 'integer' OR lines < 0 OR size < 0"),
-    "job_events": ("SELECT job_id, line, host, kind, at, what, detail FROM job_events "
-                   f"WHERE kind NOT IN ({_quoted(JOB_EVENT_KINDS)}) OR typeof(line) != 'integer' OR line < 1 "
-                   f"OR {_not_text('job_id', 'host', 'what', 'detail')} OR {_TIME_SQL.format('at')}"),
-}
-
-
-def _check_every_row(conn: sqlite3.Connection, path: Path, tables: tuple[str, ...] = TABLES) -> None:
-    """Every row judged as a reader judges the rows it reads (the same functions, so the same
-    message): the first one no trainctl could have written raises UsageError."""
-    for table, sql in ROW_SUSPECTS.items():
-        if table not in tables:
-            continue
-        cursor = conn.execute(sql)
-        while rows := cursor.fetchmany(1000):  # a UnicodeDecodeError here: the caller calls it damage
-            for row in rows:
-                if table == "sweeps":
-                    _sweep(path, row)
-                elif table == "nodes":
-                    _node(path, row)
-                elif table == "results":
-                    _result(path, row[:6])
-                    _time(path, row[6], f"check {str(row[2])[:40]!r} of {str(row[1])[:40]!r} in sweep "
-                                        f"#{row[0]} recorded_at")
-                elif table == "drains":
-                    _drain(path, row)
-                elif table == "jobs":
-                    _job(path, row)
-                else:
-                    _job_event(path, row)
-    if "job_events" in tables:   # every event belongs to a job folded in (the key folding is idempotent by)
-        orphan = conn.execute("SELECT job_id, line FROM job_events WHERE job_id NOT IN (SELECT job_id FROM jobs) "
-                              "LIMIT 1").fetchone()
-        if orphan:
-            raise _damaged(path, f"event of job {printable(str(orphan[0])[:40])!r} line {str(orphan[1])[:20]}: "
-                                 "no such job")
-    for table in ("nodes", "results", "drains", "job_events"):  # host names: each distinct one once
-        if table not in tables:
-            continue
-        for (host,) in conn.execute(f"SELECT DISTINCT host FROM {table}"):
-            _host(path, host)
-
-
 def _wal_pending(path: Path) -> bool:
     """A non-empty write-ahead log holds commits the main file does not have yet."""
     try:
@@ -773,131 +694,8 @@ def _refused(path: Path, exc: sqlite3.Error, doing: str) -> TrainctlError:
         return UsageError(f"{path}: cannot {doing} sweep history: {exc} ({name})",
                           hint=f"{doing} access to the file and its directory is needed" if doing == "write"
                           else "read access to the file is needed")
-    return _damaged(path, exc)
-
-
-def _damaged(path: Path, exc: Exception | str) -> UsageError:
-    return UsageError(f"{path}: damaged sweep history ({exc}); left untouched",
-                      hint="move it aside or restore a backup; a new sweep starts a new history")
+    return damaged(path, exc)
 
 
 def _readonly_uri(path: Path) -> str:
     return f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
-
-
-def _time(path: Path, value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= LATEST_TIME:
-        raise _damaged(path, f"{what} {str(value)[:40]!r} is not a time")
-    return float(value)
-
-
-def _text(path: Path, value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise _damaged(path, f"{what} {str(value)[:40]!r} is not text")
-    return value
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _is_node_name(host: str) -> bool:
-    try:
-        check_node_name(host, "host")
-    except UsageError:
-        return False
-    return True
-
-
-def _host(path: Path, value: object) -> str:
-    """A host as trainctl records it: a node name from Slurm or a hostlist. One with `[`, `]`, `^`
-    or `,` never came from either, and folded into a report's hostlist it would name other nodes.
-    The message names the host alone, so every reader and writer that meets it says the same."""
-    if isinstance(value, str) and _is_node_name(value):
-        return value
-    raise _damaged(path, f"host {printable(str(value)[:60])!r} is not a node name")
-
-
-def _sweep(path: Path, row: tuple) -> SweepRow:
-    sweep_id, kind, started, finished, *texts = row
-    where = f"sweep #{sweep_id}"
-    return SweepRow(sweep_id, _text(path, kind, f"{where} kind"), _time(path, started, f"{where} started_at"),
-                    None if finished is None else _time(path, finished, f"{where} finished_at"),
-                    *(_text(path, value, where) for value in texts))
-
-
-_NODE_STATUSES = frozenset((*STATUSES, None))
-
-
-def _node(path: Path, row: tuple) -> NodeRow:
-    sweep_id, host, outcome, status, slurm_state, detail, recorded_at = row
-    if (outcome in OUTCOMES and status in _NODE_STATUSES and type(host) is str and _is_node_name(host)
-            and type(slurm_state) is str and type(detail) is str and type(recorded_at) in (int, float)
-            and 0 <= recorded_at <= LATEST_TIME):
-        return NodeRow(sweep_id, host, outcome, status, slurm_state, detail, float(recorded_at))  # the usual row
-    host = _host(path, host)
-    where = f"node {host!r} in sweep #{sweep_id}"
-    if outcome not in OUTCOMES or status not in (*STATUSES, None):
-        raise _damaged(path, f"{where}: outcome {outcome!r} / status {status!r} unknown")
-    return NodeRow(sweep_id, host, outcome, status, _text(path, slurm_state, where),
-                   _text(path, detail, where), _time(path, recorded_at, f"{where} recorded_at"))
-
-
-def _result(path: Path, row: tuple) -> ResultRow:
-    sweep_id, host, check, status, reason, details = row
-    if status in STATUSES and type(host) is str and _is_node_name(host) and type(check) is str \
-            and type(reason) is str:
-        try:
-            parsed = json.loads(details, parse_constant=_no_constant)
-        except (TypeError, ValueError, RecursionError):
-            parsed = None
-        if isinstance(parsed, dict):
-            return ResultRow(sweep_id, host, check, status, reason, parsed)  # the usual row: no message built
-    host = _host(path, host)
-    where = f"check {str(check)[:40]!r} of {host!r} in sweep #{sweep_id}"
-    if status not in STATUSES:
-        raise _damaged(path, f"{where}: status {status!r} unknown")
-    try:
-        parsed = json.loads(details, parse_constant=_no_constant)
-    except (TypeError, ValueError, RecursionError):
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise _damaged(path, f"{where}: details are not a JSON object")
-    return ResultRow(sweep_id, host, _text(path, check, where), status, _text(path, reason, where), parsed)
-
-
-def _drain(path: Path, row: tuple) -> DrainRow:
-    drain_id, host, reason, reason_time, sweep_id, check, drained_at, closed_at, closed_how = row
-    where = f"drain #{drain_id}"
-    return DrainRow(drain_id, _host(path, host), _text(path, reason, where), _text(path, reason_time, where),
-                    sweep_id, _text(path, check, where), _time(path, drained_at, f"{where} drained_at"),
-                    None if closed_at is None else _time(path, closed_at, f"{where} closed_at"),
-                    _text(path, closed_how, where))
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _job(path: Path, row: tuple) -> JobRow:
-    job_id, site, started, ended, status, source, lines, size, ingested = row
-    where = f"job {printable(str(job_id)[:40])!r}"
-    if not isinstance(job_id, str) or not isinstance(site, str) or not isinstance(source, str):
-        raise _damaged(path, f"{where}: id, site or source is not text")
-    if status is not None and (type(status) is not int):
-        raise _damaged(path, f"{where}: status {str(status)[:20]!r} is not an exit status")
-    if type(lines) is not int or type(size) is not int or lines < 0 or size < 0:
-        raise _damaged(path, f"{where}: lines {str(lines)[:20]!r} / size {str(size)[:20]!r} are not counts")
-    return JobRow(job_id, site, _time(path, started, f"{where} started_at"),
-                  None if ended is None else _time(path, ended, f"{where} ended_at"), status, source, lines, size,
-                  _time(path, ingested, f"{where} ingested_at"))
-
-
-def _job_event(path: Path, row: tuple) -> JobEventRow:
-    job_id, line, host, kind, at, what, detail = row
-    where = f"event of job {printable(str(job_id)[:40])!r} line {str(line)[:20]}"
-    if kind not in JOB_EVENT_KINDS:
-        raise _damaged(path, f"{where}: kind {printable(str(kind)[:40])!r} unknown")
-    if type(line) is not int or line < 1:
-        raise _damaged(path, f"{where}: not a journal line number")
-    if not isinstance(job_id, str):
-        raise _damaged(path, f"{where}: job id is not text")
-    return JobEventRow(job_id, line, _host(path, host), kind, _time(path, at, f"{where} at"),
-                       _text(path, what, where), _text(path, detail, where))

@@ -32,12 +32,13 @@ import glob
 import os
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainctl.detections import DetectionKind
 from trainctl.health.xid_catalog import GPU, GPU_MEMORY, GPU_RESET, NVLINK, xid_info
 from trainctl.jobdir_names import DIR_PREFIX, JOURNAL
 from trainctl.sweep.model import JobEventRow, JobRow
@@ -131,16 +132,18 @@ def _verdicts(job_id: str, events: list[tuple[int, dict]]) -> Iterable[JobEventR
     """Exclusions, detections, and the nodes that served a training step that ended well: one
     that completed, or one the watch ended (every node it did not name trained fine until then).
     A step that failed on its own names nobody: the program may be at fault. The events' fields
-    are of their kinds' types (`journal_events.EVENT_FIELDS`), or absent."""
+    are of their kinds' types (`journal_events.EVENT_FIELDS`), or absent; each is read by its
+    typed reader, never from the text other fields say it in."""
     from trainctl.errors import UsageError
-    from trainctl.journal_events import Kind
+    from trainctl.journal_events import Kind, Verdict
     from trainctl.slurm import expand_hostlist
 
     step_nodes: list[str] = []
     suspects: set[str] = set()
+    stopped = False                    # a detection in this step that the watch acted on
     for line, event in events:
         kind, when = event["event"], event["t"]
-        if kind == Kind.NODE_VERDICT and event.get("verdict") == "excluded":
+        if kind == Kind.NODE_VERDICT and event.get("verdict") == Verdict.EXCLUDED:
             if not event.get("node"):
                 raise UsageError(f"line {line}: an exclusion names no node")
             reasons = event.get("reasons") or []
@@ -150,14 +153,18 @@ def _verdicts(job_id: str, events: list[tuple[int, dict]]) -> Iterable[JobEventR
         elif kind == Kind.DETECTION:
             named = event.get("suspects") or []
             suspects.update(named)
+            # a detection with a note was only recorded (trainctl.job.machine): the step went on
+            stopped = stopped or not event.get("note")
             for node in named:
                 yield JobEventRow(job_id, line, node, DETECTION, when, (event.get("kind") or "")[:WHAT_MAX],
                                   (event.get("evidence") or "")[:DETAIL_MAX])
         elif kind == Kind.TRAINING_START:
             step_nodes = expand_hostlist(event["nodes"], source="training_start") if event.get("nodes") else []
-            suspects = set()
+            suspects, stopped = set(), False
         elif kind == Kind.STEP_END and step_nodes:
-            by_watch = (event.get("cause") or "").startswith("ended by the watch")
+            # the step's end names the detection that ended it; a journal from before that field: the
+            # detection the watch acted on in this step
+            by_watch = (DetectionKind.read(event["detection"]) is not None if "detection" in event else stopped)
             if event.get("status") == 0 or by_watch:
                 for node in step_nodes:
                     if node not in suspects:
@@ -432,18 +439,31 @@ def strike_families(kind: str, what: str, detail: str, host: str) -> tuple[str, 
     reason" list. Empty only where every cause is an Xid that strikes nobody."""
     if kind == EXCLUSION:
         found = [check_families(check, detail) for check in what.split(", ") if check]
-    elif kind == DETECTION and what == "hung":
-        found = [(HANG,)]
-    elif kind == DETECTION and what == "slow":
-        found = [(LINK,) if LINK_WAIT_RULE in detail else (COMPUTE,) if OWN_TIME_RULE in detail else (OTHER,)]
-    elif kind == DETECTION and what == "sick":
-        found = [check_families(check, text) for node, check, text in _segments(_NODE_CHECK_AT, detail)
-                 if node == host]
+    elif kind == DETECTION:
+        detected = DetectionKind.read(what)
+        found = DETECTION_FAMILIES[detected](detail, host) if detected is not None else []
     elif kind == SWEEP_FAILED:
         found = [check_families(check, text) for check, text in _segments(_CHECK_AT, detail)]
     else:
         found = []
     return tuple(sorted({family for families in found for family in families})) if found else (OTHER,)
+
+
+def _slow_families(evidence: str, host: str) -> list[tuple[str, ...]]:
+    return [(LINK,) if LINK_WAIT_RULE in evidence else (COMPUTE,) if OWN_TIME_RULE in evidence else (OTHER,)]
+
+
+def _sick_families(evidence: str, host: str) -> list[tuple[str, ...]]:
+    return [check_families(check, text) for node, check, text in _segments(_NODE_CHECK_AT, evidence) if node == host]
+
+
+# Each detection kind's families, from what the history keeps of it (its kind and evidence), one
+# tuple per cause: none at all counts as OTHER
+DETECTION_FAMILIES: Mapping[DetectionKind, Callable[[str, str], list[tuple[str, ...]]]] = {
+    DetectionKind.HUNG: lambda evidence, host: [(HANG,)],
+    DetectionKind.SLOW: _slow_families,
+    DetectionKind.SICK: _sick_families,
+}
 
 
 def check_families(check: str, text: str) -> tuple[str, ...]:

@@ -7,15 +7,15 @@ Every function here is pure: a Report (or rows) in, a string out.
 from __future__ import annotations
 
 import datetime
-import html
 import json
 from collections.abc import Iterable
 
+from trainctl.html_page import escape, legend, page_head
 from trainctl.slurm import fold_hostlist
 from trainctl.sweep.model import STATUS_CODE, DrainRow, NodeRow, ResultRow, SweepRow
 from trainctl.sweep.fleet import FAMILIES, FamilyStrikes, Lemon
 from trainctl.sweep.report import Fleet, Group, NodeFleet, Report
-from trainctl.text import printable
+from trainctl.text import printable, prometheus_label as _label
 
 CELL_COLOURS = {"ok": "#4caf50", "warn": "#ffb300", "fail": "#d32f2f", "unknown": "#7e57c2",
                 "timeout": "#ff7043", "error": "#6d4c41", "not_swept": "#cfd8dc", None: "#ffffff"}
@@ -280,45 +280,25 @@ def _lines(lines: list[str]) -> str:
     return "".join(printable(line) + "\n" for line in lines)
 
 
-# ---------------------------------------------------------------- HTML
-
-STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#222;max-width:1200px}
-h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #ddd}
-h3{font-size:14px;margin:16px 0 4px} .meta{color:#555} .warn-box{background:#fff3e0;border-left:4px solid #ff7043;
-padding:6px 10px;margin:8px 0} table{border-collapse:collapse;margin:4px 0 12px;min-width:480px}
-th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top} th{background:#f5f5f5}
-code{font:12px ui-monospace,monospace;background:#f5f5f5;padding:1px 4px}
-.badge{display:inline-block;color:#fff;border-radius:3px;padding:0 6px;font-size:12px;margin-right:6px}
-.reason{margin:2px 0 6px;font-family:ui-monospace,monospace;font-size:12px}
-.legend span{display:inline-block;margin-right:12px} .legend i{display:inline-block;width:10px;height:10px;
-margin-right:4px;border:1px solid #999}
-"""
-
-
-def _h(text: object) -> str:
-    return html.escape(printable(str(text)), quote=True)
-
+# ---------------------------------------------------------------- HTML (trainctl.html_page: the page's style)
 
 def _badge(status: str) -> str:
-    return f'<span class="badge" style="background:{CELL_COLOURS.get(status, "#999")}">{_h(status)}</span>'
+    return f'<span class="badge" style="background:{CELL_COLOURS.get(status, "#999")}">{escape(status)}</span>'
 
 
 def to_html(report: Report, tz: datetime.tzinfo | None = None) -> str:
     drained = {d.host: d for d in report.drained}
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>trainctl report {_h(local_time(report.generated_at, tz))}</title>",
-             f"<style>{STYLE}</style></head><body>",
+    parts = [*page_head(f"trainctl report {local_time(report.generated_at, tz)}"),
              "<h1>trainctl node health report</h1>",
-             f'<p class="meta">{_h(local_time(report.generated_at, tz))}: last {_h(window_label(report))}, '
-             f"{len(report.sweeps)} sweeps. Nodes now: {_h(count_line(report))}.</p>"]
+             f'<p class="meta">{escape(local_time(report.generated_at, tz))}: last {escape(window_label(report))}, '
+             f"{len(report.sweeps)} sweeps. Nodes now: {escape(count_line(report))}.</p>"]
     if report.latest:
-        parts.append(f'<p class="meta">Latest sweep {_h(describe_sweep(report.latest, tz))}.</p>')
+        parts.append(f'<p class="meta">Latest sweep {escape(describe_sweep(report.latest, tz))}.</p>')
     if report.rechecks:
-        parts.append(f'<p class="meta">{_h(rechecks_text(report, tz).capitalize())}.</p>')
-    parts += [f'<p class="warn-box">Incomplete sweep {_h(describe_sweep(s, tz))}.</p>' for s in report.incomplete]
+        parts.append(f'<p class="meta">{escape(rechecks_text(report, tz).capitalize())}.</p>')
+    parts += [f'<p class="warn-box">Incomplete sweep {escape(describe_sweep(s, tz))}.</p>' for s in report.incomplete]
     verdict = report.verdict[:1].upper() + report.verdict[1:]
-    parts.append(f'<p class="verdict"><strong>{_h(verdict)}.</strong></p>')
+    parts.append(f'<p class="verdict"><strong>{escape(verdict)}.</strong></p>')
 
     # Folded by failure: one row per group (check, reason, streak), its nodes as one hostlist,
     # never a row per node, so 100,000 nodes with a few hundred failing stay one short table.
@@ -328,11 +308,11 @@ def to_html(report: Report, tz: datetime.tzinfo | None = None) -> str:
               "<th>since</th><th>flapping</th><th>drained by trainctl</th></tr></thead><tbody>"]
     for group in report.groups:
         held = [host for host in group.hosts if host in drained]
-        parts.append(f'<tr class="group" data-check="{_h(group.check)}" data-status="{_h(group.status)}">'
-                     f"<td>{_badge(group.status)}</td><td>{_h(group.check)}</td>"
+        parts.append(f'<tr class="group" data-check="{escape(group.check)}" data-status="{escape(group.status)}">'
+                     f"<td>{_badge(group.status)}</td><td>{escape(group.check)}</td>"
                      f"<td>{_hostlist_cell(len(group.hosts), group.hostlist)}</td>"
-                     f'<td class="reason">{_h(group.reason)}</td>'
-                     f"<td>{_h(local_time(group.since, tz))} (#{group.since_sweep})</td>"
+                     f'<td class="reason">{escape(group.reason)}</td>'
+                     f"<td>{escape(local_time(group.since, tz))} (#{group.since_sweep})</td>"
                      f"<td>{'yes, ' + str(group.changes) + ' changes' if group.flapping else 'no'}</td>"
                      f"<td>{_hostlist_cell(len(held), fold_hostlist(held)) if held else '-'}</td></tr>")
     parts.append("</tbody></table>")
@@ -343,18 +323,18 @@ def to_html(report: Report, tz: datetime.tzinfo | None = None) -> str:
     if report.unanswered:
         parts += ["<h2>No verdict (timed out or no answer)</h2>",
                   '<table class="unanswered"><tr><th>nodes</th><th>outcome</th><th>detail</th></tr>']
-        parts += [f"<tr><td>{_hostlist_cell(len(h.hosts), h.hostlist)}</td><td>{_h(h.label)}</td>"
-                  f"<td>{_h(h.detail)}</td></tr>" for h in report.unanswered]
+        parts += [f"<tr><td>{_hostlist_cell(len(h.hosts), h.hostlist)}</td><td>{escape(h.label)}</td>"
+                  f"<td>{escape(h.detail)}</td></tr>" for h in report.unanswered]
         parts.append("</table>")
     if report.not_swept:
         parts += ["<h2>Not swept</h2>", '<table class="not-swept"><tr><th>nodes</th><th>Slurm state</th></tr>']
-        parts += [f"<tr><td>{_hostlist_cell(len(h.hosts), h.hostlist)}</td><td>{_h(h.label)}</td></tr>"
+        parts += [f"<tr><td>{_hostlist_cell(len(h.hosts), h.hostlist)}</td><td>{escape(h.label)}</td></tr>"
                   for h in report.not_swept]
         parts.append("</table>")
     if report.drained:
         parts += ["<h2>Drained by trainctl</h2>",
                   '<table class="drained"><tr><th>node</th><th>since</th><th>reason</th></tr>']
-        parts += [f"<tr><td>{_h(d.host)}</td><td>{_h(local_time(d.drained_at, tz))}</td><td>{_h(d.reason)}</td></tr>"
+        parts += [f"<tr><td>{escape(d.host)}</td><td>{escape(local_time(d.drained_at, tz))}</td><td>{escape(d.reason)}</td></tr>"
                   for d in report.drained]
         parts.append("</table>")
     if report.fleet is not None:
@@ -372,25 +352,25 @@ def fleet_html(fleet: Fleet, tz: datetime.tzinfo | None = None) -> list[str]:
     parts = [f"<h2>Jobs and sweeps per node ({len(struck)} nodes with strikes)</h2>",
              '<table class="fleet"><tr><th>node</th><th>jobs that left it out</th><th>detections</th>'
              f"<th>sweeps failed</th><th>jobs served</th><th>strikes by family ({fleet.rule.days:g} days)</th></tr>"]
-    parts += [f"<tr><td>{_h(n.host)}</td><td>{n.jobs_excluded}</td><td>{n.detections}</td><td>{n.sweeps_failed}</td>"
-              f"<td>{n.jobs_served}</td><td>{_h(families_text(n.families))}</td></tr>" for n in struck[:FLEET_ROWS]]
+    parts += [f"<tr><td>{escape(n.host)}</td><td>{n.jobs_excluded}</td><td>{n.detections}</td><td>{n.sweeps_failed}</td>"
+              f"<td>{n.jobs_served}</td><td>{escape(families_text(n.families))}</td></tr>" for n in struck[:FLEET_ROWS]]
     parts.append("</table>")
     if len(struck) > FLEET_ROWS:
         parts.append(f"<p>{len(struck) - FLEET_ROWS} more nodes with strikes: see --format json.</p>")
-    parts += [f"<h2>Lemons ({len(fleet.lemons)})</h2>", f"<p>Rule: {_h(fleet.rule.describe())}.</p>",
+    parts += [f"<h2>Lemons ({len(fleet.lemons)})</h2>", f"<p>Rule: {escape(fleet.rule.describe())}.</p>",
               _families_legend(fleet)]
     if not fleet.lemons:
         parts.append("<p>None.</p>")
     for lemon in fleet.lemons:
-        parts.append(f'<h3 class="lemon" data-host="{_h(lemon.host)}">{_h(lemon.host)}: {_h(lemon_text(lemon))}</h3>')
+        parts.append(f'<h3 class="lemon" data-host="{escape(lemon.host)}">{escape(lemon.host)}: {escape(lemon_text(lemon))}</h3>')
         parts += node_timeline_html(lemon.host, fleet.timelines.get(lemon.host, ()), tz)
     if fleet.cleared:
         parts += [f"<h2>Cleared by service ({len(fleet.cleared)})</h2>",
                   f"<p>Enough strikes of a family to be lemons, but {fleet.rule.forgive_after_jobs} jobs or more "
                   "served since its last strike: those strikes no longer count.</p>"]
         for standing in fleet.cleared:
-            parts.append(f'<h3 class="cleared" data-host="{_h(standing.host)}">{_h(standing.host)}: '
-                         f"{_h(families_text(standing.cleared(fleet.rule)))}</h3>")
+            parts.append(f'<h3 class="cleared" data-host="{escape(standing.host)}">{escape(standing.host)}: '
+                         f"{escape(families_text(standing.cleared(fleet.rule)))}</h3>")
             parts += node_timeline_html(standing.host, fleet.timelines.get(standing.host, ()), tz)
     return parts
 
@@ -401,9 +381,9 @@ def node_timeline_html(host: str, items, tz: datetime.tzinfo | None = None) -> l
         return []
     parts = [timeline_svg(host, items, tz),
              '<table class="timeline"><tr><th>when</th><th>job, sweep or drain</th><th>family</th><th>what</th></tr>']
-    parts += [f'<tr data-kind="{_h(i.kind)}" data-family="{_h(" ".join(i.families))}"><td>{_h(local_time(i.at, tz))}'
-              f"</td><td>{_h(i.source)}</td><td>{_h(', '.join(i.families))}</td>"
-              f"<td>{_badge_colour(i.kind)} {_h(i.text)}</td></tr>" for i in items]
+    parts += [f'<tr data-kind="{escape(i.kind)}" data-family="{escape(" ".join(i.families))}"><td>{escape(local_time(i.at, tz))}'
+              f"</td><td>{escape(i.source)}</td><td>{escape(', '.join(i.families))}</td>"
+              f"<td>{_badge_colour(i.kind)} {escape(i.text)}</td></tr>" for i in items]
     parts.append("</table>")
     return parts
 
@@ -414,12 +394,12 @@ def _families_legend(fleet: Fleet) -> str:
     shown |= {f.family for lemon in fleet.lemons for f in lemon.families}
     if not shown:
         return ""
-    items = "".join(f"<li><code>{_h(name)}</code>: {_h(text)}</li>" for name, text in FAMILIES.items() if name in shown)
+    items = "".join(f"<li><code>{escape(name)}</code>: {escape(text)}</li>" for name, text in FAMILIES.items() if name in shown)
     return f'<ul class="families">{items}</ul>'
 
 
 def _badge_colour(kind: str) -> str:
-    return f'<span class="badge" style="background:{TIMELINE_COLOURS.get(kind, "#999")}">{_h(kind)}</span>'
+    return f'<span class="badge" style="background:{TIMELINE_COLOURS.get(kind, "#999")}">{escape(kind)}</span>'
 
 
 def timeline_svg(host: str, items, tz: datetime.tzinfo | None = None) -> str:
@@ -428,25 +408,25 @@ def timeline_svg(host: str, items, tz: datetime.tzinfo | None = None) -> str:
     first, last = items[0].at, items[-1].at
     span = max(last - first, 1.0)
     out = [f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-           f'aria-label="{_h(host)} timeline" font-family="monospace" font-size="10">',
+           f'aria-label="{escape(host)} timeline" font-family="monospace" font-size="10">',
            f'<line x1="{pad}" y1="14" x2="{width - pad}" y2="14" stroke="#999"/>']
     for item in items:
         x = pad + (item.at - first) / span * (width - 2 * pad)
         family = f" [{', '.join(item.families)}]" if item.families else ""
         out.append(f'<circle cx="{x:.1f}" cy="14" r="5" fill="{TIMELINE_COLOURS.get(item.kind, "#999")}">'
-                   f"<title>{_h(local_time(item.at, tz))} {_h(item.source)}{_h(family)}: {_h(item.text or item.kind)}"
+                   f"<title>{escape(local_time(item.at, tz))} {escape(item.source)}{escape(family)}: {escape(item.text or item.kind)}"
                    "</title></circle>")
-    out.append(f'<text x="{pad}" y="31">{_h(local_time(first, tz))}</text>')
-    out.append(f'<text x="{width - pad}" y="31" text-anchor="end">{_h(local_time(last, tz))}</text></svg>')
+    out.append(f'<text x="{pad}" y="31">{escape(local_time(first, tz))}</text>')
+    out.append(f'<text x="{width - pad}" y="31" text-anchor="end">{escape(local_time(last, tz))}</text></svg>')
     return "".join(out)
 
 
 def _hostlist_cell(count: int, hostlist: str) -> str:
     """A folded hostlist; a long one (thousands of scattered nodes) collapsed behind its count."""
     if len(hostlist) <= HOSTLIST_SHOWN_CHARS:
-        return f"<code>{_h(hostlist)}</code>"
-    return (f"<details><summary>{count} nodes: <code>{_h(hostlist[:HOSTLIST_SHOWN_CHARS])}&hellip;</code>"
-            f"</summary><code>{_h(hostlist)}</code></details>")
+        return f"<code>{escape(hostlist)}</code>"
+    return (f"<details><summary>{count} nodes: <code>{escape(hostlist[:HOSTLIST_SHOWN_CHARS])}&hellip;</code>"
+            f"</summary><code>{escape(hostlist)}</code></details>")
 
 
 def folded_grid_rows(report: Report) -> list[tuple[str, int, tuple[str | None, ...]]]:
@@ -471,15 +451,15 @@ def grid_svg(report: Report) -> str:
            f'role="img" aria-label="node by night status grid" font-family="monospace" font-size="11">']
     for col, day in enumerate(grid.nights):
         x = label_w + col * cell + cell // 2
-        out.append(f'<text x="{x}" y="{head_h - 4}" transform="rotate(-60 {x} {head_h - 4})">{_h(day[5:])}</text>')
+        out.append(f'<text x="{x}" y="{head_h - 4}" transform="rotate(-60 {x} {head_h - 4})">{escape(day[5:])}</text>')
     for row, ((hostlist, _, cells), label) in enumerate(zip(rows, labels)):
         y = head_h + row * cell
-        out.append(f'<text x="0" y="{y + cell - 4}">{_h(label)}<title>{_h(hostlist)}</title></text>')
+        out.append(f'<text x="0" y="{y + cell - 4}">{escape(label)}<title>{escape(hostlist)}</title></text>')
         for col, value in enumerate(cells):
             name = CELL_NAMES.get(value, value)
             out.append(f'<rect x="{label_w + col * cell}" y="{y}" width="{cell - 2}" height="{cell - 2}" '
                        f'fill="{CELL_COLOURS.get(value, "#999")}" stroke="#bbb">'
-                       f"<title>{_h(hostlist)} {_h(grid.nights[col])}: {_h(name)}</title></rect>")
+                       f"<title>{escape(hostlist)} {escape(grid.nights[col])}: {escape(name)}</title></rect>")
     out.append("</svg>")
     if len(rows) < len(grid.rows):
         out.append(f"<p>{len(grid.rows)} nodes in {len(rows)} rows: nodes with the same night-by-night "
@@ -490,16 +470,10 @@ def grid_svg(report: Report) -> str:
 
 
 def _legend() -> str:
-    items = "".join(f'<span><i style="background:{colour}"></i>{_h(CELL_NAMES.get(name, name))}</span>'
-                    for name, colour in CELL_COLOURS.items())
-    return f'<p class="legend">{items}</p>'
+    return legend({CELL_NAMES.get(name, name): colour for name, colour in CELL_COLOURS.items()})
 
 
 # ---------------------------------------------------------------- Prometheus textfile
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
 
 def to_prometheus(latest: Iterable[tuple[ResultRow, float]], current: Iterable[NodeRow],
                   drains: Iterable[DrainRow], newest_sweep: SweepRow | None, fleet: Fleet | None = None) -> str:

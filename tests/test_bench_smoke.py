@@ -124,3 +124,23 @@ def test_gpu_own_time_bench_reads_a_ranks_own_time_from_outside_it_on_a_cpu():
     assert [line.split()[0] for line in out.stdout.splitlines()
             if line.startswith(("alone", "agent", "hook"))] == ["alone", "agent", "agent", "hook"]
     assert "of the step's rise" in out.stdout and "no schedstat" not in out.stdout
+
+
+def test_job_follow_scale_bench_redraws_a_real_job_directory_at_tiny_n():
+    out = run_bench("job_follow_scale.py", "--nodes", "2,4", "--ranks", "2", "--redraws", "2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json_lines(out.stdout)
+    assert [(row["nodes"], row["ranks"]) for row in rows] == [(2, 4), (4, 8)]
+    assert all(row["first_s"] > 0 and row["redraw_s"] > 0 and row["journal_bytes"] > 0 for row in rows)
+    assert "not judged below 4,096 nodes" in out.stdout
+
+
+def test_job_metrics_bench_writes_the_file_at_tiny_n():
+    out = subprocess.run([sys.executable, str(BENCH / "job_metrics_scale.py"), "--nodes", "4,40", "--rounds", "1",
+                          "--polls", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = json_lines(out.stdout)
+    assert [line["nodes"] for line in lines] == [4, 40]
+    for line in lines:
+        assert line["poll_s"] > 0 and line["file_bytes"] > 0 and line["samples"] > 0
+    assert "under the 50 ms target" in out.stdout

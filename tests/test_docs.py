@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 import shlex
 import typing
 from pathlib import Path
@@ -29,6 +30,7 @@ import click
 import pytest
 
 from trainctl.cli import cli
+from trainctl.job import jobdir
 
 REPO = Path(__file__).resolve().parent.parent
 USER_DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -433,6 +435,7 @@ def _cannot_go_on(tmp_path: Path) -> str:
                   machine.TrainingStarted(1000.0), machine.Polled(1001.0, readings), machine.StepStopped(137)):
         state, effects = machine.advance(facts, state, event)
     driver = JobDriver.__new__(JobDriver)
+    driver.job_id = "1"
     driver.journal = Journal(tmp_path / "journal.jsonl")
     said = io.StringIO()
     with contextlib.redirect_stderr(said):
@@ -537,10 +540,144 @@ def _submit_torchrun(tmp_path: Path) -> str:
                 "20", "5")
 
 
+def _submit_job_script(tmp_path: Path) -> str:
+    # a dry run of pytorch/examples' DDP tutorial job script, as edited for the dev cluster
+    shutil.copy(REPO / "tests" / "fixtures" / "job-scripts" / "dev-cluster" / "pytorch-examples-sbatch_run.sh",
+                tmp_path / "sbatch_run.sh")
+    (tmp_path / "multinode_torchrun.py").write_text("")
+    return _run(tmp_path, "submit", "--site", "local-demo", "--dry-run", "sbatch_run.sh")
+
+
+def _followed_job(tmp_path: Path, ended: bool):
+    # a job of 3 nodes as its supervisor and agents write it (test_job_follow's JobFiles: the job's own
+    # Journal, the agents' writer, the gate round's archive), on a clock that starts at 10:00:00 UTC:
+    # node2 slows to 1 s a step, the watch names it, the gate runs again, training goes on without it
+    from test_job_follow import Clock, JobFiles
+
+    clock = Clock(1764583200.0)
+    job = JobFiles(tmp_path, "7", clock=clock)
+    job.add(jobdir.Kind.SUBMITTED, submitted_t=clock.t - 95)
+    job.start("local-demo")
+    clock.t += 3
+    job.add(jobdir.Kind.FIRST_STEP, steps=1)
+    clock.t += 1400
+    job.add(jobdir.Kind.CHECKPOINT, checkpoint_t=clock.t - 200, note="step 2000")
+    job.agents(2800, {"node1": 0.5, "node2": 0.5, "node3": 0.5}, written=clock.t)
+    job.add(jobdir.Kind.DETECTION, kind="slow", suspects=["node2"], evidence="step time 1 s over the last 60 s, "
+            "2.00x the job's own 0.5 s; rank 2 on node2 0.93 s a step of its own", details={"step_s": 1.0, "baseline_s": 0.5})
+    clock.t += 40
+    job.add(jobdir.Kind.CHECKPOINT, checkpoint_t=clock.t, note="step 2840", source="progress.checkpoint()")
+    job.add(jobdir.Kind.STEP_END, status=143, cause="stopped after a detection", training_start_t=clock.t - 1445,
+            last_checkpoint_t=clock.t)
+    clock.t += 90
+    job.add(jobdir.Kind.CONFIRMATION, kind="slow", named={"node2": "slow: rank 2's own time"}, checked=["node1", "node2", "node3"])
+    job.start("local-demo", chosen=("node1", "node3"), again=1)
+    clock.t += 60
+    job.add(jobdir.Kind.FIRST_STEP, steps=1)
+    clock.t += 600
+    job.agents(1196, {"node1": 0.5, "node3": 0.5}, written=clock.t - 2)
+    before = jobdir.read_node_files(job.paths, ("node1", "node3"))
+    job.agents(1200, {"node1": 0.5}, written=clock.t)
+    job.agents(1198, {"node3": (1196 * 0.5 + 2 * 1.0) / 1198}, written=clock.t)   # its last 2 steps: 1 s each
+    if ended:
+        job.add(jobdir.Kind.STEP_END, status=0, cause="the program ended", training_start_t=clock.t - 660)
+        job.add(jobdir.Kind.JOB_END, status=0)
+    return job, before
+
+
+def _follow_piped(tmp_path: Path) -> str:
+    import os
+
+    job, _ = _followed_job(tmp_path, ended=True)
+    return _run(tmp_path, "job", "show", "--follow", "7", "--dir", str(job.paths.root), env=dict(os.environ, TZ="UTC"))
+
+
+def _follow_terminal(tmp_path: Path) -> str:
+    # the view a terminal shows of the job above while it trains again, the agents' files of its
+    # last two polls read as `job show --follow` reads them
+    from trainctl.job.follow import Follower, follow_view, site_watch, view_lines
+
+    job, before = _followed_job(tmp_path, ended=False)
+    follower = Follower(str(job.paths.root), "7", site_watch)
+    follower.read(job.clock.t)
+    readings = jobdir.read_node_files(job.paths, ("node1", "node3"))
+    view = follow_view(("7",), follower.journals, readings, before, job.clock.t + 1, site_watch("local-demo"))
+    return "\n".join(view_lines(view)) + "\n"
+
+
+def _job_last_line(tmp_path: Path) -> str:
+    # the job's supervisor at the job's end, as the machine ends it
+    import contextlib
+    import io
+
+    from trainctl.job import machine
+    from trainctl.job.driver import JobDriver
+
+    driver = JobDriver.__new__(JobDriver)
+    driver.job_id = "7"
+    driver.journal = jobdir.Journal(tmp_path / "journal.jsonl")
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        driver.carry_out(machine.Finish(0))
+    return said.getvalue()
+
+
 # Where each sample comes from: a command or function run here on real or recorded input; or
 # `recorded PATH`, the recorded output of a real run under tests/fixtures/ (each recording's
 # README or header names the command that made it).
+def _hung_job_journal(path: Path):
+    # a job's journal as its supervisor writes it: the gate left node3 out, training from 1040 with
+    # a save at 1100, node2 hung at 1200, the restart trained again at 1300
+    from trainctl.job.jobdir import Journal, Kind
+
+    clock = [1000.0]
+    journal = Journal(path, clock=lambda: clock[0], keep=True)
+    for t, kind, fields in ((1000, Kind.JOB_START, {"job": "1234"}), (1001, Kind.SUBMITTED, {"submitted_t": 900.0}),
+                            (1001, Kind.GATE_START, {}),
+                            (1029, Kind.NODE_VERDICT, {"node": "node3", "verdict": "excluded", "reasons": ["Xid 79"]}),
+                            (1031, Kind.GATE_END, {"status": 0}), (1040, Kind.TRAINING_START, {"nodes": "node[1-2]"}),
+                            (1101, Kind.CHECKPOINT, {"checkpoint_t": 1100.0}),
+                            (1200, Kind.DETECTION, {"kind": "hung", "suspects": ["node2"],
+                                                    "evidence": "no rank finished a step for 600 s"}),
+                            (1210, Kind.STEP_END, {"status": 143, "training_start_t": 1040.0,
+                                                   "last_checkpoint_t": 1100.0}),
+                            (1211, Kind.GATE_START, {"nodes": ["node1", "node4"]}), (1240, Kind.GATE_END, {"status": 0}),
+                            (1300, Kind.TRAINING_START, {"nodes": "node[1,4]", "restart": 1})):
+        clock[0] = t
+        journal.add(kind, **fields)
+    return journal
+
+
+def _job_metrics(tmp_path: Path) -> str:
+    # what the supervisor writes into node_exporter's textfile directory for that job at 1400
+    from trainctl.job import metrics
+
+    journal = _hung_job_journal(tmp_path / "journal.jsonl")
+    identity = metrics.JobIdentity("1234", "1234", "alice", "llama")
+    samples = metrics.job_samples([journal.events], metrics.Live("training", 2, 0.5, 200), 1400.0)
+    metrics.publish(str(tmp_path), "1234", metrics.render(identity, samples))
+    return (tmp_path / "trainctl-job-1234.prom").read_text()
+
+
+def _alert_on_stdin(tmp_path: Path) -> str:
+    # the event the alert command reads on stdin, for that job's detection
+    import os
+
+    from trainctl.job.alerts import AlertSender, alert_event
+    from trainctl.job.metrics import JobIdentity
+
+    journal = _hung_job_journal(tmp_path / "journal.jsonl")
+    detection = next(event for event in journal.events if event["event"] == "detection")
+    sender = AlertSender(["sh", "-c", 'cat > "$0"', str(tmp_path / "stdin")], 10.0, str(tmp_path / "alerts.log"),
+                         dict(os.environ), print)
+    sender.send(alert_event(detection, JobIdentity("1234", "1234", "alice", "llama"), "/home/alice/trainctl-gate-1234"))
+    sender.close()
+    return (tmp_path / "stdin").read_text()
+
+
 SAMPLES = {
+    "a job's metrics file": _job_metrics,
+    "an alert's stdin": _alert_on_stdin,
     "site show of a bad site file": _bad_site,
     "submit --zork": lambda tmp_path: _run(tmp_path, "submit", "--zork"),
     "another trainctl installed": _another_trainctl,
@@ -553,6 +690,10 @@ SAMPLES = {
     "the agent refusing another user's directory": _agent_refusing,
     "rank-exec refusing another user's directory": _rank_exec_refusing,
     "submit --dry-run of torchrun": _submit_torchrun,
+    "submit --dry-run of a job script": _submit_job_script,
+    "job show --follow, piped": _follow_piped,
+    "job show --follow on a terminal": _follow_terminal,
+    "the job's last line": _job_last_line,
 }
 # A diagram is no output: `<!-- sample: none, a diagram -->`.
 NOT_OUTPUT = "none, a diagram"

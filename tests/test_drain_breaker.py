@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from test_gate_drain import DEMO_SITE, node_report
+from trainctl.detections import DetectionKind
 from trainctl.errors import UsageError
 from trainctl.job.gate import decide
 from trainctl.site import BreakerConfig, load_site
@@ -169,7 +170,7 @@ def test_the_watchs_drains_share_the_gates_breaker(tmp_path, monkeypatch, operat
 
     slurm = FakeSlurm(monkeypatch)
     config = site_with(tmp_path, "\n[breaker]\nmax_share = 1.0\nmax_drains = 2\n")
-    condemned = {n: ("hung", "watch.hung", "fell silent") for n in NODES[:4]}
+    condemned = {n: (DetectionKind.HUNG, (("watch.hung", "fell silent"),)) for n in NODES[:4]}
     first = drain_condemned("demo", config, {"node1": condemned["node1"]}, {"SLURM_JOB_ID": "1"})
     second = drain_condemned("demo", config, condemned, {"SLURM_JOB_ID": "2"})
     assert slurm.drained == ["node1", "node2"] and first.breaker == ""

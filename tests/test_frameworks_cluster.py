@@ -52,6 +52,14 @@ def submitted(devcluster, cwd: Path, *args: str) -> tuple[str, str]:
     return result.stdout.strip().splitlines()[-1], result.stderr
 
 
+def replay_healthy_nodes(devcluster, undo: ExitStack) -> None:
+    """What the local-demo gate reads on every node, healthy: a clean kernel log and NVLink (until `undo`)."""
+    for node in NODES:
+        for made in (write_replay(devcluster.node_bin_dir(node), "dmesg", {"-T": CLEAN_DMESG}),
+                     write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})):
+            undo.callback(made.unlink, missing_ok=True)
+
+
 def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_torchrun_programs_run(
         devcluster, tmp_path):
     site = site_variant(tmp_path, "local-demo", {
@@ -63,10 +71,7 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
     lightning_dir.mkdir()
     others_dir.mkdir()
     with ExitStack() as undo:
-        for node in NODES:
-            for made in (write_replay(devcluster.node_bin_dir(node), "dmesg", {"-T": CLEAN_DMESG}),
-                         write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})):
-                undo.callback(made.unlink, missing_ok=True)
+        replay_healthy_nodes(devcluster, undo)
         lightning, _ = submitted(devcluster, lightning_dir, "--site", str(site), "--nodes", "2", "--spare", "1", "--",
                               str(PROGRAMS / "lightning_ddp.py"), "--nodes", "2", "--steps", str(LIGHTNING_STEPS),
                               "--step-time", str(STEP_S), "--dir", str(lightning_dir / "ck"))
@@ -127,3 +132,93 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
     assert torchrun_record["JobState"] == "COMPLETED", torchrun_output
     assert "[GPU1] Epoch 19" in torchrun_output and "Epoch 15 | Training snapshot saved" in torchrun_output
     assert (others_dir / "snapshot.pt").is_file()
+
+
+# ---------------------------------------------------------------- public job scripts, as written
+
+JOB_SCRIPTS = REPO / "tests" / "fixtures" / "job-scripts" / "dev-cluster"
+ACCELERATE_LOOP = '''\
+import argparse, torch
+from accelerate import Accelerator
+parser = argparse.ArgumentParser()
+parser.add_argument("--mixed_precision", default="no")
+parser.add_argument("--output_dir", default="output")
+args = parser.parse_args()
+accelerator = Accelerator(cpu=True, mixed_precision=args.mixed_precision)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+for step in range(20):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+accelerator.save_state(args.output_dir)
+print(f"accelerate loop done: world size {accelerator.num_processes}", flush=True)
+'''
+TORCHTITAN_STAND_IN = '''\
+import argparse, os, sys, torch.distributed as dist
+parser = argparse.ArgumentParser()
+parser.add_argument("--module")
+parser.add_argument("--config")
+args, rest = parser.parse_known_args()
+dist.init_process_group("gloo")
+dist.barrier()
+print(f"torchtitan stand-in: {args.module} {args.config} {rest} world size {dist.get_world_size()} "
+      f"LOGLEVEL={os.environ.get('LOGLEVEL')}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_three_public_job_scripts_complete_under_trainctl_submit_on_the_gates_nodes(devcluster, tmp_path):
+    """pytorch/examples' DDP tutorial sbatch_run.sh, Accelerate's submit_multinode.sh and torchtitan's
+    multinode_trainer.slurm, edited only to run on CPU in the dev cluster's paths (SOURCES.md), each
+    given to `trainctl submit job.sbatch` as it is: each COMPLETES on the nodes the gate chose, with
+    the world size its #SBATCH lines ask for (2), its environment lines' exports reaching the ranks."""
+    site = site_variant(tmp_path, "local-demo", {"gate.fabric_sizes": ["1M"], "gate.fabric_iters": 3,
+                                                 "gate.fabric_passes": 2})
+    venv_bin = str(Path(TRAINCTL).parent)
+    runs = {}
+    for name in ("pytorch-examples-sbatch_run.sh", "accelerate-submit_multinode.sh",
+                 "torchtitan-multinode_trainer.slurm"):
+        folder = tmp_path / name.split("-")[0]
+        folder.mkdir()
+        (folder / name).write_text((JOB_SCRIPTS / name).read_text())
+        runs[name] = folder
+    pytorch, accelerate, torchtitan = runs.values()
+    (pytorch / "multinode_torchrun.py").write_text((PROGRAMS / "ddp_tutorial" / "multinode.py").read_text())
+    (pytorch / "datautils.py").write_text((PROGRAMS / "ddp_tutorial" / "datautils.py").read_text())
+    (accelerate / "accelerate_loop.py").write_text(ACCELERATE_LOOP)
+    # the script's own environment line: `source activateEnviroment.sh`
+    (accelerate / "activateEnviroment.sh").write_text(f'export PATH="{venv_bin}:$PATH"\n')
+    (torchtitan / "torchtitan").mkdir()
+    (torchtitan / "torchtitan" / "__init__.py").write_text("")
+    (torchtitan / "torchtitan" / "train.py").write_text(TORCHTITAN_STAND_IN)
+
+    env = {name: value for name, value in devcluster.client_env().items() if name != "PYTHONSAFEPATH"}
+    env["PATH"] = f"{venv_bin}:{env['PATH']}"     # as a user submits from their activated environment
+    records = {}
+    with ExitStack() as undo:
+        replay_healthy_nodes(devcluster, undo)
+        for name, folder in runs.items():   # one after the other: Slurm would put all three on the same nodes
+            args = ("--extra", "arg") if name.startswith("torchtitan") else ()
+            result = subprocess.run([TRAINCTL, "submit", "--site", str(site), name, *args], capture_output=True,
+                                    text=True, cwd=folder, env=env, timeout=120)
+            assert result.returncode == 0, result.stderr
+            assert "taken over" in result.stderr, result.stderr
+            job_id = result.stdout.strip().splitlines()[-1]
+            records[name] = (job_id, wait_for_job(devcluster, job_id, timeout_s=400))
+
+    for name, folder in runs.items():
+        job_id, record = records[name]
+        output = job_output(folder, job_id)
+        assert record["JobState"] == "COMPLETED", output
+        events = journal(folder / f"trainctl-gate-{job_id}")
+        training = next(e for e in events if e["event"] == "training_start")
+        chosen = next(e for e in events if e["event"] == "gate_end")["chosen"]
+        assert sorted(expand_hostlist(training["nodes"])) == sorted(chosen) and len(chosen) == 2, events
+        assert "the job script's training line, as bash expanded it" in output, output
+    assert "[GPU1] Epoch 19" in job_output(pytorch, records["pytorch-examples-sbatch_run.sh"][0])
+    assert "accelerate loop done: world size 2" in job_output(accelerate, records["accelerate-submit_multinode.sh"][0])
+    titan = job_output(torchtitan, records["torchtitan-multinode_trainer.slurm"][0])
+    assert "world size 2 LOGLEVEL=INFO" in titan and "['--extra', 'arg']" in titan, titan

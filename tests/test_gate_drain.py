@@ -14,6 +14,7 @@ import pytest
 
 from support.nobody import setpriv_nobody
 from test_gate import fabric_json
+from trainctl.detections import DetectionKind
 from trainctl.errors import ConfigError
 from trainctl.health.fabric.report import FabricReport
 from trainctl.job.gate import decide
@@ -169,8 +170,9 @@ def test_gate_decide_drains_what_it_excluded_and_resume_resumes_it_as_trainctls(
 def test_the_watchs_condemned_nodes_drain_as_the_site_asks():
     from trainctl.job.gate_drain import plan_watch_drains
 
-    condemned = {"node2": ("sick", "gpu.xid", "Xid 79 on GPU 3"),
-                 "node3": ("hung", "watch.hung", "no rank finished a step for 600 s; the agent of node3 fell silent")}
+    condemned = {"node2": (DetectionKind.SICK, (("gpu.xid", "Xid 79 on GPU 3"),)),
+                 "node3": (DetectionKind.HUNG,
+                           (("watch.hung", "no rank finished a step for 600 s; the agent of node3 fell silent"),))}
     drains = plan_watch_drains(condemned, ("fail",), "42")
     assert [(d.host, d.check) for d in drains] == [("node2", "gpu.xid")]
     assert drains[0].reason == "trainctl: gpu.xid: Xid 79 on GPU 3 (watch of job 42)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -454,3 +455,132 @@ def test_a_journal_line_with_a_lone_surrogate_folds_into_fleet_memory(tmp_path):
                                ask=slurm_vouching_for([gate / "journal.jsonl"]))
         assert (result.folded, result.refused) == (1, [])
         assert [row.detail for row in history.job_events(0.0, ("exclusion",))] == ["gpu.xid: \ufffd"]
+
+
+def test_a_fifo_as_a_nodes_compute_report_never_blocks_the_node_that_writes_it(tmp_path, capfd):
+    """A node's gate step writes compute/<node>.json: a FIFO there is refused in one line, left as
+    it is, and the node's gate step goes on (the node is judged by its health report)."""
+    from trainctl.job.gate_compute import run_for_gate
+
+    (tmp_path / "compute").mkdir()
+    os.mkfifo(tmp_path / "compute" / "node1.json")
+    report = finishes(run_for_gate, tmp_path, "node1", 0, 1, 0.1, False)
+    assert report["host"] == "node1"
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "compute report not written" in err and "not a regular file" in err
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "compute" / "node1.json").st_mode)
+
+
+def test_a_fifo_as_the_compute_turns_order_never_blocks_node_0_that_writes_it(tmp_path, capfd, monkeypatch):
+    import trainctl.job.gate_compute as gate_step
+
+    monkeypatch.setattr(gate_step, "turn_limit_s", lambda budget_s: 0.3)
+    (tmp_path / "compute").mkdir()
+    os.mkfifo(tmp_path / "compute" / ".order")
+    report = finishes(gate_step.run_for_gate, tmp_path, "node0", 0, 1, 0.1, True)
+    assert report["host"] == "node0" and (tmp_path / "compute" / "node0.json").is_file()
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "order not written" in err and "not a regular file" in err
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "compute" / ".order").st_mode)
+
+
+@pytest.mark.parametrize("thing", ["fifo", "link out"])
+def test_a_fifo_or_a_link_as_a_nodes_watch_file_is_refused_in_one_line_never_written(tmp_path, thing):
+    """The node agent writes watch/<node>.json each second: a FIFO in its place (or a link out of the
+    job directory) is one line, the agent's, and the next write tries again; nothing is written
+    into it or through it."""
+    from trainctl.errors import UsageError
+    from trainctl.job.jobdir import JobPaths, NodeReading, write_node_file
+
+    paths = JobPaths(tmp_path)
+    paths.watch.mkdir(parents=True)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.json"
+    outside.write_text("theirs\n")
+    if thing == "fifo":
+        os.mkfifo(paths.node_file("node1"))
+    else:
+        paths.node_file("node1").symlink_to(outside)
+    with pytest.raises(UsageError) as refused:
+        finishes(write_node_file, paths, NodeReading("node1", 5.0))
+    assert str(refused.value) == f"cannot write {paths.node_file('node1')}: not a regular file"
+    assert outside.read_text() == "theirs\n"
+    assert (stat.S_ISFIFO if thing == "fifo" else stat.S_ISLNK)(os.lstat(paths.node_file("node1")).st_mode)
+
+
+def fill_journal(path: Path, size: int) -> int:
+    """A journal of `size` bytes in the supervisor's own line format: a job that trained, about a
+    million small events between its start and its end; how many events it holds."""
+    from trainctl.journal_events import Kind, journal_line
+
+    def line(t, kind, **fields):
+        return journal_line(t, kind, fields)[1] + "\n"
+
+    start = line(100, Kind.JOB_START, attempt=1) + line(110, Kind.TRAINING_START, nodes="node[1-2]")
+    end = line(9e5, Kind.STEP_END, status=0, training_start_t=110) + line(9e5, Kind.JOB_END, status=0)
+    filler = line(200, Kind.STACKS)
+    count = (size - len(start) - len(end)) // len(filler)
+    with open(path, "w") as handle:
+        handle.write(start)
+        for _ in range(count // 1000):
+            handle.write(filler * 1000)
+        handle.write(filler * (count % 1000) + end)
+    return count + 4
+
+
+def show_measured(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, int]:
+    """`trainctl job show` in a process of its own, with its peak resident memory in bytes."""
+    measure = ("import resource, subprocess, sys; out = open(sys.argv[1], 'w'); "
+               "code = subprocess.run(sys.argv[2:], stdout=out, env={'PATH': '/nonexistent'}).returncode; "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", measure, str(tmp_path / "out"), TRAINCTL, "job", "show", *args],
+                            capture_output=True, text=True, timeout=600)
+    return (subprocess.CompletedProcess(result.args, result.returncode, (tmp_path / "out").read_text(), result.stderr),
+            int(result.stdout))
+
+
+def test_job_show_on_a_journal_of_a_million_events_shows_both_ends_and_says_what_it_left_out(tmp_path):
+    """A full journal (64 MiB, the most any reader takes) in bounded memory, with a timeline of
+    its first and last events, the goodput of all of them, and one line for the rest; --json too."""
+    from trainctl.journal_events import JOURNAL_MAX_BYTES
+
+    gate = tmp_path / "trainctl-gate-9"
+    gate.mkdir()
+    count = fill_journal(gate / "journal.jsonl", JOURNAL_MAX_BYTES)
+    out, peak = show_measured(tmp_path, "9", "--dir", str(gate))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert f"timeline: 1,000 of {count:,} events shown, the first and the last; {count - 1000:,} between not shown " \
+           f"({count - 1000:,} watch: every rank's stack recorded) (job show reads 64 MiB of journals at most)" in lines
+    assert len(lines) < 1100 and "  ..." in lines and lines[-6].endswith("job 9: job ended: status 0")
+    assert any(line.startswith("goodput: ") and "productive" in line for line in lines)
+    assert peak < 4 * JOURNAL_MAX_BYTES                      # before: the whole journal as events, 10 times its size
+    data, _ = show_measured(tmp_path, "9", "--dir", str(gate), "--json")
+    document = strict_utf8_json(data.stdout)
+    assert len(document["timeline"][0]["events"]) == 1000 and document["timeline_left_out"].startswith("timeline: 1,000 of")
+    assert document["goodput"]["running"] is False and document["goodput_unknown"] is None
+
+
+def test_job_show_reads_a_chains_journals_up_to_its_bound_this_jobs_first_and_says_which_it_did_not(
+        tmp_path, monkeypatch):
+    import trainctl.job.show
+
+    monkeypatch.setattr(trainctl.job.show, "SHOW_JOURNAL_BYTES", 1 << 20)
+    for job, previous, successor in (("7", None, "8"), ("8", "7", "9"), ("9", "8", None)):
+        gate = tmp_path / f"trainctl-gate-{job}"
+        gate.mkdir()
+        fill_journal(gate / "journal.jsonl", 600 << 10)
+        if previous:
+            (gate / "attempt.json").write_text(json.dumps({"job_id": job, "attempt": int(job) - 6, "retries": 2,
+                                                           "previous_job": previous, "excluded": []}))
+        if successor:
+            (gate / "retry.json").write_text(json.dumps({"job_id": job, "attempt": int(job) - 6, "retries": 2,
+                                                         "reason": "lost", "phase": "step", "status": 1, "bad_nodes": {},
+                                                         "exclude": [], "successor": successor, "retry": True}))
+    out = show("8", "--dir", tmp_path / "trainctl-gate-8")
+    assert out.returncode == 0, out.stderr
+    summary = next(line for line in out.stdout.splitlines() if line.startswith("timeline: "))
+    assert summary.endswith("read in part: the journal of job 9; not read: the journal of job 7 "
+                            "(job show reads 1 MiB of journals at most)")
+    assert "goodput: not computed: not every journal of the chain was read whole" in out.stdout
+    data = show("8", "--dir", tmp_path / "trainctl-gate-8", "--json")
+    assert strict_utf8_json(data.stdout)["goodput"] is None

@@ -108,6 +108,7 @@ LOGIN_COMMANDS = {
     "site list": (["site", "list"], set()),
     "job show": (["job", "show", "8", "--dir", "{job_dir}"], set()),
     "job show --json": (["job", "show", "8", "--dir", "{job_dir}", "--json"], set()),
+    "job show --html": (["job", "show", "8", "--dir", "{job_dir}", "--html", "{job_dir}.html"], set()),
     "report": (["report", "--db", "{db}"], FAMILIES),
     "report --format html": (["report", "--db", "{db}", "--format", "html"], FAMILIES),
     "drain (the plan)": (["drain", "--db", "{db}"], FAMILIES),

@@ -6,6 +6,7 @@ File times are set with os.utime: no test here waits for a clock."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 
 import pytest
@@ -41,15 +42,63 @@ def test_the_programs_files_count_by_mtime_regular_files_only_and_a_fifo_is_neve
         Save(200.0, "ckpt/*.pt", "ckpt/epoch2.pt"), Save(150.0, "snapshot.pt", "snapshot.pt")], {})
 
 
-def test_a_glob_is_looked_at_a_bounded_number_of_names(tmp_path, monkeypatch):
-    for n in range(5):
-        write(tmp_path / f"step{n}.ckpt", 100.0 + n)
-    looked: list[str] = []
-    real_stat = os.stat
-    monkeypatch.setattr(jobdir.os, "stat", lambda name, *args, **kwargs: looked.append(name) or real_stat(name))
-    monkeypatch.setattr(jobdir, "MAX_GLOB_MATCHES", 2)
-    (save,), _ = file_saves(["*.ckpt"], tmp_path)
-    assert len(looked) == 2 and save.t == max(real_stat(name).st_mtime for name in looked)
+def test_the_newest_save_is_seen_however_many_names_a_pattern_matches(tmp_path):
+    """Every name is looked at: the newest is found even where the directory lists it last, past
+    the first ten thousand (which a glob cut at that many names never reached)."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    for n in range(12_000):
+        (folder / f"step{n}.ckpt").touch()
+    listed = [entry.path for entry in os.scandir(folder)]        # the order a listing gives them
+    stamp(*listed, mtime=100.0)
+    stamp(listed[-1], mtime=500.0)
+    assert file_saves(["ckpt/*.ckpt"], tmp_path) == ([Save(500.0, "ckpt/*.ckpt", os.path.relpath(listed[-1], tmp_path))],
+                                                     {})
+
+
+def test_a_poll_takes_one_slice_of_a_large_pattern_and_reports_a_save_only_after_a_whole_pass(tmp_path):
+    """A pattern over a large tree (`/*/*/*/*.pt` from the submit directory's point of view) costs
+    each poll its slice (here none: one name a poll), and the next poll goes on from there."""
+    tree = tmp_path / "tree"
+    for a, b in itertools.product(range(6), range(6)):
+        (tree / f"d{a}" / f"e{b}").mkdir(parents=True)
+    write(tree / "d5" / "e5" / "model.pt", 300.0)
+    names = 6 + 6 * 6 + 1                                               # the d folders, the e folders, the file
+    paths = JobPaths(tmp_path / "trainctl-gate-9")
+    paths.root.mkdir()
+    seen = Checkpoints(paths, ("*/*/*.pt",), tree, since=100.0, slice_s=0.0)
+    journal = Journal(paths.journal)
+    polls = [seen.poll(journal) for _ in range(2 * names)]
+    reported = [n for n, save in enumerate(polls) if save is not None]
+    assert reported == [names] and polls[names] == Save(300.0, "*/*/*.pt", "d5/e5/model.pt")
+
+
+def test_the_patterns_time_counts_in_the_watchs_poll_cost(tmp_path):
+    """The driver spaces its polls by what a poll cost (WATCH_SHARE): the checkpoint patterns' time included."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from trainctl.job import machine
+    from trainctl.job.driver import JobDriver
+    from trainctl.site import WatchConfig
+
+    for n in range(2_000):
+        (tmp_path / f"step{n}.pt").touch()
+    driver = JobDriver.__new__(JobDriver)                               # no Slurm: the wait and the poll only
+    driver.paths = JobPaths(tmp_path / "trainctl-gate-9")
+    driver.paths.root.mkdir()
+    driver.gate_dir, driver.journal, driver.readings = str(driver.paths.root), Journal(driver.paths.journal), {}
+    driver.policy = SimpleNamespace(watch=WatchConfig(poll_s=0.01))
+    driver.state, driver.poll_cost_s = machine.JobState(), 0.0
+    driver.checkpoints = Checkpoints(driver.paths, ("*.pt",), tmp_path, since=0.0, slice_s=float("inf"))
+    driver.step = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert isinstance(driver._wait_step(machine.WaitStep(poll=True)), machine.Polled)
+    finally:
+        driver.step.kill()
+        driver.step.wait()
+    assert driver.checkpoints.cost_s > 0 and driver.poll_cost_s >= driver.checkpoints.cost_s
 
 
 def stamp(*paths, mtime):
@@ -59,11 +108,11 @@ def stamp(*paths, mtime):
 
 def saves_seen(tmp_path, pattern, poll_s=jobdir.DIRECTORY_QUIET_S):
     """A training step's Checkpoints for `pattern` under tmp_path, started at t=100, polled every
-    `poll_s` seconds of its clock, and its journal."""
+    `poll_s` seconds of its clock (each poll a whole pass), and its journal."""
     paths = JobPaths(tmp_path / "trainctl-gate-9")
     paths.root.mkdir(exist_ok=True)
     ticks = itertools.count(0.0, poll_s)
-    return (Checkpoints(paths, (pattern,), tmp_path, since=100.0, clock=lambda: next(ticks)),
+    return (Checkpoints(paths, (pattern,), tmp_path, since=100.0, clock=lambda: next(ticks), slice_s=math.inf),
             Journal(paths.journal, clock=lambda: 1000.0))
 
 
@@ -159,7 +208,7 @@ def test_each_new_save_is_journaled_once_with_where_it_was_seen(tmp_path):
     paths = JobPaths(tmp_path / "trainctl-gate-9")
     paths.root.mkdir()
     journal = Journal(paths.journal, clock=lambda: 500.0)
-    seen = Checkpoints(paths, ("snapshot.pt",), tmp_path, since=100.0)
+    seen = Checkpoints(paths, ("snapshot.pt",), tmp_path, since=100.0, slice_s=math.inf)
     write(tmp_path / "snapshot.pt", 90.0)                              # the last run's: not this step's
     assert seen.poll(journal) is None
     write(tmp_path / "snapshot.pt", 200.0)
@@ -182,7 +231,7 @@ def test_an_unmodified_programs_own_snapshot_makes_its_lost_work_right(tmp_path,
     journal = Journal(paths.journal, clock=lambda: next(times))
     journal.add(Kind.JOB_START)
     started = journal.add(Kind.TRAINING_START)["t"]
-    seen = Checkpoints(paths, ("snapshot.pt",), tmp_path, since=started)
+    seen = Checkpoints(paths, ("snapshot.pt",), tmp_path, since=started, slice_s=math.inf)
     if saved_at is not None:
         write(tmp_path / "snapshot.pt", saved_at)
     seen.poll(journal)

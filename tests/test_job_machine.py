@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from trainctl.detections import DetectionKind, SlowDetails, read_details
 from trainctl.job import machine
 from trainctl.job.goodput import goodput
 from trainctl.job.jobdir import Journal, parse_journal
@@ -194,7 +195,7 @@ def test_a_sick_node_asks_for_a_checkpoint_stops_the_step_and_restarts_on_the_he
     assert effects[1] == machine.Say("trainctl: watch: sick: node2: gpu.xid: Xid 79: fallen off the bus")
     assert effects[2:] == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
     state, effects = feed(job, state, machine.StepStopped(143))
-    assert effects == (machine.StepOver(143, "ended by the watch (sick)", agents=True),
+    assert effects == (machine.StepOver(143, "ended by the watch (sick)", agents=True, detection=DetectionKind.SICK),
                        machine.RunGate(("node1", "node3"), archive=1))
     assert state.condemned == ("node2",) and state.restarts == 1 and state.watch is None
     # the gate confirms: the named node is left out (and drained where the site asks), the spare trains
@@ -202,7 +203,7 @@ def test_a_sick_node_asks_for_a_checkpoint_stops_the_step_and_restarts_on_the_he
     assert effects[0] == machine.Journal("confirmation", {"kind": "sick", "checked": ["node1", "node3"], "named": {
         "node2": "sick: node2: gpu.xid: Xid 79: fallen off the bus"}})
     assert effects[1:] == (machine.Say("trainctl: watch: leaving out node2"),
-                           machine.Drain({"node2": ("sick", "gpu.xid", "Xid 79: fallen off the bus")}),
+                           machine.Drain({"node2": ("sick", (("gpu.xid", "Xid 79: fallen off the bus"),))}),
                            machine.Release("node[1,3]", move_sentinel=True))
     assert state.detection is None
     state, effects = feed(job, state, machine.Resized(2))
@@ -394,7 +395,7 @@ def test_a_slowdown_a_nodes_link_pins_on_it_stops_without_weighing_and_leaves_th
 def test_a_slowdown_the_gate_localises_names_the_node_the_gate_excluded():
     job = facts(release=False, restarts=1, watch=WATCH)
     state = machine.JobState(phase="gate", held=ALLOCATED, chosen=("node1", "node2"), restarts=1,
-                             detection=Detection("slow", (), "step time 1 s, 2x"))
+                             detection=Detection(DetectionKind.SLOW, (), "step time 1 s, 2x", SlowDetails(1.0, 0.5)))
     state, effects = feed(job, state, machine.GateDecided("node[1,3]", ("node1", "node3"), "a",
                                                           gate_named={"node2": "fabric: straggler"}))
     assert effects[0].fields["named"] == {"node2": "fabric: straggler"}
@@ -465,7 +466,7 @@ def test_a_step_that_fails_after_an_agent_fell_silent_is_a_hang_of_that_node():
     state, effects = feed(job, state, machine.StepEnded(137, 1015.0, {"node1": reading("node1", 1015.0, 15),
                                                                       "node2": reading("node2", 1003.0, 3)}))
     assert effects[0].kind == "detection" and effects[0].fields["suspects"] == ["node2"]
-    assert effects[2:] == (machine.StepOver(137, "ended by the watch (hung)", agents=True),
+    assert effects[2:] == (machine.StepOver(137, "ended by the watch (hung)", agents=True, detection=DetectionKind.HUNG),
                            machine.RunGate(("node1", "node3"), archive=1))
     # every agent still wrote: the program's own failure, no detection
     state, _ = training(job)
@@ -492,7 +493,8 @@ def test_a_hung_node_is_left_out_of_the_next_gate_and_training_restarts_on_the_s
 
 
 def stopped_after(job, state, kind, suspects, status=143):
-    state = replace(state, phase="stopping", detection=Detection(kind, suspects, "evidence"))
+    state = replace(state, phase="stopping", detection=Detection(DetectionKind(kind), suspects, "evidence",
+                                                                     read_details(DetectionKind(kind), {})))
     return feed(job, state, machine.StepStopped(status))
 
 
@@ -544,7 +546,7 @@ def test_with_the_sites_defaults_a_named_node_without_a_spare_held_goes_on_in_a_
     state = trained_on_two_of_three(job)
     assert state.held == ("node1", "node2")          # the spare went back after the first gate
     state, effects = stopped_after(job, state, "hung", ("node2",))
-    assert effects == (machine.StepOver(143, "ended by the watch (hung)", agents=True),
+    assert effects == (machine.StepOver(143, "ended by the watch (hung)", agents=True, detection=DetectionKind.HUNG),
                        machine.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2))
     assert state.phase == "retry" and state.condemned == ("node2",)
     assert feed(job, state, machine.RetryHandled())[1] == (machine.Finish(143),)

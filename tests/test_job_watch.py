@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from trainctl.detections import DetectionKind, HungDetails, SlowDetails
 from trainctl.job import jobdir
 from trainctl.job import watch as w
 
@@ -112,8 +113,8 @@ def slowed(compute_before: dict[str, float], compute_after: dict[str, float], st
 
 def test_compute_times_say_which_node_computes_slower_but_name_nobody():
     detection = slowed(dict.fromkeys(NODES, 0.1), {**dict.fromkeys(NODES, 0.1), "node2": 0.6})
-    assert detection.details["compute_ratio"]["node2"] == 6.0
-    assert {n: r for n, r in detection.details["compute_ratio"].items() if n != "node2"} == dict.fromkeys(
+    assert detection.details.compute_ratio["node2"] == 6.0
+    assert {n: r for n, r in detection.details.compute_ratio.items() if n != "node2"} == dict.fromkeys(
         ("node1", "node3", "node4"), 1.0)
     assert "compute time per step rose on node2 (6x)" in detection.evidence
 
@@ -133,7 +134,7 @@ def test_a_node_is_singled_out_only_while_the_others_compute_as_before():
 
 def test_without_compute_times_the_slow_evidence_says_nothing_of_them():
     detection = slowed({}, {})
-    assert "compute_ratio" not in detection.details and "compute" not in detection.evidence
+    assert not detection.details.compute_ratio and "compute" not in detection.evidence
 
 
 def own_slowed(own_after: dict[str, tuple[float, float]], step_after: float = 0.8,
@@ -155,7 +156,7 @@ def test_a_rank_whose_own_time_made_the_rise_names_its_node_with_the_numbers():
     assert "rank 2 on node3 0.77 s a step of its own (on a CPU 0.2, waiting for one 0.57), 0.21 s before" \
         in detection.evidence and "the other nodes' own time rose by at most 0 s" in detection.evidence
     assert "rule own-time" in detection.evidence
-    per_rank = {item["node"]: item for item in detection.details["own"]}
+    per_rank = {item["node"]: item for item in detection.details.own}
     assert per_rank["node3"]["runq_s"] == [0.01, 0.57] and per_rank["node1"]["rise_s"] == 0.0
 
 
@@ -204,7 +205,7 @@ def test_ranks_whose_times_were_not_read_add_no_own_time_evidence():
     assert job.run(60) == []
     job.step_s = 0.8
     found = job.run(30)
-    assert found[0].suspects == () and "own" not in found[0].details and "own time" not in found[0].evidence
+    assert found[0].suspects == () and not found[0].details.own and "own time" not in found[0].evidence
 
 
 def test_a_rank_that_restarts_starts_its_own_time_again():
@@ -237,7 +238,7 @@ def test_a_step_longer_than_the_sampling_counts_its_whole_own_time():
 
 
 def test_confirm_leaves_out_the_detections_suspects_and_the_training_nodes_the_gate_names():
-    hung = w.Detection("hung", ("node3",), "no rank finished a step for 31 s")
+    hung = w.Detection(DetectionKind.HUNG, ("node3",), "no rank finished a step for 31 s", HungDetails(("node3",)))
     confirmed = w.confirm(hung, {"node1": "fabric: 0.3x the median", "node9": "not training"},
                           ("node1", "node2", "node3"), 0.4)
     assert confirmed.named == {"node3": "hung: no rank finished a step for 31 s", "node1": "fabric: 0.3x the median"}
@@ -266,7 +267,7 @@ def test_the_one_link_holding_back_as_before_while_the_others_hold_back_less_nam
     # (the counts are whole numbers: a fraction of one lost at each read)
     assert ("node2 eth0: held back (qdisc overlimits + requeues + drops) 59.7 per MB sent, 55 before; sent 0.312 MB/s, "
             "1 before; the other nodes' links at most 19.7 per MB") in detection.evidence
-    per_node = {item["node"]: item for item in detection.details["links"]}
+    per_node = {item["node"]: item for item in detection.details.links}
     assert set(per_node) == set(NODES) and per_node["node2"]["wait_per_mb"] == [55.0, 59.7]
     assert per_node["node1"]["wait_per_mb"] == [55.0, 19.7]
     assert per_node["node1"]["sent_bytes_per_s"] == [1000000, 312500]
@@ -296,7 +297,7 @@ def test_a_link_that_always_held_back_most_is_no_new_fault():
 
 def test_links_are_judged_without_own_times_and_not_where_a_ranks_own_time_named_its_node():
     named = link_slowed({"node2": 60.0}, own=None)
-    assert named.suspects == ("node2",) and "own" not in named.details
+    assert named.suspects == ("node2",) and not named.details.own
     # node3's own time made the rise: the links are not looked at
     job = Job()
     job.own, job.link = dict.fromkeys(NODES, (0.2, 0.01)), dict.fromkeys(NODES, 55.0)
@@ -305,7 +306,25 @@ def test_links_are_judged_without_own_times_and_not_where_a_ranks_own_time_named
     job.own = {**job.own, "node3": (0.2, 0.57)}
     job.link = {**dict.fromkeys(NODES, 20.0), "node2": 60.0}
     found = job.run(30)
-    assert found[0].suspects == ("node3",) and "links" not in found[0].details
+    assert found[0].suspects == ("node3",) and not found[0].details.links
+
+
+def test_the_recorded_slow_link_and_stalled_job_cases_are_told_apart():
+    # (wait per MB, bytes sent a second), before and over the window, as journals of the dev cluster
+    # recorded them: node2's link cut to 30 Mbit/s (named), and a healthy job whose nodes were starved
+    # of CPU, where node2 sent next to nothing (so held nothing back) and node4's agent gave no link
+    # readings: a stall, not a wire, and no comparison of every node's link
+    def link(node, wait, sent):
+        return w.LinkWait(node, "eth0", "qdisc", wait, sent)
+
+    cut = [link("node2", (57.2, 50.2), (5.656e6, 2.747e6)), link("node3", (60.3, 18.8), (5.654e6, 2.827e6)),
+           link("node4", (57.1, 24.3), (5.656e6, 2.773e6))]
+    assert w.link_wait_verdict(cut, ("node2", "node3", "node4"))[0] == ("node2",)
+    stalled = [link("node2", (53.5, 0.0), (1.191e6, 95)), link("node3", (53.9, 39.2), (1.138e6, 221656))]
+    named, note, _ = w.link_wait_verdict(stalled, ("node2", "node3", "node4"))
+    assert named == () and "node4: no link readings" in note and "node2 eth0: sent 9.5e-05 MB/s" in note
+    # every node read, but one barely sending: still nobody
+    assert w.link_wait_verdict([*stalled, link("node4", (53.0, 20.0), (1.1e6, 0.9e6))], ("node2", "node3", "node4"))[0] == ()
 
 
 def test_a_link_whose_counts_went_back_is_not_judged():
@@ -316,7 +335,7 @@ def test_a_link_whose_counts_went_back_is_not_judged():
     job.run(5)
     job.link_counts["node2"] = [0, 0.0]                  # its qdisc replaced: its counts start again
     found = job.run(25)
-    assert found and "node2" not in {item["node"] for item in found[0].details["links"]}
+    assert found and "node2" not in {item["node"] for item in found[0].details.links}
 
 
 def test_link_samples_are_few_per_window_and_kept_only_as_far_back_as_the_windows_look():
@@ -330,10 +349,10 @@ def test_link_samples_are_few_per_window_and_kept_only_as_far_back_as_the_window
 
 
 def test_confirm_makes_an_unexplained_slowdown_the_new_normal_and_keeps_it_after_an_unexplained_hang():
-    slow = w.Detection("slow", (), "step time 0.8 s", {"step_s": 0.8, "baseline_s": 0.25})
+    slow = w.Detection(DetectionKind.SLOW, (), "step time 0.8 s", SlowDetails(0.8, 0.25))
     confirmed = w.confirm(slow, {}, ("node1", "node2"), 0.0)
     assert (confirmed.named, confirmed.note, confirmed.accepted_step_s) == ({}, "slowdown not localised", 0.8)
-    hung = w.Detection("hung", (), "every rank is at the same step")
+    hung = w.Detection(DetectionKind.HUNG, (), "every rank is at the same step", HungDetails())
     assert w.confirm(hung, {}, ("node1", "node2"), 0.8).accepted_step_s == 0.8
 
 

@@ -1,37 +1,16 @@
 """The HTML report renders in a real browser (headless Chromium): failure tables and the node x night grid."""
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
+from support.chromium import chromium, page_dom, screenshot  # noqa: F401 (chromium: the fixture)
 from support.sweeps import DAY, night
 from trainctl.sweep.db import History
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture
-def chromium():
-    binary = shutil.which("chromium")
-    if binary is None:
-        reason = "chromium not installed (scripts/setup installs the Debian package)"
-        if os.environ.get("TRAINCTL_REQUIRE_CLUSTER") == "1":  # CI: a missing prerequisite fails
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return binary
-
-
-def browse(chromium, tmp_path, page: Path, *action: str) -> subprocess.CompletedProcess:
-    return subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *action,
-                           page.as_uri()], capture_output=True, text=True, timeout=120)
 
 
 def report_in_chromium(chromium, tmp_path, db: Path) -> tuple[Path, subprocess.CompletedProcess]:
@@ -40,9 +19,7 @@ def report_in_chromium(chromium, tmp_path, db: Path) -> tuple[Path, subprocess.C
     out = subprocess.run([TRAINCTL, "report", "--db", str(db), "--format", "html", "--out", str(page)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    dom = browse(chromium, tmp_path, page, "--dump-dom")
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    return page, dom
+    return page, page_dom(chromium, tmp_path, page)
 
 
 def test_html_report_renders_failure_tables_and_grid_in_chromium(chromium, tmp_path):
@@ -68,12 +45,7 @@ def test_html_report_renders_failure_tables_and_grid_in_chromium(chromium, tmp_p
     assert '<svg class="grid"' in dom.stdout and dom.stdout.count("<rect") == 3 * 7
     assert "<title>gpu[03-07]</title>" in dom.stdout and "7 nodes in 3 rows" in dom.stdout
 
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "report-html.png"
-    shot.unlink(missing_ok=True)
-    taken = browse(chromium, tmp_path, page, f"--screenshot={shot}", "--window-size=1280,900")
-    assert taken.returncode == 0, taken.stderr[-2000:]
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    screenshot(chromium, tmp_path, page, ARTIFACTS / "report-html.png", "1280,900")
 
 
 def test_html_node_timeline_shows_strikes_by_family_service_and_drains_in_chromium(chromium, tmp_path):
@@ -112,9 +84,4 @@ def test_html_node_timeline_shows_strikes_by_family_service_and_drains_in_chromi
     assert cleared.count('<tr data-kind="served" data-family="">') == 12
     assert dom.stdout.count('<svg class="timeline"') == 2
 
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "report-html-node-timeline.png"
-    shot.unlink(missing_ok=True)
-    taken = browse(chromium, tmp_path, page, f"--screenshot={shot}", "--window-size=1280,2400")
-    assert taken.returncode == 0, taken.stderr[-2000:]
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    screenshot(chromium, tmp_path, page, ARTIFACTS / "report-html-node-timeline.png", "1280,2400")

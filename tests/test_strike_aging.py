@@ -174,7 +174,7 @@ def test_a_slow_detection_strikes_by_the_rule_that_named_the_node_as_the_watch_w
     assert named == ("n1",) and strike_families(DETECTION, "slow", f"step 2x; {note}", "n1") == (COMPUTE,)
     links = [LinkWait("n1", "ib0", "ib", (1.0, 900.0), (1e9, 1e9))] + \
         [LinkWait(f"n{i}", "ib0", "ib", (1.0, 2.0), (1e9, 1e9)) for i in (2, 3)]
-    named, note, _ = link_wait_verdict(links)
+    named, note, _ = link_wait_verdict(links, ("n1", "n2", "n3"))
     assert named == ("n1",) and strike_families(DETECTION, "slow", f"step 2x; {note}", "n1") == (LINK,)
     assert strike_families(DETECTION, "slow", "n2 steps 2.1x slower", "n2") == (OTHER,)
 

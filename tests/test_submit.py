@@ -101,6 +101,44 @@ def test_other_bad_options_are_one_line(tmp_path, args, message):
     assert not sbatch_ran(tmp_path)
 
 
+HOSTILE_CHECKPOINTS = {
+    "/*/*/*/*/*.pt": "an absolute pattern names 2 directories before its first wildcard",
+    "/scratch/*/ckpt.pt": "an absolute pattern names 2 directories before its first wildcard",
+    "../../*.pt": "climbs out of the submit directory with '..'",
+    "out/**/*.pt": "holds '**'",
+    "a*/b*/c*/d*/e.pt": "has wildcards in 4 levels, more than 3",
+    "ckpt/\x1b[2J*.pt": "holds a control character",
+    "ckpt/*.pt\nrm": "holds a control character",
+}
+
+
+@pytest.mark.parametrize("pattern", HOSTILE_CHECKPOINTS)
+def test_a_checkpoint_pattern_that_would_search_far_or_move_the_terminal_is_refused_at_submit(tmp_path, pattern):
+    result = submit(tmp_path, "--site", "local-demo", "--nodes", "1", "--checkpoints", pattern, "--", TRAIN_DDP)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"trainctl: error: --checkpoints: {HOSTILE_CHECKPOINTS[pattern]}")
+    assert not sbatch_ran(tmp_path)
+
+
+@pytest.mark.parametrize("pattern", ["snapshot.pt", "out/checkpoint-*", "runs/*/seed-?/ckpt/*.pt",
+                                     "/scratch/me/ckpt-*.pt", ""])
+def test_a_checkpoint_pattern_of_the_programs_own_files_is_taken(tmp_path, pattern):
+    request = SubmitRequest(site_ref="local-demo", program=(TRAIN_DDP,), nodes=1, checkpoints=pattern)
+    assert plan(request).checkpoints == pattern
+
+
+def test_a_sites_checkpoint_pattern_is_held_to_the_same_rules(tmp_path):
+    site = tmp_path / "site.toml"
+    site.write_text((REPO / "site-configs" / "local-demo.toml").read_text().replace(
+        "[launch]", '[launch]\ncheckpoints = "/*/*.pt"'))
+    result = submit(tmp_path, "--site", str(site), "--nodes", "1", "--", TRAIN_DDP)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"trainctl: error: {site}: launch.checkpoints: an absolute pattern names 2 "
+                                    "directories before its first wildcard")
+    assert not sbatch_ran(tmp_path)
+
+
 # ---------------------------------------------------------------- dry run and local submission
 
 def test_dry_run_prints_script_and_command_and_submits_nothing(tmp_path):

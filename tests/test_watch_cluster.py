@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from contextlib import ExitStack, contextmanager
@@ -187,12 +188,18 @@ WITHOUT_CALLBACK = {"lightning": ("from trainctl.integrations.lightning import T
                            ",\n                      callbacks=[TrainctlCallback()]")}
 
 
+# what a unit of each program takes on this machine's 2 cores (measured: a tutorial epoch 0.38 s, a
+# Lightning step 0.5 s at STEP_S, a Trainer step 0.049 s): a healthy run trains about HEALTHY_SECONDS
+TUTORIAL_EPOCH_S = 0.36
+LIGHTNING_STEP_S = 0.45
+HF_STEP_S = 0.045
+
+
 def framework_program(scenario: Scenario, tmp_path: Path) -> list[str]:
-    # a healthy run trains about HEALTHY_SECONDS (an epoch of the tutorial takes about 0.3 s here, a
-    # Trainer step about 0.1 s); a faulty one until its restart has trained a while
+    # a healthy run trains about HEALTHY_SECONDS or more; a faulty one until its restart has trained a while
     healthy = scenario.fault == "f"
     if scenario.program == "ddp_tutorial":
-        epochs = max(TUTORIAL_EPOCHS, int(HEALTHY_SECONDS / 0.3)) if healthy else TUTORIAL_EPOCHS
+        epochs = max(TUTORIAL_EPOCHS, int(HEALTHY_SECONDS / TUTORIAL_EPOCH_S)) if healthy else TUTORIAL_EPOCHS
         return [str(FRAMEWORKS / "ddp_tutorial" / "multinode.py"), str(epochs), "5"]
     example = FRAMEWORKS / f"{scenario.program}_ddp.py" if scenario.program == "lightning" \
         else FRAMEWORKS / "hf_trainer.py"
@@ -204,10 +211,10 @@ def framework_program(scenario: Scenario, tmp_path: Path) -> list[str]:
     copy = tmp_path / example.name
     copy.write_text(text)
     if scenario.program == "lightning":
-        steps = max(LIGHTNING_STEPS, int(HEALTHY_SECONDS / STEP_S)) if healthy else LIGHTNING_STEPS
+        steps = max(LIGHTNING_STEPS, int(HEALTHY_SECONDS / LIGHTNING_STEP_S)) if healthy else LIGHTNING_STEPS
         return [str(copy), "--nodes", "2", "--steps", str(steps), "--step-time", str(STEP_S),
                 "--width", str(LIGHTNING_WIDTH), "--dir", "ck"]
-    return [str(copy), "--steps", str(max(HF_STEPS, int(HEALTHY_SECONDS / 0.1)) if healthy else HF_STEPS),
+    return [str(copy), "--steps", str(max(HF_STEPS, int(HEALTHY_SECONDS / HF_STEP_S)) if healthy else HF_STEPS),
             "--dir", "hf"]
 
 
@@ -311,7 +318,10 @@ def summarise(events: list[dict], victim: str, fault_t: float) -> dict:
         after = next((c for c in confirmations if c["t"] >= detection["t"]), None)
         return sorted(after.get("named", {})) if after else []
 
+    first_step = next((e["t"] for e in events if e["event"] == "first_step"), None)
+    end = next((e["t"] for e in events if e["event"] == "job_end"), None)
     return {
+        "trained_s": end - first_step if first_step and end else None,   # first step to the job's end
         # the training steps the watch ended; the slowdowns it weighed and let go
         "stops": sum(1 for d in detections if not d.get("note")),
         "first_suspects": detections[0]["suspects"] if detections else [],   # named by the detection itself
@@ -330,6 +340,11 @@ def summarise(events: list[dict], victim: str, fault_t: float) -> dict:
 
 def record_row(scenario: Scenario, run_number: int, outcome: dict) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
+    # the journal beside its row: pytest's temporary folders are rotated away by later sessions
+    kept = ARTIFACTS / "watch-journals"
+    kept.mkdir(exist_ok=True)
+    shutil.copyfile(Path(outcome["gate_dir"]) / "journal.jsonl",
+                    kept / f"{scenario.name}-{run_number}-job{outcome['job_id']}-{int(time.time())}.jsonl")
 
     def seconds(value):
         return "" if value is None else f"{value:.1f}"
@@ -342,7 +357,7 @@ def record_row(scenario: Scenario, run_number: int, outcome: dict) -> None:
                              ";".join(f"{k}:{','.join(s) or '-'}" for k, s in outcome["detections"]) or "-",
                              "off" if WATCH_OFF else "watch", str(outcome["jobs"]), seconds(outcome["wall_s"]),
                              "" if outcome["goodput"] is None else f"{outcome['goodput']:.3f}",
-                             str(outcome["stops"]), str(outcome["let_go"])]) + "\n")
+                             str(outcome["stops"]), str(outcome["let_go"]), seconds(outcome["trained_s"])]) + "\n")
 
 
 @pytest.mark.parametrize("run_number", range(RUNS))

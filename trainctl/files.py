@@ -6,8 +6,9 @@ the slurm-hook's state) goes through `write_atomically`. Files that anyone else 
 place (the job directory's, journals handed to fleet memory) are read through `open_regular`
 and `read_bytes`: a regular file only, never blocking, at most so many bytes. Where a program
 may have put a FIFO or a link in place of a file trainctl writes itself, it is appended to
-through `open_append_regular` (the journal) or replaced through `replace_in` (the watch's
-requests): never written into, never waited on.
+through `open_append_regular` (the journal), replaced through `replace_in` (the watch's
+requests), or written through `write_regular` (the gate's and the agents' files in the job
+directory): never written into, never waited on.
 """
 
 from __future__ import annotations
@@ -162,6 +163,23 @@ def write_atomically(path: str | os.PathLike, text: str) -> None:
         raise UsageError(f"cannot write {target}: it is a directory")
     else:
         _write_into(target, text)
+
+
+def write_regular(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` whole or not at all, where `path` is a regular file or nothing yet:
+    a file of trainctl's own in a directory others can write to (the job directory's). Anything
+    else at `path` (a FIFO, a device, a directory, a symlink) is refused with one line
+    (UsageError), never opened, followed or replaced: the writer says so and goes on."""
+    target = Path(path)
+    try:
+        found = os.lstat(target)
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:       # a parent that is a file, no permission
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        raise UsageError(f"cannot write {target}: not a regular file")
+    _replace(target, text, shown=target)
 
 
 def _same_file(path: Path, found: os.stat_result) -> bool:

@@ -125,6 +125,17 @@ class Kind(str, Enum):
     JOB_END = "job_end", "job ended"
 
 
+class Verdict(str, Enum):
+    """A `node_verdict` event's verdict: what the gate made of a node of the job."""
+
+    CHOSEN = "chosen"
+    EXCLUDED = "excluded"
+    NOT_NEEDED = "healthy, not needed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # Each kind's fields and their types: "str", "int", "time" (a number), "strs" (a list of
 # strings), "names" (an object of strings), "object", "any". A field of another type is dropped.
 EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
@@ -147,7 +158,9 @@ EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
     Kind.AGENT_SILENT: {"node": "str", "note": "str"},
     Kind.STACKS: {"files": "names"},
     Kind.CHECKPOINT_REQUEST: {"signal": "any", "listening": "any", "refused": "str", "saved": "any"},
-    Kind.STEP_END: {"status": "int", "cause": "str", "training_start_t": "time", "last_checkpoint_t": "time"},
+    # detection: the kind the watch found that ended the step (trainctl.detections), absent when it ended by itself
+    Kind.STEP_END: {"status": "int", "cause": "str", "training_start_t": "time", "last_checkpoint_t": "time",
+                    "detection": "str"},
     Kind.RETRY: {"retry": "any", "reason": "str", "successor": "str", "bad_nodes": "strs", "exclude": "strs"},
     Kind.JOB_END: {"status": "int", "cause": "str"},
 }
@@ -175,12 +188,24 @@ def parse_event(line: str | bytes, *, strict: bool = False) -> dict | None:
     With `strict` (a reader that counts what the events say: fleet memory), an event with a field
     of another type than EVENT_FIELDS gives is None too, instead of losing that field (null is
     always a field's "none": the supervisor writes it so)."""
+    entry = event_entry(line)
+    return None if entry is None else typed_event(entry, strict=strict)
+
+
+def event_entry(line: str | bytes) -> dict | None:
+    """A journal line's JSON object as it stands when it has a finite time and a kind, else None:
+    the first half of `parse_event`, enough to count a line by its kind (`entry["event"]`)."""
     try:
         entry = loads(line)
     except ValueError:
         return None
     if not isinstance(entry, dict) or number(entry.get("t")) is None or not isinstance(entry.get("event"), str):
         return None
+    return entry
+
+
+def typed_event(entry: dict, *, strict: bool = False) -> dict | None:
+    """The second half of `parse_event`: an `event_entry` cleaned, its kind and its fields typed."""
     entry = clean(entry)
     kind = KINDS.get(entry["event"], entry["event"])
     types = EVENT_FIELDS.get(kind, {})     # type: ignore[call-overload]
@@ -215,6 +240,30 @@ def iter_journal(path: str | os.PathLike, root: str | os.PathLike | None = None)
             event = parse_event(line)
             if event is not None:
                 yield event
+
+
+def read_journal_since(path: str | os.PathLike, offset: int, root: str | os.PathLike | None = None,
+                       cap: int = JOURNAL_MAX_BYTES) -> tuple[list[dict], int]:
+    """The events a growing journal gained after byte `offset`, and the offset to read from next:
+    only whole lines (one still being written waits for the next read), at most `cap` bytes a
+    call. ([], offset) while there is no journal; ([], 0) when the file shrank (it was replaced):
+    the next call reads it from the start. A line longer than JOURNAL_LINE_MAX_BYTES is skipped.
+    OSError where it cannot be read."""
+    fd = open_regular(path, root)
+    if fd is None:
+        return [], offset
+    try:
+        size = os.fstat(fd).st_size
+        if size < offset:
+            return [], 0
+        os.lseek(fd, offset, os.SEEK_SET)
+        data = read_fd(fd, min(cap, size - offset))
+    finally:
+        os.close(fd)
+    whole = data.rfind(b"\n") + 1
+    if whole == 0 and len(data) >= cap:   # one line longer than a read: never an event of trainctl's
+        return [], offset + len(data)
+    return parse_journal(data[:whole]), offset + whole
 
 
 def read_journal(path: str | os.PathLike, root: str | os.PathLike | None = None) -> list[dict]:
@@ -263,23 +312,33 @@ def job_ended(events: Iterable[Mapping]) -> bool:
     return any(event["event"] == Kind.JOB_END for event in events)
 
 
+def journal_line(now: float, event: Kind, fields: Mapping[str, Any]) -> tuple[dict, str]:
+    """An event at `now` as the journal holds it, and its line (without the newline)."""
+    entry = {"t": round(now, 3), "at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
+             "event": str(event), **fields}
+    try:
+        return entry, json.dumps(entry, default=str, allow_nan=False)
+    except ValueError:   # a NaN in a value: written as null, so the journal stays JSON
+        return entry, json.dumps(clean(entry), default=str, allow_nan=False)
+
+
 class Journal:
     """Appends events; one write per line, so a reader never sees half an event."""
 
-    def __init__(self, path: str | os.PathLike, clock=time.time):
+    def __init__(self, path: str | os.PathLike, clock=time.time, *, keep: bool = False):
         self.path = path
         self.clock = clock
         self.failed = False
+        # with `keep`, every event added, as a reader reads it back (kept whether written or not): the
+        # supervisor's metrics and alerts read them here, not from the file again
+        self.events: list[dict] = []
+        self.keep = keep
 
     def add(self, event: Kind, **fields) -> dict:
         """Append `event`; a journal that cannot be written (a full quota) never ends the job: one warning."""
-        now = self.clock()
-        entry = {"t": round(now, 3), "at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
-                 "event": str(event), **fields}
-        try:
-            line = json.dumps(entry, default=str, allow_nan=False)
-        except ValueError:   # a NaN in a value: written as null, so the journal stays JSON
-            line = json.dumps(clean(entry), default=str, allow_nan=False)
+        entry, line = journal_line(self.clock(), event, fields)
+        if self.keep and (kept := parse_event(line)) is not None:
+            self.events.append(kept)
         try:
             fd = open_append_regular(self.path)   # a FIFO in its place is refused, never waited on
             try:

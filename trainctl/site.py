@@ -25,7 +25,8 @@ from typing import Any, Literal
 
 from trainctl.errors import ConfigError, UsageError
 from trainctl.records import record
-from trainctl.validate import InvalidValue, check_number, check_slurm_signal, check_text, shown, site_bounds
+from trainctl.validate import (InvalidValue, check_checkpoint_pattern, check_number, check_slurm_signal, check_text,
+                               shown, site_bounds)
 
 BUILTIN_SITE_DIR = Path(__file__).resolve().parent / "site_configs"
 # Editable installs and the source tree keep the samples in the top-level site-configs/.
@@ -262,6 +263,24 @@ class WatchConfig:
 
 
 @record
+class MetricsConfig:
+    textfile_dir: str = doc(
+        "node_exporter's textfile collector directory on the batch hosts (its --collector.textfile.directory), "
+        "writable by the jobs' users: each job's supervisor keeps trainctl-job-<id>.prom there, rewritten at "
+        "every event and watch poll, and removes it when the job ends (docs: Site administration, Job "
+        "metrics) (empty: off)", "")
+
+
+@record
+class AlertsConfig:
+    command: tuple[str, ...] = doc(
+        "a command, as its argv, that each job runs on its detections, restarts, successor and end, with "
+        "the event as one JSON object on stdin, e.g. ['/opt/site/trainctl-slack', 'https://hooks.slack.com/...']; "
+        "per job: submit --alert-command (empty: none)", ())
+    timeout_s: float = doc("the alert command is killed after this long; the job never waits for it", 10.0)
+
+
+@record
 class PartitionConfig:
     gpus_per_node: int = doc("GPUs per node")
     gpu_model: str = doc("product name as nvidia-smi prints it (empty: do not check)", "")
@@ -313,6 +332,9 @@ class SiteConfig:
     watch: WatchConfig = doc("watching the training once it runs", default_factory=WatchConfig)
     fleet: FleetConfig = doc("fleet memory: jobs' verdicts in the sweep history, lemons", default_factory=FleetConfig)
     breaker: BreakerConfig = doc("the cap on trainctl's automatic drains", default_factory=BreakerConfig)
+    metrics: MetricsConfig = doc("each running job's state for Prometheus", default_factory=MetricsConfig)
+    alerts: AlertsConfig = doc("a command run on each job's detections, restarts, successors and ends",
+                               default_factory=AlertsConfig)
     partitions: dict[str, PartitionConfig] = doc("partition name -> hardware")
 
 
@@ -405,6 +427,10 @@ def load_site(name_or_file: str, dirs: list[Path] | None = None) -> LoadedSite:
         check_slurm_signal(config.launch.signal)
     except InvalidValue as exc:
         raise ConfigError(f"{path}: launch.signal = {config.launch.signal!r}: {exc}") from None
+    try:
+        check_checkpoint_pattern(config.launch.checkpoints)
+    except InvalidValue as exc:
+        raise ConfigError(f"{path}: launch.checkpoints: {exc}") from None
     contradiction = contradicting_keys(config)
     if contradiction:
         raise ConfigError(f"{path}: {contradiction}")

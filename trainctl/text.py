@@ -33,3 +33,12 @@ def printable(text: str, *, keep_lines: bool = False) -> str:
     `\\u202e`); with `keep_lines`, newlines and tabs are kept (only for text whose lines are ours:
     escape each value, or each line built from values, without it)."""
     return (_UNSAFE_KEEP_LINES if keep_lines else _UNSAFE).sub(_escape, text)
+
+
+def prometheus_label(value: str) -> str:
+    """A label value for Prometheus's text format: backslash, double quote and newline escaped
+    (its three escapes), and a lone surrogate (an undecodable byte of a name) as U+FFFD, so the
+    file is UTF-8, as the format requires."""
+    from trainctl.journal_events import without_lone_surrogates   # here: printable's users need none of it
+
+    return without_lone_surrogates(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import signal
+import unicodedata
 
 import click
 
@@ -120,6 +121,7 @@ SITE_BOUNDS: dict[str, Bounds] = {
     "watch.checkpoint_wait_s": Bounds(0, DAY_S),
     "watch.dump_wait_s": Bounds(0, 3600),
     "watch.end_grace_s": Bounds(1, 3600),
+    "alerts.timeout_s": Bounds(0.1, 600),
     "watch.max_restarts": Bounds(0, 1000),
     "watch.max_successors": Bounds(0, 1000),
     "watch.hold_spares": Bounds(0, MAX_NODES),
@@ -303,3 +305,33 @@ class Number(click.ParamType):
 
     def get_metavar(self, param, ctx=None) -> str:
         return "INTEGER" if self.kind is int else "SECONDS" if self.bounds is TIMEOUT else "NUMBER"
+
+
+CHECKPOINT_PATTERN_MAX_CHARS = 4096     # PATH_MAX
+CHECKPOINT_PATTERN_WILDCARD_LEVELS = 3  # levels of a pattern with a wildcard (*, ?, [...]) in them
+CHECKPOINT_PATTERN_ROOT_DEPTH = 2       # directories an absolute pattern names before its first wildcard
+
+
+def check_checkpoint_pattern(value: str) -> str:
+    """submit --checkpoints or the site's launch.checkpoints: a path or glob the supervisor looks
+    for the program's saves by, at every poll, on what is often a shared filesystem; "" for none.
+    InvalidValue, saying why, for one that would search far more than the program's own files or
+    print what a terminal takes for commands (docs: Submitting jobs, Checkpoints seen)."""
+    if len(value) > CHECKPOINT_PATTERN_MAX_CHARS:
+        raise InvalidValue(f"longer than {CHECKPOINT_PATTERN_MAX_CHARS} characters")
+    if any(unicodedata.category(character) == "Cc" for character in value):
+        raise InvalidValue("holds a control character (a newline, ESC, NUL...): it is printed in the journal "
+                           "and by job show")
+    levels = value.split("/")
+    if ".." in levels:
+        raise InvalidValue("climbs out of the submit directory with '..': give an absolute path instead")
+    if "**" in value:
+        raise InvalidValue("holds '**': a level here is never searched to any depth; name each level, e.g. "
+                           "'out/*/*.pt'")
+    wild = [number for number, level in enumerate(levels) if any(c in level for c in "*?[")]
+    if value.startswith("/") and wild and wild[0] <= CHECKPOINT_PATTERN_ROOT_DEPTH:
+        raise InvalidValue(f"an absolute pattern names {CHECKPOINT_PATTERN_ROOT_DEPTH} directories before its "
+                           "first wildcard (e.g. /scratch/me/ckpt-*.pt): nearer / it would search everyone's files")
+    if len(wild) > CHECKPOINT_PATTERN_WILDCARD_LEVELS:
+        raise InvalidValue(f"has wildcards in {len(wild)} levels, more than {CHECKPOINT_PATTERN_WILDCARD_LEVELS}")
+    return value

@@ -1,0 +1,360 @@
+"""`trainctl job show --follow`: a job's chain as it runs, from its job directories alone.
+
+Three parts:
+
+- `follow_view` (pure): the chain's jobs, each job's journal events, the training nodes' agent
+  files now and at the last redraw, and the clock, in; a `FollowView` out: the phase, each
+  node's agent and step time against the job's own baseline, the last checkpoint's age and the
+  goodput so far.
+- `view_lines`, `event_line_list`, `end_line` (pure): a view as the lines a terminal redraws in
+  place; one event as the line printed for it when the output is no terminal; the chain's end.
+- `Follower` (the thin loop): reads the journals (only the lines added since the last read),
+  the chain's links (attempt.json, retry.json) and the node files through their owners'
+  readers (regular files only, never blocking, capped), draws, and waits the site's
+  `watch.poll_s`. It writes nothing and signals nothing: Ctrl-C leaves the job alone.
+
+The job's own baseline step time is the median, over its training nodes, of each node's mean
+step time since the training step started; a node's step time now is its ranks' mean over the
+steps they finished since the last redraw.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
+
+from trainctl.errors import EXIT_UNKNOWN, ExternalCommandError, TrainctlError
+from trainctl.job import jobdir
+from trainctl.job.goodput import LOST_KINDS, Goodput, goodput
+from trainctl.job.jobdir import JobPaths, Kind, NodeReading
+from trainctl.job.journal import event_lines, hms
+from trainctl.job.show import LocalFiles, attempt_dir, collect_chain
+from trainctl.site import WatchConfig, load_site
+from trainctl.slurm import fold_hostlist
+from trainctl.text import printable
+
+NODE_ROWS = 12          # nodes drawn on a terminal: the odd ones out first; the rest are counted
+RECENT_EVENTS = 8       # the chain's latest events drawn on a terminal
+HTML_COMMAND = "trainctl job show --html chain-{job}.html {job}"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    node: str
+    agent: str                       # "ok", "no file yet", "silent 75 s", "sick: gpu.xid"
+    steps: int | None                # its furthest rank's steps (None: no file)
+    step_s: float | None             # its ranks' mean step time since the last redraw (the first: since the start)
+    steps_per_s: float | None        # steps since the last redraw, over the time between the agent's two writes
+    ratio: float | None              # step_s over the job's baseline
+
+    @property
+    def odd(self) -> bool:
+        return self.agent != "ok"
+
+
+@dataclass(frozen=True)
+class FollowView:
+    jobs: tuple[str, ...]            # the chain so far, first to last
+    phase: str                       # queued, gate, training, stopping, restarting, successor, ended
+    detail: str                      # what the phase is about: "restart 1", "job 13 waits in Slurm's queue"
+    nodes: tuple[NodeView, ...]      # the training nodes, while the job trains
+    baseline_s: float | None
+    step_s: float | None             # the job's step time since the last redraw: the median node's
+    checkpoint_age_s: float | None   # since the newest checkpoint seen (None: none seen)
+    goodput: Goodput | None
+    recent: tuple[str, ...]          # the latest events' lines
+    now: float
+    status: int | None = None        # the chain's end: the last job's exit status
+
+    @property
+    def ended(self) -> bool:
+        return self.phase == "ended"
+
+
+# ---------------------------------------------------------------- pure: events and files -> a view
+
+def job_phase(events: list[dict]) -> tuple[str, str]:
+    """A job's phase and what it is about, from its journal's events in order."""
+    phase, detail = "queued", "waits in Slurm's queue"
+    for event in events:
+        kind = event["event"]
+        if kind in (Kind.JOB_START, Kind.GATE_START):
+            phase, detail = "gate", "checking the nodes" + (" again after a detection" if event.get("evidence") else "")
+        elif kind == Kind.GATE_END and event.get("status", 0) != 0:
+            phase, detail = "gate", f"refused the nodes: {event.get('why', 'status ' + str(event.get('status')))}"
+        elif kind == Kind.TRAINING_START:
+            phase, detail = "training", f"restart {event['restart']}" if event.get("restart") else ""
+        elif kind == Kind.DETECTION and not event.get("note"):
+            suspects = ", ".join(event.get("suspects") or []) or "no node named yet"
+            phase, detail = "stopping", f"after a detection: {event.get('kind')} ({suspects})"
+        elif kind == Kind.WEIGHED and event.get("action") == "gate":
+            phase, detail = "stopping", "for the gate: a slowdown no node is named for"
+        elif kind == Kind.STEP_END:
+            phase, detail = ("restarting", f"the training step ended with status {event.get('status')}") \
+                if event.get("status", 0) else ("ending", "the training step ended well")
+        elif kind == Kind.RETRY and event.get("successor"):
+            phase, detail = "successor", f"job {event['successor']} submitted"
+        elif kind == Kind.JOB_END:
+            phase, detail = ("successor", detail) if phase == "successor" else ("ended", f"status {event.get('status')}")
+    return phase, detail
+
+
+def training_nodes(events: list[dict]) -> tuple[str, ...]:
+    """The nodes the job trains on now (the last gate's choice), while a training step runs."""
+    chosen: tuple[str, ...] = ()
+    training = False
+    for event in events:
+        kind = event["event"]
+        if kind == Kind.GATE_END and event.get("status", 0) == 0:
+            chosen = tuple(event.get("chosen") or ())
+        elif kind == Kind.TRAINING_START:
+            training = True
+        elif kind in (Kind.STEP_END, Kind.GATE_START, Kind.JOB_END):
+            training = False
+    return chosen if training else ()
+
+
+def mean_step_s(ranks, before: Mapping[int, tuple[int, float]] | None = None) -> float | None:
+    """The ranks' mean step time over the steps they finished since `before` (each rank's steps and
+    step seconds then), else since the training step started."""
+    steps = seconds = 0.0
+    for rank in ranks:
+        done, spent = (before or {}).get(rank.rank, (0, 0.0))
+        if rank.steps > done and rank.step_seconds >= spent:
+            steps, seconds = steps + rank.steps - done, seconds + rank.step_seconds - spent
+    return seconds / steps if steps else None
+
+
+def node_view(node: str, reading: NodeReading | None, before: NodeReading | None, baseline_s: float | None,
+              now: float, silence_s: float) -> NodeView:
+    if reading is None:
+        return NodeView(node, "no file yet", None, None, None, None)
+    if reading.failed_checks:
+        agent = "sick: " + ", ".join(dict.fromkeys(check for check, _ in reading.failed_checks))
+    elif now - reading.written_t >= silence_s:
+        agent = f"silent {now - reading.written_t:.0f} s"
+    else:
+        agent = "ok"
+    steps = max((rank.steps for rank in reading.ranks), default=0)
+    recent, rate = None, None
+    if before is not None and reading.written_t > before.written_t:
+        recent = mean_step_s(reading.ranks, {rank.rank: (rank.steps, rank.step_seconds) for rank in before.ranks})
+        earlier = max((rank.steps for rank in before.ranks), default=0)
+        rate = max(0, steps - earlier) / (reading.written_t - before.written_t) if steps >= earlier else None
+    step_s = recent if recent is not None else mean_step_s(reading.ranks)
+    ratio = step_s / baseline_s if step_s is not None and baseline_s else None
+    return NodeView(node, agent, steps, step_s, rate, ratio)
+
+
+def newest_checkpoint(events: list[dict], readings: Mapping[str, NodeReading | None]) -> float | None:
+    """The newest save the journal or a rank's report (progress.checkpoint()) holds."""
+    times = [event["checkpoint_t"] for event in events
+             if event["event"] == Kind.CHECKPOINT and isinstance(event.get("checkpoint_t"), (int, float))]
+    times += [save.t for save in jobdir.rank_saves(readings.values())]
+    return max(times, default=None)
+
+
+def follow_view(jobs: tuple[str, ...], journals: Mapping[str, list[dict]], readings: Mapping[str, NodeReading | None],
+                previous: Mapping[str, NodeReading | None], now: float, watch: WatchConfig) -> FollowView:
+    """The chain now: `journals` holds each job's events so far, `readings` the current job's
+    training nodes' agent files, `previous` those of the last redraw (none on the first)."""
+    current = journals.get(jobs[-1], [])
+    phase, detail = job_phase(current)
+    if not current and len(jobs) > 1:
+        phase, detail = "successor", f"job {jobs[-1]} waits in Slurm's queue"
+    means = [mean for reading in readings.values() if reading and (mean := mean_step_s(reading.ranks)) is not None]
+    baseline = statistics.median(means) if means else None
+    nodes = tuple(node_view(node, reading, previous.get(node), baseline, now, watch.agent_silence_s)
+                  for node, reading in readings.items())
+    steps_now = [node.step_s for node in nodes if node.step_s is not None]
+    saved = newest_checkpoint(current, readings)
+    attempts = [journals.get(job, []) for job in jobs]
+    recent: list[str] = []
+    for job in reversed(jobs):               # from the newest event back, as far as is shown
+        for event in reversed(journals.get(job, [])):
+            if len(recent) >= RECENT_EVENTS:
+                break
+            recent[:0] = event_line_list(job, event)
+    status = next((event.get("status") for event in reversed(current) if event["event"] == Kind.JOB_END), None)
+    return FollowView(jobs, phase, detail, nodes, baseline, statistics.median(steps_now) if steps_now else None,
+                      None if saved is None else max(0.0, now - saved), goodput(attempts, now) if any(attempts) else None,
+                      tuple(recent[-RECENT_EVENTS:]), now,
+                      status if phase == "ended" else None)
+
+
+# ---------------------------------------------------------------- pure: a view -> lines
+
+def clock(t: float) -> str:
+    return datetime.fromtimestamp(t).strftime("%H:%M:%S")
+
+
+def event_line_list(job_id: str, event: dict) -> list[str]:
+    """An event as it is printed when it happens: its time of day, the job, what happened. Lists of
+    nodes are folded (`node[1-4096]`), and a node the gate chose says nothing of its own: the
+    gate's end names them all."""
+    if event["event"] == Kind.NODE_VERDICT and event.get("verdict") == "chosen":
+        return []
+    when = event.get("submitted_t") if event["event"] == Kind.SUBMITTED else event["t"]
+    folded = {key: [fold_hostlist(value)] for key, value in event.items()
+              if key in ("nodes", "chosen") and isinstance(value, list) and value}
+    return event_lines(clock(when if isinstance(when, (int, float)) else event["t"]), job_id, {**event, **folded})
+
+
+def _seconds(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def goodput_line(result: Goodput | None) -> str:
+    if result is None or result.ratio is None:
+        return "goodput: not yet (no time since the first submit)"
+    lost = ", ".join(f"{kind.replace('_', ' ')} {hms(result.lost_s.get(kind, 0.0))}" for kind in LOST_KINDS)
+    return (f"goodput so far {result.ratio:.1%}: {hms(result.productive_s)} productive of {hms(result.wall_s)}; "
+            f"lost: {lost}")
+
+
+def view_lines(view: FollowView, rows: int = NODE_ROWS) -> list[str]:
+    """What a terminal shows, redrawn at each poll."""
+    chain = f" (chain {' > '.join(view.jobs)})" if len(view.jobs) > 1 else ""
+    lines = [f"job {view.jobs[-1]}{chain}: {view.phase}{': ' + view.detail if view.detail else ''}  "
+             f"[{clock(view.now)}]", goodput_line(view.goodput)]
+    age = "none seen" if view.checkpoint_age_s is None else f"{hms(view.checkpoint_age_s)} ago"
+    lines.append(f"last checkpoint: {age}; step time {_seconds(view.step_s)} s, the job's baseline "
+                 f"{_seconds(view.baseline_s)} s")
+    if view.nodes:
+        lines += node_lines(view.nodes, rows)
+    lines.append("events:" if view.recent else "events: none yet")
+    lines += [f"  {line}" for line in view.recent]
+    return lines
+
+
+def node_lines(nodes: tuple[NodeView, ...], rows: int) -> list[str]:
+    """The agents' states, then the odd ones out (agent not ok, then the slowest) a row each."""
+    states: dict[str, list[str]] = {}
+    for node in nodes:
+        states.setdefault(node.agent.split(" ")[0].rstrip(":"), []).append(node.node)
+    agents = "; ".join(f"{len(names)} {state} ({fold_hostlist(names)})" if state != "ok" else f"{len(names)} ok"
+                       for state, names in states.items())
+    lines = [f"nodes: {len(nodes)} training; agents: {agents}",
+             f"  {'node':<16} {'agent':<16} {'steps':>8} {'steps/s':>8} {'step s':>8} {'x baseline':>10}"]
+    shown = sorted(nodes, key=lambda n: (not n.odd, -(n.ratio or 0.0), n.node))[:rows]
+    for node in shown:
+        lines.append(f"  {node.node:<16} {node.agent:<16} {'-' if node.steps is None else node.steps:>8} "
+                     f"{'-' if node.steps_per_s is None else f'{node.steps_per_s:.2f}':>8} {_seconds(node.step_s):>8} "
+                     f"{'-' if node.ratio is None else f'{node.ratio:.2f}x':>10}")
+    if len(nodes) > len(shown):
+        rest = [n.ratio for n in nodes if n not in shown and n.ratio is not None]
+        spread = f", {min(rest):.2f}x to {max(rest):.2f}x the baseline" if rest else ""
+        lines.append(f"  {len(nodes) - len(shown)} more nodes{spread}")
+    return lines
+
+
+def end_line(view: FollowView) -> str:
+    ratio = view.goodput.ratio if view.goodput else None
+    return (f"job {view.jobs[-1]} ended with status {view.status}"
+            + (f"; goodput {ratio:.1%}" if ratio is not None else "")
+            + f"; the chain drawn: {HTML_COMMAND.format(job=view.jobs[-1])}")
+
+
+def exit_status(view: FollowView) -> int:
+    """What `--follow` exits with at the chain's end: the job's own status."""
+    return view.status if isinstance(view.status, int) and 0 <= view.status <= 255 else EXIT_UNKNOWN
+
+
+# ---------------------------------------------------------------- the loop
+
+class Follower:
+    """Reads the chain's files at each redraw: the journals' new lines only, the chain's links,
+    and the current job's node files while it trains."""
+
+    def __init__(self, gate_dir: str, job_id: str, load_watch: Callable[[str], WatchConfig]):
+        self.gate_dir, self.job_id, self.load_watch = gate_dir, job_id, load_watch
+        self.files = LocalFiles()
+        self.journals: dict[str, list[dict]] = {}
+        self.offsets: dict[str, int] = {}
+        self.previous: dict[str, NodeReading | None] = {}
+        self.watch: WatchConfig | None = None
+
+    def paths(self, job: str) -> JobPaths:
+        return JobPaths(Path(attempt_dir(self.gate_dir, self.job_id, job)))
+
+    def read(self, now: float) -> FollowView:
+        jobs = tuple(link["job_id"] for link in collect_chain(self.files, self.gate_dir, self.job_id))
+        for job in jobs:
+            paths = self.paths(job)
+            try:
+                new, offset = jobdir.read_journal_since(paths.journal, self.offsets.get(job, 0), paths.root)
+            except OSError as exc:
+                raise ExternalCommandError(f"cannot read {paths.journal}: {exc.strerror or exc}") from None
+            if offset < self.offsets.get(job, 0):   # replaced: read again from its start
+                self.journals[job] = []
+            self.offsets[job] = offset
+            self.journals.setdefault(job, []).extend(new)
+        watch = self.watch_config(jobs)
+        nodes = training_nodes(self.journals[jobs[-1]])
+        readings = jobdir.read_node_files(self.paths(jobs[-1]), nodes) if nodes else {}
+        view = follow_view(jobs, self.journals, readings, self.previous, now, watch)
+        self.previous = readings
+        return view
+
+    def watch_config(self, jobs: tuple[str, ...]) -> WatchConfig:
+        """The site's `[watch]`, as the first job's journal names the site (the model's defaults
+        until it starts, or where that site cannot be read here)."""
+        if self.watch is None:
+            site = next((event.get("site") for event in self.journals.get(jobs[0], [])
+                         if event["event"] == Kind.JOB_START), None)
+            if site is None:
+                return WatchConfig()
+            self.watch = self.load_watch(site)
+        return self.watch
+
+
+def site_watch(site: str) -> WatchConfig:
+    try:
+        return load_site(site).config.watch if site else WatchConfig()
+    except TrainctlError:
+        return WatchConfig()
+
+
+class Screen:
+    """Draws on a terminal in place: the cursor goes back up over the last drawing, which is cleared."""
+
+    def __init__(self, out: TextIO, size: Callable[[], os.terminal_size] = shutil.get_terminal_size):
+        self.out, self.size, self.drawn = out, size, 0
+
+    def draw(self, lines: list[str]) -> None:
+        columns, height = self.size()
+        lines = [printable(line)[:max(columns - 1, 20)] for line in lines][:max(height - 1, 5)]
+        back = f"\x1b[{self.drawn}F" if self.drawn else ""
+        self.out.write(back + "\x1b[J" + "".join(line + "\n" for line in lines))
+        self.out.flush()
+        self.drawn = len(lines)
+
+
+def follow(follower: Follower, out: TextIO, *, tty: bool, clock_now: Callable[[], float] = time.time,
+           sleep: Callable[[float], None] = time.sleep) -> int:
+    """Redraw (a terminal) or print each new event (anything else) until the chain ends; its status."""
+    screen = Screen(out) if tty else None
+    printed: dict[str, int] = {}
+    while True:
+        view = follower.read(clock_now())
+        if screen is not None:
+            screen.draw(view_lines(view))
+        else:
+            for job in view.jobs:
+                events = follower.journals[job]
+                for event in events[printed.get(job, 0):]:
+                    out.write("".join(printable(line) + "\n" for line in event_line_list(job, event)))
+                printed[job] = len(events)
+            out.flush()
+        if view.ended:
+            out.write(printable(end_line(view)) + "\n")
+            out.flush()
+            return exit_status(view)
+        sleep(follower.watch_config(view.jobs).poll_s)
