@@ -485,18 +485,132 @@ def test_without_accounting_journals_wait_unless_the_site_folds_them_unverified(
         night(history, RAN_AT - DAY, {"node1": "ok", "node2": "ok"})    # the nodes the history knows
     unanswered = {"ask": lambda job_ids: SlurmRecords({}, NO_ACCOUNTING)}
     result, rows = fold_vouched(tmp_path, paths, **unanswered)
-    assert (result.folded, rows, result.no_accounting) == (0, [], NO_ACCOUNTING)
-    assert all("unverified_journals = false" in line for line in result.refused)
+    assert (result.folded, rows, result.no_accounting, result.uncounted, result.refused) == (0, [], NO_ACCOUNTING,
+                                                                                             2, [])
     result, rows = fold_vouched(tmp_path, paths, unverified_journals=True, **unanswered)
     assert (result.folded, result.unverified) == (1, 1) and rows == [("node1", SERVED, 1), ("node2", EXCLUSION, 1)]
     assert "names node9, which no sweep or earlier job of the history names" in result.refused[0]
 
 
-@pytest.mark.parametrize("job", ["7\x1b[31m", "1;2", "../1", "12345678901"])
+@pytest.mark.parametrize("job", ["7\x1b[31m", "7\x07", "1;2", "../1", "12345678901"])
 def test_a_job_id_that_is_not_slurms_never_reaches_the_history(job):
     events = journal_lines("7", NOW - 100)
     events[0] = dict(events[0], job=job)
     text = "".join(json.dumps(event) + "\n" for event in events).encode()
     with pytest.raises(JournalRefused, match="which is no Slurm job id") as refused:
         parse_journal_bytes(text, named_job="", site="test", now=NOW)
-    assert "\x1b" not in str(refused.value)
+    assert "\x1b" not in str(refused.value) and "\x07" not in str(refused.value)
+
+
+def test_a_job_id_that_is_not_slurms_in_a_journals_name_never_reaches_the_history_or_the_terminal(tmp_path):
+    bad = write_journal(tmp_path / "7\x1b]0;x\x07.jsonl", journal_lines("7", RAN_AT))
+    result, rows = fold_vouched(tmp_path, [bad])
+    assert rows == [] and len(result.refused) == 1
+    assert "\x1b" not in result.refused[0] and "\x07" not in result.refused[0]
+
+
+# ---------------------------------------------------------------- what a journal can add
+
+def amplifying_journal(job: str, t: float, *, steps: int, hostlist: str, detections: int, suspects: list[str]) -> bytes:
+    """A small journal that names many nodes many times: each step on `hostlist` serves all of them,
+    each detection names every one of `suspects`."""
+    events = [{"t": t, "event": "job_start", "job": job, "site": "test", "attempt": 1, "nodes": ["node1"]}]
+    for _ in range(steps):
+        events += [{"t": t, "event": "training_start", "nodes": hostlist, "master_addr": "node1"},
+                   {"t": t, "event": "step_end", "status": 0, "cause": "completed"}]
+    events += [{"t": t, "event": "detection", "kind": "hung", "suspects": suspects, "evidence": "no step",
+                "details": {}, "note": "recorded"}] * detections
+    return "".join(json.dumps(event) + "\n" for event in events).encode()
+
+
+def test_rows_grow_with_the_nodes_a_journal_names_never_with_its_events_times_them():
+    # 10 steps on node[1-65536]: 655,360 served rows before; each node's service is kept once, at its last step
+    text = amplifying_journal("7", NOW - 100, steps=10, hostlist="node[1-65536]", detections=0, suspects=[])
+    assert len(text) < 2048
+    rows = parse_journal_bytes(text, named_job="7", site="test", now=NOW).events
+    assert len(rows) == 65536 and {row.line for row in rows} == {21}
+    # 2,000 detections naming the same 1,000 nodes: each node's strike kept once per kind and family
+    text = amplifying_journal("7", NOW - 100, steps=1, hostlist="node[1-2]", detections=2000,
+                              suspects=[f"node{n}" for n in range(1, 1001)])
+    rows = parse_journal_bytes(text, named_job="7", site="test", now=NOW).events
+    assert len([row for row in rows if row.kind == DETECTION]) == 1000 and len(rows) == 1002
+
+
+def test_a_journal_is_read_only_as_far_as_the_nodes_its_job_held(tmp_path):
+    # job 1 held node[1-2]: a step on node[1-65536] stops the reading at node3, and the fold refuses it
+    path = tmp_path / "1.jsonl"
+    path.write_bytes(amplifying_journal("1", RAN_AT, steps=100, hostlist="node[1-65536]", detections=0, suspects=[]))
+    parsed_journal = parse_journal_bytes(path.read_bytes(), named_job="1", site="test", now=NOW,
+                                         nodes=frozenset({"node1", "node2"}))
+    assert parsed_journal.foreign == "node3" and len(parsed_journal.events) <= 2
+    result, rows = fold_vouched(tmp_path, [path])
+    assert rows == [] and "names node3, never allocated to job 1" in result.refused[0]
+
+
+def test_steps_that_name_more_nodes_than_any_jobs_steps_can_are_refused_before_any_is_expanded():
+    from trainctl.sweep.fleet import STEP_NAMES_MAX
+
+    events = [{"t": NOW - 100, "event": "job_start", "job": "7", "site": "test", "attempt": 1, "nodes": ["n1"]}]
+    for last in range(65536, 65536 - STEP_NAMES_MAX // 65536 - 1, -1):   # each hostlist another
+        events += [{"t": NOW - 100, "event": "training_start", "nodes": f"n[1-{last}]", "master_addr": "n1"},
+                   {"t": NOW - 100, "event": "step_end", "status": 0, "cause": "completed"}]
+    with pytest.raises(JournalRefused, match=f"its steps name more than {STEP_NAMES_MAX} nodes in all"):
+        parsed(events)
+
+
+def test_two_folds_at_once_each_count_only_what_they_added(tmp_path):
+    path = slurm_journal(tmp_path / "1.jsonl", "1", RAN_AT)
+    beside = []
+
+    def ask_while_another_folds(job_ids):   # the other fold commits after this one read the history
+        with History.open(tmp_path / "h.db", write=True) as other:
+            beside.append(fold_journals(other, [str(path)], site="test", now=RAN_AT + DAY, ask=accounting))
+        return accounting(job_ids)
+    result, rows = fold_vouched(tmp_path, [path], ask=ask_while_another_folds)
+    assert (beside[0].folded, beside[0].events) == (1, 2)
+    assert (result.folded, result.events, result.unchanged) == (0, 0, 1) and len(rows) == 2
+
+
+def lemons_site(tmp_path: Path, lemons: Path) -> tuple[Path, dict]:
+    path = slurm_journal(tmp_path / "drop" / "1.jsonl", "1", RAN_AT)
+    write_sacct(tmp_path / "bin", [path])
+    site = site_file(tmp_path, tmp_path / "h.db", journal_dir=str(path.parent), lemons_file=str(lemons))
+    return site, {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="what root writes")
+def test_root_writes_the_lemons_file_only_where_its_directory_is_roots_alone(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    secret = tmp_path / "secret"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    (shared / "lemons.json").symlink_to(secret)        # a user's link at the name
+    os.lchown(shared / "lemons.json", NOBODY, NOBODY)
+    site, env = lemons_site(tmp_path, shared / "lemons.json")
+    out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site)], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 1
+    refusal = [line for line in out.stderr.splitlines() if "lemons.json not written" in line]
+    assert len(refusal) == 1 and "mode 1777" in refusal[0], out.stderr
+    assert secret.read_text() == "root's\n" and oct(secret.stat().st_mode & 0o777) == "0o600"
+    own = tmp_path / "own"
+    own.mkdir(mode=0o755)
+    site, env = lemons_site(tmp_path, own / "lemons.json")
+    out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site)], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0 and json.loads((own / "lemons.json").read_text())["lemons"] == [], out.stderr
+
+
+def test_ingest_into_another_history_leaves_the_sites_lemons_file_alone(tmp_path):
+    lemons = tmp_path / "lemons.json"
+    site, env = lemons_site(tmp_path, lemons)
+    subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site)], capture_output=True, text=True,
+                   timeout=60, env=env, check=True)
+    published = lemons.read_bytes()
+    out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site), "--db", str(tmp_path / "other.db"),
+                          "--json"], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 1 and lemons.read_bytes() == published
+    assert "is not the site's history" in json.loads(out.stdout)["lemons_refused"]
+    assert out.stderr.count("not written") == 1
