@@ -104,7 +104,7 @@ def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float,
     from trainctl.journal_events import Kind
 
     end = data.rfind(b"\n") + 1
-    events = _events(data[:end], now)
+    events = _events(data, now)
     first = next(events, None)
     if first is None:
         raise JournalRefused("no complete event yet")
@@ -134,12 +134,15 @@ def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float,
 
 
 def _events(data: bytes, now: float) -> Iterator[tuple[int, dict]]:
-    """(line number, event) of each complete line, read as they are asked for; JournalRefused at
-    the first that is no journal event, or is from the future."""
+    """(line number, event) of each complete line, read as they are asked for (a last line without
+    its newline is left out); JournalRefused at the first that is no journal event, or is from the future."""
     from trainctl.journal_events import JOURNAL_LINE_MAX_BYTES, parse_event
 
-    # split at b"\n" alone, as the supervisor ends its lines (BytesIO does): the line numbers are the rows' keys
+    # split at b"\n" alone, as the supervisor ends its lines (BytesIO does, without a copy of the
+    # journal): the line numbers are the rows' keys
     for number, raw in enumerate(io.BytesIO(data), start=1):
+        if not raw.endswith(b"\n"):
+            return
         raw = raw[:-1]
         event = parse_event(raw, strict=True) if len(raw) <= JOURNAL_LINE_MAX_BYTES else None
         if event is None or event["t"] < 0:
@@ -168,7 +171,7 @@ class _Verdicts:
         self.foreign = ""                          # the first node named outside `nodes`
         self.named: set[str] = set()               # every node named, each checked once
         self.strikes: list[JobEventRow] = []
-        self.struck: set[tuple[str, str, str]] = set()     # (node, kind, family) kept already
+        self.struck: dict[tuple[str, str], set[str]] = defaultdict(set)   # (node, kind) -> families kept
         self.hostlists: dict[str, list[str]] = {}
         self.expanded = 0                          # names the distinct hostlists count
         self.steps: list[tuple[str, frozenset[str], int, float]] = []   # hostlist, suspects, line, when
@@ -204,14 +207,16 @@ class _Verdicts:
             # detection the watch acted on in this step
             by_watch = (DetectionKind.read(event["detection"]) is not None if "detection" in event else self.stopped)
             if event.get("status") == 0 or by_watch:
+                if self.steps and self.steps[-1][:2] == (self.step_hostlist, frozenset()) and not self.suspects:
+                    self.steps.pop()       # the same nodes served again, all of them: only the last counts
                 self.steps.append((self.step_hostlist, frozenset(self.suspects), line, when))
             self.step_hostlist = ""
         return True
 
     def _named(self, node: str) -> bool:
-        from trainctl.validate import check_node_name
-
         if node not in self.named:
+            from trainctl.validate import check_node_name
+
             check_node_name(node, "node")
             if self.nodes is not None and node not in self.nodes:
                 self.foreign = node
@@ -226,9 +231,10 @@ class _Verdicts:
         for node in nodes:
             if not self._named(node):
                 return False
-            new = {(node, row.kind, family) for family in families(node) or ("",)} - self.struck
-            if new:
-                self.struck |= new
+            kept = self.struck[node, row.kind]
+            new = families(node) or ("",)
+            if not kept.issuperset(new):
+                kept.update(new)
                 self.strikes.append(dataclasses.replace(row, host=node))
         return True
 
@@ -529,8 +535,7 @@ def event_families(kind: str, what: str, detail: str) -> Callable[[str], tuple[s
     elif kind == DETECTION:
         detected = DetectionKind.read(what)
         if detected is not None:
-            by_node = DETECTION_FAMILIES[detected](detail)
-            return lambda host: _joined(by_node(host))
+            return DETECTION_FAMILIES[detected](detail)
         found = []
     elif kind == SWEEP_FAILED:
         found = [check_families(check, text) for check, text in _segments(_CHECK_AT, detail)]
@@ -545,22 +550,23 @@ def _joined(found: list[tuple[str, ...]]) -> tuple[str, ...]:
     return tuple(sorted({family for families in found for family in families})) if found else (OTHER,)
 
 
-def _slow_families(evidence: str) -> Callable[[str], list[tuple[str, ...]]]:
-    found = [(LINK,) if LINK_WAIT_RULE in evidence else (COMPUTE,) if OWN_TIME_RULE in evidence else (OTHER,)]
-    return lambda host: found
+def _slow_families(evidence: str) -> Callable[[str], tuple[str, ...]]:
+    families = (LINK,) if LINK_WAIT_RULE in evidence else (COMPUTE,) if OWN_TIME_RULE in evidence else (OTHER,)
+    return lambda host: families
 
 
-def _sick_families(evidence: str) -> Callable[[str], list[tuple[str, ...]]]:
+def _sick_families(evidence: str) -> Callable[[str], tuple[str, ...]]:
     by_node: dict[str, list[tuple[str, ...]]] = defaultdict(list)
     for node, check, text in _segments(_NODE_CHECK_AT, evidence):
         by_node[node].append(check_families(check, text))
-    return lambda host: by_node.get(host, [])
+    joined = {node: _joined(found) for node, found in by_node.items()}
+    return lambda host: joined.get(host, (OTHER,))
 
 
-# Each detection kind's families, from what the history keeps of it (its kind and evidence): for
-# each node, one tuple per cause
-DETECTION_FAMILIES: Mapping[DetectionKind, Callable[[str], Callable[[str], list[tuple[str, ...]]]]] = {
-    DetectionKind.HUNG: lambda evidence: lambda host: [(HANG,)],
+# Each detection kind's families, from what the history keeps of it (its kind and evidence): the
+# families of each node it names
+DETECTION_FAMILIES: Mapping[DetectionKind, Callable[[str], Callable[[str], tuple[str, ...]]]] = {
+    DetectionKind.HUNG: lambda evidence: lambda host: (HANG,),
     DetectionKind.SLOW: _slow_families,
     DetectionKind.SICK: _sick_families,
 }
