@@ -163,18 +163,27 @@ def describe(event: dict) -> str:
 
 
 def weighed_line(event: dict) -> str:
-    """A slowdown nobody was named for, and why the watch stopped for the gate or let training go on."""
+    """A slowdown nobody was named for, and why the watch stopped for the gate, waits, or let training go on."""
     def seconds(key: str) -> str:
         value = event.get(key)
         return f"{value:.0f} s" if isinstance(value, (int, float)) else "?"
-    gate = event.get("action") == "gate"
+    action = event.get("action")
+    if action == "passed":
+        return (f"watch: the slowdown nobody was named for passed {event.get('evidence', '')}, "
+                "less than a restart's price: training goes on")
     factor = event.get("pay_factor")
     factor = f"{factor:g}" if isinstance(factor, (int, float)) else "?"
-    return (f"watch: {event.get('kind', 'slow')}, no node named: {event.get('evidence', '')}; "
-            f"{'stopped for the gate' if gate else 'training goes on'}: gain {seconds('gain_s')} over "
-            f"{seconds('left_s')} left ({event.get('left_basis', '?')}) {'>' if gate else 'not >'} {factor} x price "
-            f"{seconds('price_s')} (restart {seconds('restart_s')}, {event.get('restart_basis', '?')}; "
-            f"{seconds('lost_work_s')} of work since the last checkpoint)")
+    head = f"watch: {event.get('kind', 'slow')}, no node named: {event.get('evidence', '')}; "
+    price = (f"price {seconds('price_s')} (restart {seconds('restart_s')}, {event.get('restart_basis', '?')}; "
+             f"{seconds('lost_work_s')} of work since the last checkpoint)")
+    gain = f"gain {seconds('gain_s')} over {seconds('left_s')} left ({event.get('left_basis', '?')})"
+    if action == "gate":
+        return (f"{head}stopped for the gate: {gain} > {factor} x {price}, and the slowdown has cost "
+                f"{seconds('paid_s')} of training, at least the price")
+    if action == "wait":
+        return (f"{head}training goes on for now: {gain} > {factor} x {price}; the watch stops for the gate "
+                "only once the slowdown has cost the price itself (a phase that passes costs less)")
+    return f"{head}training goes on: {gain} not > {factor} x {price}"
 
 
 def own_time_lines(event: dict) -> list[str]:

@@ -27,8 +27,8 @@ from typing import Literal, Mapping, NamedTuple, Union
 from trainctl.detections import RULES, DetectionKind, HungDetails
 from trainctl.job.journal import weighed_line
 from trainctl.job.jobdir import AGENT_LOG_PATTERN, GATE_LOG_PATTERN, SENTINEL_LOG, SENTINEL_OUT, Kind
-from trainctl.job.watch import (Detection, NodeReading, WatchLimits, WatchState, confirm, observe, silent_nodes,
-                                start as start_watch, weigh)
+from trainctl.job.watch import (Detection, NodeReading, SlowRent, WatchLimits, WatchState, confirm, observe,
+                                silent_nodes, start as start_watch, still_slow, weigh)
 from trainctl.launcher.plan import RANK_OUTPUT, JobPlan
 from trainctl.slurm import fold_hostlist
 from trainctl.validate import SLURM_SIGNAL
@@ -355,6 +355,16 @@ def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobSta
     effects += [Journal(Kind.AGENT_SILENT, {"node": node, "note": "training goes on: not a detection"})
                 for node in seen.silent_while_progressing]
     detection = seen.detection
+    rent = state.watch.rent
+    unnamed = detection is None or (RULES[detection.kind].unnamed == "weigh" and not detection.suspects)
+    if rent and unnamed:   # measured against its first baseline, which the rolling one may have caught up with
+        detection = still_slow(watch.limits, state.watch, event.t) or detection
+        if detection is None:        # it passed before it cost a restart's price
+            state = replace(state, watch=replace(state.watch, rent=None))
+            passed = {"kind": rent.detection.kind.value, "action": "passed", "paid_s": round(rent.paid_s, 1),
+                      "evidence": f"after {event.t - rent.since_t:.0f} s, having cost {rent.paid_s:.0f} s "
+                                  "of training"}
+            effects += [Journal(Kind.WEIGHED, passed), Say(f"trainctl: {weighed_line(passed)}")]
     if detection is None:
         return state, (*effects, WaitStep(poll=True))
     return on_detection(facts, state, event, detection, effects)
@@ -379,13 +389,20 @@ def on_detection(facts: JobFacts, state: JobState, event: Polled, detection: Det
                  Say(f"trainctl: watch: {detection.kind}: {detection.evidence} ({note})"), WaitStep(poll=True)))
     if rules.unnamed == "weigh" and not detection.suspects:
         # nobody is named: stopping for the gate is a bet, taken only where it pays several times over
+        rent = state.watch.rent
         weighed = weigh(detection, event.t, watch.pay_factor, state.restart_s, watch.restart_cost_s,
                         max(event.saved_t or 0.0, state.watch.started_t), watch.end_t,
-                        event.t - (state.trained_since or state.watch.started_t))
+                        event.t - (state.trained_since or state.watch.started_t), rent)
         fields = {key: value for key, value in detection.journal_fields().items() if key != "suspects"}
         fields.update(weighed.fields())
+        if weighed.action == "wait":   # journaled once: the poll it passes, or the one it pays, says the rest
+            waiting = (rent._replace(last_t=event.t, paid_s=weighed.paid_s) if rent
+                       else SlowRent(event.t, event.t, 0.0, detection))
+            journal = [Journal(Kind.WEIGHED, fields), Say(f"trainctl: {weighed_line(fields)}")] if rent is None else []
+            return replace(state, watch=replace(state.watch, rent=waiting)), (*effects, *journal, WaitStep(poll=True))
         effects += [Journal(Kind.WEIGHED, fields), Say(f"trainctl: {weighed_line(fields)}")]
-        if not weighed.act:   # the slower step time is the new normal: the same slowdown is not weighed again
+        state = replace(state, watch=replace(state.watch, rent=None))
+        if weighed.action == "go on":   # the slower step time is the new normal: the same slowdown is not weighed again
             accepted = weighed.step_s
             return (replace(state, accepted_step_s=accepted, watch=replace(state.watch, accepted_step_s=accepted)),
                     (*effects, WaitStep(poll=True)))

@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Mapping, NamedTuple
+from typing import Literal, Mapping, NamedTuple
 
 from trainctl.detections import (LINK_WAIT, OWN_TIME, RULES, Details, DetectionKind, FailedCheck, HungDetails,
                                   SickDetails, SlowDetails)
@@ -121,6 +121,18 @@ class LinkSample(NamedTuple):            # a tuple of untracked values: the coll
     links: tuple[LinkReading, ...]       # cumulative counts
 
 
+class SlowRent(NamedTuple):
+    """A slowdown nobody is named for whose gate would pay, not yet acted on: it must first cost the
+    training as much as a restart would (the ski-rental rule), so a phase that passes (an
+    evaluation, a save, a stall) never costs a restart. It lasts while the step time stays above
+    the slow factor x the baseline it was first judged against, though the rolling baseline
+    catches up with it."""
+    since_t: float                       # its first weighing
+    last_t: float                        # its last weighing
+    paid_s: float                        # the training time it has cost since its first weighing
+    detection: "Detection"               # as first detected: its baseline stays the measure
+
+
 class OwnSample(NamedTuple):             # a tuple of numbers: Python's collector stops tracking it
     t: float
     cpu_s: float                         # a rank's main thread on a CPU, per step since the node's last sample
@@ -157,6 +169,7 @@ class WatchState:
     # node -> its agent's readings of its links, over the baseline and slow windows only
     links: Mapping[str, tuple[LinkSample, ...]] = field(default_factory=dict)
     links_due: float = 0.0               # when the next link samples are taken
+    rent: SlowRent | None = None         # a slowdown waiting to cost a restart's price first
 
 
 @dataclass(frozen=True)
@@ -440,14 +453,33 @@ def step_median(samples: list[Sample]) -> float:
     return ordered[-1][0]
 
 
+def recent_step_s(limits: WatchLimits, state: WatchState, now: float) -> float | None:
+    """The job's step time over the slow window (None: too few polls with steps in it)."""
+    recent = [s for s in state.samples if s.t > now - limits.slow_window_s]
+    return step_median(recent) if _polls(recent) >= MIN_RECENT_SAMPLES else None
+
+
+def still_slow(limits: WatchLimits, state: WatchState, now: float) -> Detection | None:
+    """The slowdown waiting in `state.rent`, measured again against the baseline it was first judged
+    against, while it lasts (None: it passed); the rent unchanged when no poll had steps."""
+    rent = state.rent
+    current = recent_step_s(limits, state, now)
+    if rent is None or current is None:
+        return rent.detection if rent else None
+    first = rent.detection.details
+    if not isinstance(first, SlowDetails) or current <= limits.slow_factor * first.baseline_s:
+        return None
+    return replace(rent.detection, details=replace(first, step_s=current))
+
+
 def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | None) -> Detection | None:
     if baseline is None:
         return None
-    recent = [s for s in state.samples if s.t > now - limits.slow_window_s]
-    if _polls(recent) < MIN_RECENT_SAMPLES:
+    current = recent_step_s(limits, state, now)
+    if current is None:
         return None
+    recent_polls = _polls([s for s in state.samples if s.t > now - limits.slow_window_s])
     normal = max(baseline, state.accepted_step_s)
-    current = step_median(recent)
     if current <= limits.slow_factor * normal:
         return None
     evidence = (f"step time {current:.3g} s over the last {limits.slow_window_s:g} s, "
@@ -469,7 +501,7 @@ def _slow(limits: WatchLimits, state: WatchState, now: float, baseline: float | 
     if ratios:
         evidence += "; " + _compute_note(limits, ratios)
     return Detection(DetectionKind.SLOW, suspects, evidence,
-                     SlowDetails(current, normal, _polls(recent), named_by, tuple(own_fields), tuple(link_fields),
+                     SlowDetails(current, normal, recent_polls, named_by, tuple(own_fields), tuple(link_fields),
                                  ratios))
 
 
@@ -715,9 +747,12 @@ def _hung(state: WatchState, readings: Mapping[str, NodeReading | None], silent:
 class Weighing:
     """Whether to stop a job for a slowdown no evidence pins on a node, so the gate can look:
     the price is what a restart costs (its own time, and the work since the last checkpoint),
-    the gain the time the slowdown would cost over the time left, were the gate to remove it."""
+    the gain the time the slowdown would cost over the time left, were the gate to remove it. A
+    gain that pays still waits until the slowdown has cost the price itself: stopping at once
+    would pay a restart for a slowdown that may pass on its own (a phase); waiting until then
+    costs at most twice what the best choice in hindsight would (the ski-rental rule)."""
 
-    act: bool
+    action: Literal["gate", "wait", "go on"]
     gain_s: float
     price_s: float
     restart_s: float
@@ -728,22 +763,25 @@ class Weighing:
     pay_factor: float
     step_s: float
     baseline_s: float
+    paid_s: float                        # the training time the slowdown has cost since it was first weighed
 
     def fields(self) -> dict:
         """The journal's `weighed` event."""
-        return {"action": "gate" if self.act else "go on", "gain_s": round(self.gain_s, 1),
+        return {"action": self.action, "gain_s": round(self.gain_s, 1),
                 "price_s": round(self.price_s, 1), "restart_s": round(self.restart_s, 1),
                 "restart_basis": self.restart_basis, "lost_work_s": round(self.lost_work_s, 1),
                 "left_s": round(self.left_s, 1), "left_basis": self.left_basis, "pay_factor": self.pay_factor,
-                "step_s": round(self.step_s, 4), "baseline_s": round(self.baseline_s, 4)}
+                "step_s": round(self.step_s, 4), "baseline_s": round(self.baseline_s, 4),
+                "paid_s": round(self.paid_s, 1)}
 
 
 def weigh(detection: Detection, now: float, pay_factor: float, restart_s: float | None, default_restart_s: float,
-          saved_t: float, end_t: float | None, trained_s: float) -> Weighing:
+          saved_t: float, end_t: float | None, trained_s: float, rent: SlowRent | None) -> Weighing:
     """`restart_s`: the job's last restart, from the stop decision to its first step again (None:
     none yet, the site's `default_restart_s`); `saved_t`: the last checkpoint seen, else the
     training step's start; `end_t`: the allocation's end (None: unknown, the job's own elapsed
-    training time `trained_s` stands in for the time left)."""
+    training time `trained_s` stands in for the time left); `rent`: the same slowdown's earlier
+    weighing, if it waited."""
     details = detection.details
     step_s, baseline_s = (details.step_s, details.baseline_s) if isinstance(details, SlowDetails) else (0.0, 0.0)
     restart, restart_basis = (restart_s, "measured") if restart_s is not None else (default_restart_s, "site default")
@@ -752,7 +790,11 @@ def weigh(detection: Detection, now: float, pay_factor: float, restart_s: float 
         left, left_basis = max(0.0, end_t - now), "to the allocation's end"
     else:
         left, left_basis = max(0.0, trained_s), "the training so far: the allocation's end is unknown"
-    gain = (step_s - baseline_s) / step_s * left if step_s > 0 else 0.0
+    slowed = (step_s - baseline_s) / step_s if step_s > 0 else 0.0   # the share of each second it costs
+    gain = slowed * left
     price = restart + lost
-    return Weighing(gain > pay_factor * price, gain, price, restart, restart_basis, lost, left, left_basis,
-                    pay_factor, step_s, baseline_s)
+    paid = rent.paid_s + slowed * max(0.0, now - rent.last_t) if rent else 0.0
+    # pay_factor 0: the site stops for the gate on any slowdown at once
+    action = "go on" if gain <= pay_factor * price else "gate" if paid >= price or pay_factor == 0 else "wait"
+    return Weighing(action, gain, price, restart, restart_basis, lost, left, left_basis, pay_factor, step_s,
+                    baseline_s, paid)

@@ -234,13 +234,14 @@ def test_a_hung_node_gets_the_others_stacks_and_is_named_by_its_silent_agent():
 
 
 def slowing(job, state, times, saved_t=None):
-    """0.5 s a step for 60 s from 1000, then 1.0 s a step; Polled until the phase changes.
-    Returns (state, every effect)."""
+    """0.5 s a step for 60 s from 1000, then 1.0 s a step; Polled until the phase changes. `saved_t`:
+    the last checkpoint seen (a number, or a function of the poll's time). Returns (state, every effect)."""
     seen = []
     for t in times:
         steps = int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0))
+        saved = saved_t(t) if callable(saved_t) else saved_t
         state, effects = feed(job, state, machine.Polled(t, {node: reading(node, t, steps, 0.5, (), t - 1000.0)
-                                                             for node in ("node1", "node2")}, saved_t))
+                                                             for node in ("node1", "node2")}, saved))
         seen += effects
         if state.phase != "train":
             break
@@ -286,13 +287,23 @@ def test_without_the_allocations_end_the_elapsed_training_stands_in_for_the_time
     assert decision.fields["lost_work_s"] == decision.fields["left_s"]
 
 
-def test_a_slowdown_worth_the_gate_stops_for_it_and_one_the_gate_does_not_localise_is_the_new_normal():
+def every_30_s(t):
+    """A program that saves every 30 s."""
+    return t - t % 30.0
+
+
+def test_a_slowdown_worth_the_gate_stops_for_it_once_it_cost_a_restarts_price():
     job = facts(release=False, restarts=1, watch=replace(WATCH, end_t=1000.0 + 10 * 86400.0))
     state, _ = training(job)
-    state, effects = slowing(job, state, [1001.0 + i for i in range(90)], saved_t=1060.0)
+    state, effects = slowing(job, state, [1001.0 + i for i in range(2000)], saved_t=every_30_s)
     assert state.phase == "stopping" and state.detection.kind == "slow" and state.detection.suspects == ()
-    [decision] = weighed(effects)
+    # weighed twice: when the gate first would pay (training goes on), and when the slowdown has cost its price
+    wait, decision = weighed(effects)
+    assert wait.fields["action"] == "wait" and wait.fields["paid_s"] == 0.0
+    assert wait.fields["gain_s"] > 3 * wait.fields["price_s"]
     assert decision.fields["action"] == "gate" and decision.fields["gain_s"] > 3 * decision.fields["price_s"]
+    assert decision.fields["paid_s"] >= decision.fields["price_s"] >= 600.0
+    assert decision.fields["step_s"] > 1.5 * decision.fields["baseline_s"]   # still judged against the first baseline
     assert effects[-2:] == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
     stopped_t = state.stopped_t
     state, effects = feed(job, state, machine.StepStopped(143))
@@ -315,12 +326,35 @@ def test_a_slowdown_worth_the_gate_stops_for_it_and_one_the_gate_does_not_locali
 def test_a_measured_restart_prices_the_next_slowdown():
     job = facts(release=False, restarts=3, watch=replace(WATCH, end_t=1065.0 + 1800.0))
     state, _ = training(job)
-    cheap, effects = slowing(job, replace(state, restart_s=60.0), [1001.0 + i for i in range(90)], saved_t=1060.0)
-    [decision] = weighed(effects)
+    cheap, effects = slowing(job, replace(state, restart_s=60.0), [1001.0 + i for i in range(400)],
+                             saved_t=every_30_s)
+    decision = weighed(effects)[-1]
     assert decision.fields["restart_basis"] == "measured" and decision.fields["restart_s"] == 60.0
     assert decision.fields["action"] == "gate" and cheap.phase == "stopping"
-    dear, effects = slowing(job, state, [1001.0 + i for i in range(90)], saved_t=1060.0)
+    dear, effects = slowing(job, state, [1001.0 + i for i in range(90)], saved_t=every_30_s)
     assert weighed(effects)[0].fields["action"] == "go on" and dear.phase == "train"
+
+
+def test_a_slowdown_that_passes_before_it_costs_a_restarts_price_stops_nothing_and_sets_no_new_normal():
+    # the gate would pay (a cheap restart, a long allocation), but the slowdown is a 40 s phase
+    job = facts(release=False, restarts=3, watch=replace(WATCH, end_t=1000.0 + 86400.0))
+    state, _ = training(job)
+    state = replace(state, restart_s=60.0)
+    state, effects = slowing(job, state, [1001.0 + i for i in range(100)], saved_t=every_30_s)
+    assert state.phase == "train" and state.watch.rent is not None
+    [wait] = weighed(effects)
+    assert wait.fields["action"] == "wait"
+    assert "training goes on for now" in [e for e in effects if isinstance(e, machine.Say)][0].line
+    steps = 2 * 60 + 40
+    for t in [1101.0 + i for i in range(30)]:   # 0.5 s a step again
+        steps += 2
+        state, more = feed(job, state, machine.Polled(t, {node: reading(node, t, steps, 0.5, (), t - 1000.0)
+                                                          for node in ("node1", "node2")}, every_30_s(t)))
+        effects += more
+    assert state.phase == "train" and state.watch.rent is None and state.accepted_step_s == 0.0
+    passed = weighed(effects)[-1].fields
+    assert passed["action"] == "passed" and 0.0 < passed["paid_s"] < 60.0
+    assert not any(isinstance(e, (machine.StopStep, machine.AskForCheckpoint)) for e in effects)
 
 
 def test_a_slowdown_after_the_last_restart_is_noted_and_training_goes_on():

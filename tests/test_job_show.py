@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from support.replay import LIBRARY, write_replay
+from support.sites import site_variant
 from support.slurm_jobs import submit, wait_for_job
 from trainctl.errors import ExternalCommandError
 from trainctl.job.show import LocalFiles, RankLog, fold_numbers, fold_tails, last_lines
@@ -106,7 +107,10 @@ def test_job_show_points_at_the_rank_that_hung_here_and_over_ssh(devcluster, tmp
     staged = [write_replay(devcluster.node_bin_dir(node), "nvidia-smi", {"nvlink -s": HEALTHY_NVLINK})
               for node in devcluster.spec.node_names]
     try:
-        result = submit(devcluster, tmp_path, "--site", "local-demo", "--nodes", "4", "--", str(program))
+        # all 4 nodes must train and there is no spare: the fabric test judges the wire only on a
+        # gross fault here, so a dev cluster sharing its cores with other work cannot fail the gate
+        site = site_variant(tmp_path, "local-demo", {"gate.straggler_factor": 0.05})
+        result = submit(devcluster, tmp_path, "--site", str(site), "--nodes", "4", "--", str(program))
         assert result.returncode == 0, result.stderr
         job_id = result.stdout.strip().splitlines()[-1]
         gate_dir = tmp_path / f"trainctl-gate-{job_id}"

@@ -325,7 +325,7 @@ def summarise(events: list[dict], victim: str, fault_t: float) -> dict:
         # the training steps the watch ended; the slowdowns it weighed and let go
         "stops": sum(1 for d in detections if not d.get("note")),
         "first_suspects": detections[0]["suspects"] if detections else [],   # named by the detection itself
-        "let_go": sum(1 for e in events if e["event"] == "weighed" and e.get("action") == "go on"),
+        "let_go": sum(1 for e in events if e["event"] == "weighed" and e.get("action") in ("go on", "passed")),
         "detections": [(d["kind"], confirmed(d)) for d in detections],
         "evidence": [d["evidence"] for d in detections],
         "named": named,

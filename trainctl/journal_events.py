@@ -154,7 +154,7 @@ EVENT_FIELDS: Mapping[Kind, Mapping[str, str]] = {
     Kind.WEIGHED: {"kind": "str", "evidence": "str", "details": "object", "action": "str", "gain_s": "time",
                    "price_s": "time", "restart_s": "time", "restart_basis": "str", "lost_work_s": "time",
                    "left_s": "time", "left_basis": "str", "pay_factor": "time", "step_s": "time",
-                   "baseline_s": "time"},
+                   "baseline_s": "time", "paid_s": "time"},
     Kind.AGENT_SILENT: {"node": "str", "note": "str"},
     Kind.STACKS: {"files": "names"},
     Kind.CHECKPOINT_REQUEST: {"signal": "any", "listening": "any", "refused": "str", "saved": "any"},

@@ -235,7 +235,9 @@ class WatchConfig:
     pay_factor: float = doc(
         "a slowdown no evidence pins on a node stops the job for the gate only when the time it would save "
         "over the time left exceeds this many times the restart's price (its measured restart, else "
-        "restart_cost_s, plus the work since the last checkpoint); otherwise training goes on", 3.0)
+        "restart_cost_s, plus the work since the last checkpoint), and then once the slowdown has cost the "
+        "training that price itself (a phase that passes first stops nothing); otherwise training goes on; "
+        "0: stop for the gate at once on any such slowdown", 3.0)
     restart_cost_s: float = doc(
         "a restart's time, from the decision to stop to the first step again, for a job that has not "
         "restarted yet (set it high: a job's own restart replaces it once measured)", 600.0)
