@@ -88,10 +88,10 @@ def generate(path: Path, nodes: int, sweeps: int, seed: int = 7) -> dict:
     return {"checks": len(checks), "result_rows": result_rows, "bytes": path.stat().st_size}
 
 
-def run_measured(argv: list[str]) -> tuple[float, float]:
+def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one command, its own rusage (os.wait4), output discarded."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)

@@ -6,6 +6,7 @@ Each command imports what it needs when it runs, so `trainctl --help` stays Clic
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -169,21 +170,53 @@ def sweep(site, partition, hostlist, via, fabric, fanout, timeout_s, exit_zero, 
 # ---------------------------------------------------------------- history
 
 def _fold(history, config, paths: tuple[str, ...]):
-    """Fold the site's journal directory (and `paths`) into the open history; progress to stderr."""
+    """Fold the site's journal directory (and `paths`) into the open history, then rewrite its lemons
+    file; progress to stderr. The fold's result, and why the lemons file was not written ("" if it was)."""
     from trainctl.sweep.fleet import fold_journals, journal_paths
 
     now = time.time()
     keep_after = now - config.sweep.keep_days * DAY_S if config.sweep.keep_days > 0 else 0.0
     found = journal_paths(config.fleet.journal_dir, paths)
-    result = fold_journals(history, found, site=config.name, now=now, keep_after=keep_after, say=_progress)
+    result = fold_journals(history, found, site=config.name, now=now, keep_after=keep_after, say=_progress,
+                           unverified_journals=config.fleet.unverified_journals)
     _progress(f"history: folded in {result.folded} job journal(s) ({result.events} node verdicts), "
               f"{result.unchanged} unchanged, {len(result.refused)} refused")
-    if config.fleet.lemons_file:
-        from trainctl.sweep.fleet import publish_lemons
+    if result.uncounted:
+        _progress(f"history: {result.uncounted} job journal(s) not counted: no Slurm accounting to vouch for their "
+                  f"jobs ({result.no_accounting}); [fleet] unverified_journals = true counts them on weaker checks")
+    elif result.no_accounting:
+        _progress(f"history: Slurm's accounting did not answer ({result.no_accounting}): {result.unverified} "
+                  "journal(s) folded in unverified, checked only by their file's owner and the nodes the history "
+                  "knows ([fleet] unverified_journals)")
+    return result, _publish(history, config, now)
 
-        count = publish_lemons(history, config, now)
-        _progress(f"history: {count} lemon(s) written to {config.fleet.lemons_file}")
-    return result
+
+def _publish(history, config, now: float) -> str:
+    """Rewrite the site's lemons file from the history; why not, in one line, where it was not."""
+    from trainctl.errors import UsageError
+    from trainctl.sweep.fleet import publish_lemons
+
+    if not config.fleet.lemons_file:
+        return ""
+    if not _same_file(history.path, _db(None, config)):
+        why = (f"lemons file {config.fleet.lemons_file} not written: {history.path} is not the site's history "
+               f"([sweep] db {config.sweep.db}), whose lemons it holds")
+    else:
+        try:
+            count = publish_lemons(history, config, now)
+            _progress(f"history: {count} lemon(s) written to {config.fleet.lemons_file}")
+            return ""
+        except UsageError as exc:
+            why = str(exc)
+    _progress(f"history: {why}")
+    return why
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(path, other)
+    except OSError:
+        return False
 
 
 @click.group("history")
@@ -202,7 +235,7 @@ def history_ingest(site, paths, db_path, as_json):
     A PATH is a journal, a directory of journals (*.jsonl), or a directory of job directories
     (trainctl-gate-*/journal.jsonl, e.g. a submit directory). A journal folded in before adds
     nothing; one that is damaged, from another site or from the future is refused with one
-    line. Exit code: 0, or 1 if any journal was refused.
+    line. Exit code: 0, or 1 if any journal was refused or the lemons file was not written.
     """
     from trainctl.errors import UsageError
     from trainctl.sweep.db import History
@@ -213,11 +246,13 @@ def history_ingest(site, paths, db_path, as_json):
     from trainctl.sweep.db import FLEET_TABLES
 
     with History.open(_db(db_path, config), write=True, judged=FLEET_TABLES) as opened:
-        result = _fold(opened, config, paths)
+        result, lemons_refused = _fold(opened, config, paths)
     if as_json:
         click.echo(json.dumps({"db": str(opened.path), "folded": result.folded, "events": result.events,
-                               "unchanged": result.unchanged, "refused": result.refused}, indent=1))
-    return 1 if result.refused else 0
+                               "unchanged": result.unchanged, "refused": result.refused,
+                               "unverified": result.unverified, "uncounted": result.uncounted,
+                               "no_accounting": result.no_accounting, "lemons_refused": lemons_refused}, indent=1))
+    return 1 if result.refused or lemons_refused else 0
 
 
 # ---------------------------------------------------------------- report

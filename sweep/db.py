@@ -30,6 +30,7 @@ import stat
 import tempfile
 import urllib.parse
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import TrainctlError, UsageError
@@ -155,6 +156,13 @@ FROM nodes n JOIN (SELECT host, MAX(sweep_id) AS sid FROM nodes WHERE sweep_id >
                    GROUP BY host) latest
 ON n.host = latest.host AND n.sweep_id = latest.sid
 """
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What one `History.record_jobs` added: the jobs it wrote, and its new event rows."""
+    jobs: tuple[str, ...]
+    events: int
 
 
 class History:
@@ -452,22 +460,36 @@ class History:
                           "FROM jobs")
         return {row[0]: job_row(self.path, row) for row in rows}
 
-    def record_jobs(self, jobs: Iterable[tuple[JobRow, list[JobEventRow]]]) -> None:
+    def record_jobs(self, jobs: list[tuple[JobRow, list[JobEventRow]]]) -> Recorded:
         """Jobs and their events in one transaction; an event already there (same job, line and
-        host) is kept as it was, so folding a journal twice adds nothing."""
-        job_rows, event_rows = [], []
-        for job, events in jobs:
-            job_rows.append((job.job_id, job.site, job.started_at, job.ended_at, job.status, job.source, job.lines,
-                             job.size, job.ingested_at))
+        host) is kept as it was, so folding a journal twice adds nothing. A job that a fold beside
+        this one recorded first, as far (as many lines), is left as it was; what this call added is
+        returned, so two folds at once each count only their own."""
+        for _, events in jobs:
             for event in events:
                 check_node_name(event.host, "host")
-                event_rows.append((event.job_id, event.line, event.host, event.kind, event.at, event.what,
-                                   event.detail))
         with self.transaction():
+            ids = [job.job_id for job, _ in jobs]
+            have = dict(self._rows(f"SELECT job_id, lines FROM jobs WHERE job_id IN ({', '.join('?' * len(ids))})",
+                                   ids))
+            jobs = [(job, events) for job, events in jobs if not have.get(job.job_id, -1) >= job.lines]
             self._execute("INSERT OR REPLACE INTO jobs (job_id, site, started_at, ended_at, status, source, lines, "
-                          "size, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", job_rows, many=True)
+                          "size, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                          [(job.job_id, job.site, job.started_at, job.ended_at, job.status, job.source, job.lines,
+                            job.size, job.ingested_at) for job, _ in jobs], many=True)
+            before = self._conn.total_changes
             self._execute("INSERT OR IGNORE INTO job_events (job_id, line, host, kind, at, what, detail) "
-                          "VALUES (?, ?, ?, ?, ?, ?, ?)", event_rows, many=True)
+                          "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          ((e.job_id, e.line, e.host, e.kind, e.at, e.what, e.detail) for _, events in jobs
+                           for e in events), many=True)
+            added = self._conn.total_changes - before
+        return Recorded(tuple(job.job_id for job, _ in jobs), added)
+
+    def known_hosts(self) -> set[str]:
+        """Every node a sweep recorded or a job's verdict named: the nodes the history knows."""
+        rows = self._rows("SELECT host FROM nodes UNION SELECT host FROM job_events" if self.version >= FLEET_VERSION
+                          else "SELECT DISTINCT host FROM nodes")
+        return {node_name_of(self.path, host) for (host,) in rows}
 
     def job_counts(self, since: float) -> list[tuple[str, str, int, int]]:
         """(host, kind, distinct jobs, events) of the job events from `since` on."""

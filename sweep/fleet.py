@@ -8,6 +8,10 @@ it names, keyed by (job id, journal line, node), so a journal folded twice, or t
 it, add nothing. A journal that is damaged, from another site, from the future, or shorter
 than when it was folded in is refused with one line and changes nothing.
 
+Slurm vouches for every journal before it adds anything (`vouch`): its job ran, its file is the
+job's user's, it names only nodes the job held, at times the job ran, by Slurm's accounting (sacct,
+asked in batches). A journal it does not vouch for adds nothing and is refused with one line.
+
 A journal is read by the journal's own readers (`trainctl.journal_events`): its bytes by
 `read_journal_bytes` (a regular file only, never blocking, capped; in the directory it was found
 in, never through a link out of it: the drop directory is everyone's), its lines split by
@@ -25,26 +29,38 @@ last strike of that family.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import errno
 import glob
+import itertools
 import os
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainctl.detections import DetectionKind
 from trainctl.health.xid_catalog import GPU, GPU_MEMORY, GPU_RESET, NVLINK, xid_info
 from trainctl.jobdir_names import DIR_PREFIX, JobPaths
 from trainctl.sweep.model import JobEventRow, JobRow
+from trainctl.text import printable
+from trainctl.validate import JOB_ID, MAX_NODES
+
+if TYPE_CHECKING:
+    from trainctl.slurm import AccountedJob
 
 JOURNAL_SUFFIX = ".jsonl"
 LEMONS_FILE_MAX_BYTES = 64 << 20  # a host and its jobs a lemon: far below for any fleet
 FUTURE_SLACK_S = 300.0            # clocks of the batch hosts and the sweep host may differ this much
 FOLD_BATCH_JOBS = 500             # jobs per transaction: the write lock is held for milliseconds
 WHAT_MAX, DETAIL_MAX = 200, 1000  # characters kept of an exclusion's checks and reasons, a detection's evidence
+# What a journal's steps may name in all, each distinct hostlist counted once: a job's steps run on
+# its allocation (at most MAX_NODES, Slurm's host range limit), again after each restart
+# ([watch] max_restarts, 3 by default) on what is left of it.
+STEP_NAMES_MAX = 4 * MAX_NODES
 EXCLUSION, DETECTION, SERVED, SWEEP_FAILED = "exclusion", "detection", "served", "sweep"
 
 
@@ -62,6 +78,7 @@ class ParsedJournal:
     lines: int                         # complete lines
     size: int                          # their bytes
     events: tuple[JobEventRow, ...]
+    foreign: str = ""                  # the first node named outside the nodes it may name: read no further
 
 
 # ------------------------------------------------------------------ parse (pure)
@@ -75,93 +92,188 @@ def job_id_from_path(path: str) -> str:
     return p.name[:-len(JOURNAL_SUFFIX)] if p.name.endswith(JOURNAL_SUFFIX) else ""
 
 
-def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float) -> ParsedJournal:
+def parse_journal_bytes(data: bytes, *, named_job: str, site: str, now: float,
+                        nodes: AbstractSet[str] | None = None) -> ParsedJournal:
     """The verdicts of one journal; JournalRefused for anything trainctl's supervisor never writes.
 
     Each line is read by the journal's typed reader (`journal_events.parse_event`, strict: a field
-    of another type than its kind's refuses the journal rather than losing the field). Only
-    complete lines count: a last line without its newline is being written (or was cut) and is
-    left for the next fold."""
+    of another type than its kind's refuses the journal rather than losing the field), one at a
+    time: only the rows are kept, and they are bounded by the nodes the journal names (`_Verdicts`).
+    `nodes`, where given, are the only nodes it may name (its job's allocation): reading stops at
+    the first other one, which `ParsedJournal.foreign` names. Only complete lines count: a last
+    line without its newline is being written (or was cut) and is left for the next fold."""
     from trainctl.errors import UsageError
-    from trainctl.journal_events import Kind, journal_lines, parse_event
-    from trainctl.validate import check_node_name
+    from trainctl.journal_events import Kind
 
     end = data.rfind(b"\n") + 1
-    events: list[tuple[int, dict]] = []
-    # split by the journal's one rule (at b"\n" alone, as the supervisor ends its lines): the line
-    # numbers are the rows' keys
-    for number, raw in enumerate(journal_lines(data[:end]), start=1):
+    events = _events(data, now)
+    first = next(events, None)
+    if first is None:
+        raise JournalRefused("no complete event yet")
+    if first[1]["event"] != Kind.JOB_START:
+        raise JournalRefused("does not begin with job_start: cut at its head, or not a job's journal")
+    job_id = first[1].get("job", named_job)     # a journal from before job_start named its job: its file's name
+    if not job_id or (named_job and job_id != named_job):
+        raise JournalRefused(f"names job {printable(repr(job_id[:40]))}, but its file is job "
+                             f"{printable(repr(named_job[:40]))}'s")
+    if not JOB_ID.fullmatch(job_id):    # the id reaches the history, drain reasons and terminals
+        raise JournalRefused(f"names job {printable(repr(job_id[:40]))}, which is no Slurm job id")
+    from_site = first[1].get("site") or ""
+    if from_site and site and from_site != site:
+        raise JournalRefused(f"from site {from_site[:60]!r}, not {site!r}")
+    verdicts = _Verdicts(job_id, nodes)
+    line, last = first
+    try:
+        for line, last in itertools.chain([first], events):
+            if not verdicts.add(line, last):
+                break
+        rows = verdicts.rows()
+    except UsageError as exc:
+        raise JournalRefused(f"damaged: {exc}") from None
+    ended = last["event"] == Kind.JOB_END
+    return ParsedJournal(job_id, from_site, first[1]["t"], last["t"] if ended else None,
+                         last.get("status") if ended else None, line, end, rows, verdicts.foreign)
+
+
+def _events(data: bytes, now: float) -> Iterator[tuple[int, dict]]:
+    """(line number, event) of each complete line, read as they are asked for (a last line without
+    its newline is left out); JournalRefused at the first that is no journal event, or is from the future."""
+    from trainctl.journal_events import journal_lines, parse_event
+
+    # split by the journal's one rule (at b"\n" alone, as the supervisor ends its lines), complete
+    # lines only: the line numbers are the rows' keys
+    complete = data.count(b"\n")
+    for number, raw in enumerate(journal_lines(data), start=1):
+        if number > complete:
+            return
         event = parse_event(raw, strict=True) if raw is not None else None
         if event is None or event["t"] < 0:
             raise JournalRefused(f"line {number} is not a journal event: damaged")
         if event["t"] > now + FUTURE_SLACK_S:
             raise JournalRefused(f"line {number} is from the future ({_iso(event['t'])}; now {_iso(now)})")
-        events.append((number, event))
-    if not events:
-        raise JournalRefused("no complete event yet")
-    first = events[0][1]
-    if first["event"] != Kind.JOB_START:
-        raise JournalRefused("does not begin with job_start: cut at its head, or not a job's journal")
-    job_id = first.get("job", named_job)     # a journal from before job_start named its job: its file's name
-    if not job_id or (named_job and job_id != named_job):
-        raise JournalRefused(f"names job {job_id[:40]!r}, but its file is job {named_job!r}'s")
-    from_site = first.get("site") or ""
-    if from_site and site and from_site != site:
-        raise JournalRefused(f"from site {from_site[:60]!r}, not {site!r}")
-    try:
-        verdicts = tuple(_verdicts(job_id, events))
-        for verdict in verdicts:
-            check_node_name(verdict.host, "node")
-    except UsageError as exc:
-        raise JournalRefused(f"damaged: {exc}") from None
-    last = events[-1][1]
-    ended = last["event"] == Kind.JOB_END
-    return ParsedJournal(job_id, from_site, first["t"], last["t"] if ended else None,
-                         last.get("status") if ended else None, len(events), end, verdicts)
+        yield number, event
 
 
-def _verdicts(job_id: str, events: list[tuple[int, dict]]) -> Iterable[JobEventRow]:
-    """Exclusions, detections, and the nodes that served a training step that ended well: one
-    that completed, or one the watch ended (every node it did not name trained fine until then).
-    A step that failed on its own names nobody: the program may be at fault. The events' fields
-    are of their kinds' types (`journal_events.EVENT_FIELDS`), or absent; each is read by its
-    typed reader, never from the text other fields say it in."""
-    from trainctl.errors import UsageError
-    from trainctl.journal_events import Kind, Verdict
-    from trainctl.slurm import expand_hostlist
+class _Verdicts:
+    """One journal's rows as its events are read: exclusions, detections, and the nodes that served
+    a training step that ended well, one that completed or one the watch ended (every node it did
+    not name trained fine until then). A step that failed on its own names nobody: the program may
+    be at fault. The events' fields are of their kinds' types (`journal_events.EVENT_FIELDS`), or
+    absent; each is read by its typed reader, never from the text other fields say it in.
 
-    step_nodes: list[str] = []
-    suspects: set[str] = set()
-    stopped = False                    # a detection in this step that the watch acted on
-    for line, event in events:
+    What a journal adds grows with the nodes it names, never with their product with its events:
+    a node's strikes are kept once per kind and failure family (the first; the lemon rule counts a
+    job's strike once per kind and family, `judge_nodes`), and its service once, at the last step
+    that served it (all the rule reads of it). A step's hostlist is expanded once however many
+    steps name it, and the distinct hostlists of a journal together name at most STEP_NAMES_MAX
+    nodes, counted from their brackets before any is expanded."""
+
+    def __init__(self, job_id: str, nodes: AbstractSet[str] | None):
+        self.job_id, self.nodes = job_id, nodes
+        self.foreign = ""                          # the first node named outside `nodes`
+        self.named: set[str] = set()               # every node named, each checked once
+        self.strikes: list[JobEventRow] = []
+        self.struck: dict[tuple[str, str], set[str]] = defaultdict(set)   # (node, kind) -> families kept
+        self.hostlists: dict[str, list[str]] = {}
+        self.expanded = 0                          # names the distinct hostlists count
+        self.steps: list[tuple[str, frozenset[str], int, float]] = []   # hostlist, suspects, line, when
+        self.step_hostlist = ""
+        self.suspects: set[str] = set()
+        self.stopped = False                       # a detection in this step that the watch acted on
+
+    def add(self, line: int, event: dict) -> bool:
+        """Fold one event in; False once it names a node outside `nodes` (nothing more is read)."""
+        from trainctl.errors import UsageError
+        from trainctl.journal_events import Kind, Verdict
+
         kind, when = event["event"], event["t"]
         if kind == Kind.NODE_VERDICT and event.get("verdict") == Verdict.EXCLUDED:
             if not event.get("node"):
                 raise UsageError(f"line {line}: an exclusion names no node")
             reasons = event.get("reasons") or []
-            checks = sorted({r.split(": ", 1)[0] for r in reasons}) or ["excluded by the gate"]
-            yield JobEventRow(job_id, line, event["node"], EXCLUSION, when, ", ".join(checks)[:WHAT_MAX],
-                              "; ".join(reasons)[:DETAIL_MAX])
-        elif kind == Kind.DETECTION:
-            named = event.get("suspects") or []
-            suspects.update(named)
+            checks = ", ".join(sorted({r.split(": ", 1)[0] for r in reasons}) or ["excluded by the gate"])
+            return self._strike(JobEventRow(self.job_id, line, event["node"], EXCLUSION, when, checks[:WHAT_MAX],
+                                            "; ".join(reasons)[:DETAIL_MAX]), [event["node"]])
+        if kind == Kind.DETECTION:
+            named = list(dict.fromkeys(event.get("suspects") or []))
+            self.suspects.update(named)
             # a detection with a note was only recorded (trainctl.job.machine): the step went on
-            stopped = stopped or not event.get("note")
-            for node in named:
-                yield JobEventRow(job_id, line, node, DETECTION, when, (event.get("kind") or "")[:WHAT_MAX],
-                                  (event.get("evidence") or "")[:DETAIL_MAX])
-        elif kind == Kind.TRAINING_START:
-            step_nodes = expand_hostlist(event["nodes"], source="training_start") if event.get("nodes") else []
-            suspects, stopped = set(), False
-        elif kind == Kind.STEP_END and step_nodes:
+            self.stopped = self.stopped or not event.get("note")
+            return self._strike(JobEventRow(self.job_id, line, "", DETECTION, when, (event.get("kind") or "")[:WHAT_MAX],
+                                            (event.get("evidence") or "")[:DETAIL_MAX]), named)
+        if kind == Kind.TRAINING_START:
+            self.step_hostlist, self.suspects, self.stopped = event.get("nodes") or "", set(), False
+            return self._count(line, self.step_hostlist)
+        if kind == Kind.STEP_END and self.step_hostlist:
             # the step's end names the detection that ended it; a journal from before that field: the
             # detection the watch acted on in this step
-            by_watch = (DetectionKind.read(event["detection"]) is not None if "detection" in event else stopped)
+            by_watch = (DetectionKind.read(event["detection"]) is not None if "detection" in event else self.stopped)
             if event.get("status") == 0 or by_watch:
-                for node in step_nodes:
-                    if node not in suspects:
-                        yield JobEventRow(job_id, line, node, SERVED, when, "", "")
-            step_nodes = []
+                if self.steps and self.steps[-1][:2] == (self.step_hostlist, frozenset()) and not self.suspects:
+                    self.steps.pop()       # the same nodes served again, all of them: only the last counts
+                self.steps.append((self.step_hostlist, frozenset(self.suspects), line, when))
+            self.step_hostlist = ""
+        return True
+
+    def _named(self, node: str) -> bool:
+        if node not in self.named:
+            from trainctl.validate import check_node_name
+
+            check_node_name(node, "node")
+            if self.nodes is not None and node not in self.nodes:
+                self.foreign = node
+                return False
+            self.named.add(node)
+        return True
+
+    def _strike(self, row: JobEventRow, nodes: list[str]) -> bool:
+        """`row` for each of `nodes` that it strikes in a kind and family not kept for it yet (an Xid
+        that strikes nobody counts as a family of its own: the row says the gate left the node out)."""
+        families = event_families(row.kind, row.what, row.detail)
+        for node in nodes:
+            if not self._named(node):
+                return False
+            kept = self.struck[node, row.kind]
+            new = families(node) or ("",)
+            if not kept.issuperset(new):
+                kept.update(new)
+                self.strikes.append(dataclasses.replace(row, host=node))
+        return True
+
+    def _count(self, line: int, hostlist: str) -> bool:
+        from trainctl.slurm import count_hostlist
+
+        if hostlist and hostlist not in self.hostlists:
+            self.expanded += count_hostlist(hostlist)
+            if self.expanded > STEP_NAMES_MAX:
+                raise JournalRefused(f"line {line}: its steps name more than {STEP_NAMES_MAX} nodes in all, more "
+                                     "than any job's steps can: not a journal trainctl wrote")
+            self.hostlists[hostlist] = []
+        return True
+
+    def rows(self) -> tuple[JobEventRow, ...]:
+        """The strikes, and each node's service at the last step that served it, in line order.
+
+        The steps are walked from the last back, and each hostlist keeps the names no later step
+        has placed yet: every name leaves it once, and a name stays only while it is a suspect, so
+        the walk costs the hostlists' names and the suspects, not steps times nodes."""
+        from trainctl.slurm import expand_hostlist
+
+        if self.foreign:
+            return tuple(self.strikes)     # refused: nothing more to place
+        served: dict[str, JobEventRow] = {}
+        unplaced: dict[str, set[str]] = {}
+        for hostlist, suspects, line, when in reversed(self.steps):
+            if hostlist not in unplaced:
+                names = expand_hostlist(hostlist, source="training_start")
+                if not all(self._named(node) for node in names):
+                    break
+                unplaced[hostlist] = set(names) - served.keys()
+            waiting = unplaced[hostlist]
+            for node in [node for node in waiting if node in served or node not in suspects]:
+                waiting.discard(node)
+                served.setdefault(node, JobEventRow(self.job_id, line, node, SERVED, when, "", ""))
+        return tuple(sorted(self.strikes + list(served.values()), key=lambda row: (row.line, row.kind != SERVED)))
 
 
 def _iso(when: float) -> str:
@@ -189,24 +301,114 @@ def journal_paths(journal_dir: str, extra: Iterable[str] = ()) -> list[str]:
     return found
 
 
+# ------------------------------------------------------------------ Slurm vouches (pure)
+
+# Before a journal adds anything, Slurm's own record of its job must agree with it (`vouch`): the job
+# ran, the journal's file belongs to the job's user (or root), every node it names was in one of the
+# job's allocations, and every event falls inside the job's run. The record comes from Slurm's
+# accounting (`trainctl.slurm.accounted_jobs`: sacct, in batches); a site without one decides with
+# [fleet] unverified_journals whether a journal Slurm cannot vouch for is folded in on weaker checks.
+ROOT_UID = 0
+
+
+@dataclass(frozen=True)
+class SlurmRecords:
+    """What Slurm's accounting said of one batch of jobs, or why it could not say (`unavailable`)."""
+    jobs: dict[str, AccountedJob]
+    unavailable: str = ""
+
+
+def vouch(parsed: ParsedJournal, owner: int, record: AccountedJob | None, *, now: float) -> None:
+    """JournalRefused, naming why, unless Slurm's record of the job agrees with its journal."""
+    if record is None or record.start is None:
+        raise JournalRefused(f"job {parsed.job_id} never ran, by Slurm's accounting (sacct has "
+                             f"{'no such job' if record is None else 'no start for it'}): not verified")
+    if owner not in (ROOT_UID, record.uid):
+        raise JournalRefused(f"the file is uid {owner}'s, but job {parsed.job_id} was uid {record.uid}'s: "
+                             "not verified")
+    foreign = sorted({event.host for event in parsed.events} - record.nodes | ({parsed.foreign} - {""}))
+    if foreign:
+        from trainctl.slurm import fold_hostlist
+
+        raise JournalRefused(f"names {fold_hostlist(foreign)}, never allocated to job {parsed.job_id} (it held "
+                             f"{fold_hostlist(sorted(record.nodes)) if record.nodes else 'no node'}): not verified")
+    first, last = record.start - FUTURE_SLACK_S, (now if record.end is None else record.end) + FUTURE_SLACK_S
+    outside = [when for when in (parsed.started_at, *(event.at for event in parsed.events))
+               if not first <= when <= last]
+    if outside:
+        ran = f"{_iso(record.start)} to {'now' if record.end is None else _iso(record.end)}"
+        raise JournalRefused(f"an event at {_iso(outside[0])}, outside job {parsed.job_id}'s run ({ran}): "
+                             "not verified")
+
+
+def vouch_unverified(parsed: ParsedJournal, owner: int, earlier_owner: int | None, known_hosts: set[str]) -> None:
+    """Where Slurm keeps no accounting: the file's owner is that of the file the job was folded from
+    before (if any, and still there), and every node it names is one the history knows."""
+    if earlier_owner is not None and owner not in (ROOT_UID, earlier_owner):
+        raise JournalRefused(f"the file is uid {owner}'s, but job {parsed.job_id} was folded in before from "
+                             f"uid {earlier_owner}'s")
+    unknown = sorted({event.host for event in parsed.events} - known_hosts | ({parsed.foreign} - {""}))
+    if unknown:
+        from trainctl.slurm import fold_hostlist
+
+        raise JournalRefused(f"names {fold_hostlist(unknown)}, which no sweep or earlier job of the history "
+                             "names (no accounting to ask)")
+
+
+def ask_slurm(job_ids: list[str], env: dict[str, str] | None = None) -> SlurmRecords:
+    """Slurm's accounting records of `job_ids` (sacct, in batches), or why there are none."""
+    from trainctl.errors import ExternalCommandError
+    from trainctl.slurm import accounted_jobs
+
+    try:
+        return SlurmRecords(accounted_jobs(job_ids, env=env))
+    except ExternalCommandError as exc:
+        return SlurmRecords({}, str(exc).splitlines()[0])
+
+
 # ------------------------------------------------------------------ fold
 
 @dataclass
 class FoldResult:
-    folded: int = 0                 # journals with something new
-    events: int = 0                 # event rows offered (those already there are kept as they were)
+    folded: int = 0                 # journals this fold added something of
+    events: int = 0                 # event rows it added (those already there, from a fold before or beside it, not)
     unchanged: int = 0              # journals folded in before, nothing new since
     refused: list[str] = field(default_factory=list)   # one line each
+    unverified: int = 0             # folded in without Slurm's accounting ([fleet] unverified_journals)
+    uncounted: int = 0              # left unread: no accounting, and [fleet] unverified_journals = false
+    no_accounting: str = ""         # why sacct did not answer, when it did not
 
 
 def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_after: float = 0.0,
-                  say: Callable[[str], None] = lambda line: None) -> FoldResult:
-    """Fold `paths` into `history` (open for writing). Each refused journal costs one `say` line."""
-    from trainctl.journal_events import JournalUnreadable, read_journal_bytes
-
+                  say: Callable[[str], None] = lambda line: None,
+                  ask: Callable[[list[str]], SlurmRecords] = ask_slurm,
+                  unverified_journals: bool = False) -> FoldResult:
+    """Fold `paths` into `history` (open for writing), each journal once Slurm vouched for it: `ask`
+    is asked, once per batch of up to FOLD_BATCH_JOBS new journals, of the jobs their names say,
+    before any is read, so each is read knowing the nodes it may name. Where it cannot answer,
+    `unverified_journals` folds them in on weaker checks (`vouch_unverified`), else leaves them
+    unread (`uncounted`). Each refused journal costs one `say` line."""
     known = history.folded_jobs()
     result = FoldResult()
-    batch: list[tuple[JobRow, list[JobEventRow]]] = []
+    pending: list[tuple[str, str]] = []
+    known_hosts: list[set[str]] = []       # read once, where the fold needs them
+
+    def refuse(path: str, why: str) -> None:
+        line = f"journal {printable(path)}: {why}; skipped"
+        result.refused.append(line)
+        say(line)
+
+    def fold(batch: list[tuple[str, str]]) -> None:
+        records = ask(sorted({named for _, named in batch if JOB_ID.fullmatch(named)}))
+        if records.unavailable:
+            result.no_accounting = records.unavailable
+            if not unverified_journals:
+                result.uncounted += len(batch)
+                return
+            known_hosts[:] = known_hosts or [history.known_hosts()]
+        _fold_batch(history, batch, records, known_hosts[0] if known_hosts else None, known, result, refuse,
+                    now=now, site=site, keep_after=keep_after)
+
     for path in paths:
         named = job_id_from_path(path)
         before = known.get(named)
@@ -215,12 +417,40 @@ def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_
             if before is not None and before.source == path and os.stat(path).st_size == before.size:
                 result.unchanged += 1
                 continue
+        except OSError as exc:
+            refuse(path, f"cannot read: {exc.strerror or exc}")
+            continue
+        pending.append((path, named))
+        if len(pending) >= FOLD_BATCH_JOBS:
+            fold(pending)
+            pending = []
+    if pending:
+        fold(pending)
+    return result
+
+
+def _fold_batch(history, batch: list[tuple[str, str]], records: SlurmRecords, known_hosts: set[str] | None,
+                known: dict[str, JobRow], result: FoldResult, refuse: Callable[[str, str], None], *,
+                now: float, site: str, keep_after: float) -> None:
+    """Read, check and record one batch; `known_hosts` where Slurm could not answer, else None."""
+    from trainctl.journal_events import JournalUnreadable, read_journal_file
+
+    rows: list[tuple[JobRow, list[JobEventRow]]] = []
+    for path, named in batch:
+        record = None if records.unavailable else records.jobs.get(named)
+        try:
             # the journal's reader: regular, non-blocking, capped, no link out of where it was found
-            data = read_journal_bytes(path, os.path.dirname(os.path.abspath(path)))
-            parsed = parse_journal_bytes(data, named_job=named, site=site, now=now)
-            before = known.get(parsed.job_id)
+            data, owner = read_journal_file(path, os.path.dirname(os.path.abspath(path)))
+            scope = known_hosts if records.unavailable else record.nodes if record else frozenset()
+            parsed = parse_journal_bytes(data, named_job=named, site=site, now=now, nodes=scope)
+            del data
             if parsed.started_at < keep_after:
                 continue   # older than the history keeps: pruned, never folded in again
+            before = known.get(parsed.job_id)
+            if known_hosts is None:
+                vouch(parsed, owner, record, now=now)
+            else:
+                vouch_unverified(parsed, owner, _owner(before.source) if before else None, known_hosts)
             if before is not None:
                 if abs(before.started_at - parsed.started_at) > 0.001:
                     raise JournalRefused(f"job {parsed.job_id} was folded in from another journal ({before.source}, "
@@ -232,27 +462,29 @@ def fold_journals(history, paths: Iterable[str], *, site: str, now: float, keep_
                     result.unchanged += 1
                     continue
         except (JournalRefused, JournalUnreadable) as exc:
-            line = f"journal {path}: {exc}; skipped"
-            result.refused.append(line)
-            say(line)
+            refuse(path, str(exc))
             continue
         except OSError as exc:
-            line = f"journal {path}: cannot read: {exc.strerror or exc}; skipped"
-            result.refused.append(line)
-            say(line)
+            refuse(path, f"cannot read: {exc.strerror or exc}")
             continue
         row = JobRow(parsed.job_id, parsed.site or site, parsed.started_at, parsed.ended_at, parsed.status, path,
                      parsed.lines, parsed.size, now)
         known[parsed.job_id] = row
-        batch.append((row, list(parsed.events)))
-        result.folded += 1
-        result.events += len(parsed.events)
-        if len(batch) >= FOLD_BATCH_JOBS:
-            history.record_jobs(batch)
-            batch = []
-    if batch:
-        history.record_jobs(batch)
-    return result
+        rows.append((row, list(parsed.events)))
+    if rows:
+        recorded = history.record_jobs(rows)
+        result.folded += len(recorded.jobs)
+        result.events += recorded.events
+        result.unverified += len(recorded.jobs) if known_hosts is not None else 0
+        result.unchanged += len(rows) - len(recorded.jobs)   # another fold beside this one recorded them first
+
+
+def _owner(path: str) -> int | None:
+    """The uid owning `path`; None where it is gone."""
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None
 
 
 # ------------------------------------------------------------------ failure families (pure)
@@ -298,30 +530,48 @@ def strike_families(kind: str, what: str, detail: str, host: str) -> tuple[str, 
     """The failure families one strike of `host` counts in, from what the history keeps of it:
     an exclusion's checks and reasons, a detection's kind and evidence, a failed sweep's "check:
     reason" list. Empty only where every cause is an Xid that strikes nobody."""
+    return event_families(kind, what, detail)(host)
+
+
+def event_families(kind: str, what: str, detail: str) -> Callable[[str], tuple[str, ...]]:
+    """`strike_families` of one event, for each node it names: its text is read once."""
     if kind == EXCLUSION:
         found = [check_families(check, detail) for check in what.split(", ") if check]
     elif kind == DETECTION:
         detected = DetectionKind.read(what)
-        found = DETECTION_FAMILIES[detected](detail, host) if detected is not None else []
+        if detected is not None:
+            return DETECTION_FAMILIES[detected](detail)
+        found = []
     elif kind == SWEEP_FAILED:
         found = [check_families(check, text) for check, text in _segments(_CHECK_AT, detail)]
     else:
         found = []
+    families = _joined(found)
+    return lambda host: families
+
+
+def _joined(found: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """The families of a strike's causes together; none at all counts as OTHER."""
     return tuple(sorted({family for families in found for family in families})) if found else (OTHER,)
 
 
-def _slow_families(evidence: str, host: str) -> list[tuple[str, ...]]:
-    return [(LINK,) if LINK_WAIT_RULE in evidence else (COMPUTE,) if OWN_TIME_RULE in evidence else (OTHER,)]
+def _slow_families(evidence: str) -> Callable[[str], tuple[str, ...]]:
+    families = (LINK,) if LINK_WAIT_RULE in evidence else (COMPUTE,) if OWN_TIME_RULE in evidence else (OTHER,)
+    return lambda host: families
 
 
-def _sick_families(evidence: str, host: str) -> list[tuple[str, ...]]:
-    return [check_families(check, text) for node, check, text in _segments(_NODE_CHECK_AT, evidence) if node == host]
+def _sick_families(evidence: str) -> Callable[[str], tuple[str, ...]]:
+    by_node: dict[str, list[tuple[str, ...]]] = defaultdict(list)
+    for node, check, text in _segments(_NODE_CHECK_AT, evidence):
+        by_node[node].append(check_families(check, text))
+    joined = {node: _joined(found) for node, found in by_node.items()}
+    return lambda host: joined.get(host, (OTHER,))
 
 
-# Each detection kind's families, from what the history keeps of it (its kind and evidence), one
-# tuple per cause: none at all counts as OTHER
-DETECTION_FAMILIES: Mapping[DetectionKind, Callable[[str, str], list[tuple[str, ...]]]] = {
-    DetectionKind.HUNG: lambda evidence, host: [(HANG,)],
+# Each detection kind's families, from what the history keeps of it (its kind and evidence): the
+# families of each node it names
+DETECTION_FAMILIES: Mapping[DetectionKind, Callable[[str], Callable[[str], tuple[str, ...]]]] = {
+    DetectionKind.HUNG: lambda evidence: lambda host: (HANG,),
     DetectionKind.SLOW: _slow_families,
     DetectionKind.SICK: _sick_families,
 }
@@ -515,12 +765,14 @@ def lemons_document(site: str, rule: LemonRule, lemons: list[Lemon], now: float)
 
 
 def publish_lemons(history, config, now: float) -> int:
-    """Rewrite the site's fleet.lemons_file (atomically) from the history; the number of lemons."""
-    from trainctl.files import write_atomically
+    """Rewrite the site's fleet.lemons_file (atomically) from the history; the number of lemons. As
+    root, only where its directory is root's alone (`write_in_root_directory`): UsageError, else."""
+    from trainctl.files import write_atomically, write_in_root_directory
 
     rule = LemonRule.from_site(config.fleet)
     lemons = current_lemons(history, rule, now)
-    write_atomically(os.path.expanduser(config.fleet.lemons_file), lemons_document(config.name, rule, lemons, now))
+    write = write_in_root_directory if os.geteuid() == 0 else write_atomically
+    write(os.path.expanduser(config.fleet.lemons_file), lemons_document(config.name, rule, lemons, now))
     return len(lemons)
 
 

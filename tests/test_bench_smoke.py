@@ -70,9 +70,20 @@ def test_fleet_scale_bench_folds_a_day_and_reports_at_tiny_n():
     assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
     (setup,) = json_lines(out.stdout)
     assert setup["journals"] == 120 and setup["job_event_rows"] > 0
-    for row in ("ingest, new day", "ingest, nothing new", "report text", "report html without jobs"):
+    for row in ("ingest, new day", "ingest, new day, no accounting", "ingest, nothing new", "report text",
+                "report html without jobs"):
         assert row in out.stdout
+    assert "sacct calls for the 40 new journals, each round: [1] (batches of 500)" in out.stdout
     assert "targets: report <= 5 s" in out.stdout
+
+
+def test_hostile_journal_bench_folds_each_shape_in_rows_bounded_by_the_jobs_nodes_at_tiny_n():
+    out = run_bench("hostile_journal.py", "--mib", "0.2", "--nodes", "20", "--rounds", "1")
+    assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
+    rows = {line.split()[0]: int(line.split()[2]) for line in out.stdout.splitlines()
+            if line.split()[:1] in (["honest"], ["steps"], ["detections"])}
+    assert rows == {"honest": 20, "steps": 20, "detections": 20}
+    assert "rows at most 40" in out.stdout and "met" in out.stdout
 
 
 def run_bench(*argv: str) -> subprocess.CompletedProcess:

@@ -246,7 +246,7 @@ def test_a_cluster_on_a_root_that_is_not_built_says_how_to_build_it(tmp_path):
 
 
 def test_up_on_a_root_that_is_not_built_touches_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(devcluster_cluster, "check_prerequisites", lambda: None)  # root or not
+    monkeypatch.setattr(devcluster_cluster, "check_prerequisites", lambda **_: None)  # root or not
     spec = ClusterSpec(base_dir=str(tmp_path / "dc"), prefix="tq", slurm="24.11",
                        slurm_root=str(tmp_path / "none"))
     with pytest.raises(ExternalCommandError, match="is not built"):
@@ -715,3 +715,26 @@ def test_a_killed_node_gives_none_of_its_processes_a_moment_to_act_on_another_de
         time.sleep(0.05)
     assert not faults._alive(child)
     assert sorted(p.name for p in tmp_path.glob("acted.*")) == ["acted.ready"]
+
+
+def test_accounting_adds_slurmdbd_to_slurm_conf_and_a_private_database_config():
+    from trainctl.devcluster.accounting import mariadbd_argv, slurmdbd_conf_text
+
+    spec = ClusterSpec(nodes=1, base_dir="/tmp/dc-x", subnet="10.77.5", slurmctld_port=6900, accounting=True)
+    assert "AccountingStorageType=accounting_storage/none" in slurm_conf_text(ClusterSpec(nodes=1), "vm")
+    conf = slurm_conf_text(spec, "vm")
+    for line in ("AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=10.77.5.254",
+                 "AccountingStoragePort=6902", "AccountingStoragePass=/tmp/dc-x/run/munge.sock"):
+        assert line in conf.splitlines()
+    dbd = conf_lines(slurmdbd_conf_text(spec, "vm"))
+    assert {"DbdHost=vm", "DbdPort=6902", "StorageType=accounting_storage/mysql", "StorageUser=root",
+            "AuthInfo=socket=/tmp/dc-x/run/munge.sock"} <= set(dbd)
+    assert not any(line.startswith("StoragePass") for line in dbd)   # the socket's own authentication
+    argv = mariadbd_argv(Layout(spec))
+    assert "--skip-networking" in argv and "--socket=/tmp/dc-x/run/mariadbd.sock" in argv
+    assert argv[argv.index("--exec") + 2:argv.index("--exec") + 4] == ["--", "--no-defaults"]
+
+
+def test_accounting_refuses_a_slurm_root_whose_slurmctld_is_newer_than_slurmdbd():
+    with pytest.raises(UsageError, match="slurmdbd must be at least as new"):
+        ClusterSpec(slurm="24.11", accounting=True).validate()

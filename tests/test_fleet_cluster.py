@@ -12,8 +12,11 @@ Each of the three jobs asks for 2 nodes with node4 among them (the site's extra 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -22,14 +25,30 @@ from support.sites import site_variant
 from support.slurm_jobs import TRAINCTL, job_output, submit, wait_for_job
 from test_devcluster_jobs import HEALTHY_NVLINK, INACTIVE_LINKS, TRAIN, staged_nvidia_smi
 from trainctl.proc import run_checked
-from trainctl.slurm import expand_hostlist, parse_scontrol_oneliner
+from trainctl.slurm import accounted_jobs, expand_hostlist, parse_scontrol_oneliner
+from trainctl.sweep.db import History
 
 pytestmark = pytest.mark.cluster
 
 LEMON = "node4"
 
 
-def test_three_jobs_that_exclude_node4_make_it_a_lemon_the_next_submit_leaves_out(devcluster, tmp_path):
+@pytest.fixture(scope="module")
+def accounted(devcluster):
+    """The session's cluster, started again with Slurm's accounting (slurmdbd, MariaDB): `history
+    ingest` folds a journal in only once sacct vouches for it. Restored afterwards."""
+    original = devcluster.spec
+    devcluster.spec = dataclasses.replace(original, accounting=True)
+    try:
+        devcluster.up()     # holds the session's lock already; tears the running cluster down first
+        yield devcluster
+    finally:
+        devcluster.spec = original
+        devcluster.up()
+
+
+def test_three_jobs_that_exclude_node4_make_it_a_lemon_the_next_submit_leaves_out(accounted, tmp_path):
+    devcluster = accounted
     journals = tmp_path / "journals"
     journals.mkdir()
     journals.chmod(0o1777)   # every user's jobs drop their journals here
@@ -42,7 +61,7 @@ def test_three_jobs_that_exclude_node4_make_it_a_lemon_the_next_submit_leaves_ou
     with staged_nvidia_smi(devcluster, {"node1": HEALTHY_NVLINK, "node2": HEALTHY_NVLINK, "node3": HEALTHY_NVLINK,
                                         LEMON: INACTIVE_LINKS}):
         jobs = three_gated_jobs(devcluster, tmp_path, gating)
-        lemon_reported(journals, jobs, opting)
+        lemon_reported(devcluster, journals, jobs, opting)
     with staged_nvidia_smi(devcluster, {node: INACTIVE_LINKS for node in ("node1", "node2", "node3", LEMON)}):
         fourth_job_leaves_the_lemon_out(devcluster, tmp_path, opting)
     lemon_drained_and_kept_drained(devcluster, opting, jobs)
@@ -61,10 +80,10 @@ def three_gated_jobs(devcluster, tmp_path: Path, gating: Path) -> list[str]:
     return jobs
 
 
-def lemon_reported(journals: Path, jobs: list[str], opting: Path) -> None:
+def lemon_reported(devcluster, journals: Path, jobs: list[str], opting: Path) -> None:
     assert sorted(path.name for path in journals.iterdir()) == sorted(f"{job}.jsonl" for job in jobs)
     ingest = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(opting)], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, env=devcluster.client_env())
     assert ingest.returncode == 0, ingest.stderr
     assert "folded in 3 job journal(s)" in ingest.stderr
     report = subprocess.run([TRAINCTL, "report", "--site", str(opting), "--format", "json"], capture_output=True,
@@ -124,3 +143,56 @@ def lemon_drained_and_kept_drained(devcluster, opting: Path, jobs: list[str]) ->
     finally:
         run_checked(["scontrol", "update", f"nodename={LEMON}", "state=resume"], timeout=15,
                     env=devcluster.client_env())
+
+
+def test_forged_journals_add_no_strike_by_slurms_accounting(accounted, tmp_path):
+    """With accounting (slurmdbd, MariaDB), `history ingest` asks sacct: a journal for a job that never
+    ran, for another user's job, naming a node its job never held, or another user's real journal with
+    lines appended, each adds nothing and costs one line; the honest journal is folded in."""
+    from support.nobody import NOBODY_UID, setpriv_nobody
+    from test_sweep_fleet import slurm_journal
+
+    env = accounted.client_env()
+
+    def ran(*prefix, nodes):
+        return run_checked([*prefix, "sbatch", "--parsable", "--wait", f"--nodelist={nodes}", "-N",
+                            str(len(expand_hostlist(nodes))), "-o", "/dev/null", "--wrap", "hostname"],
+                           timeout=120, env=env, cwd="/tmp").stdout.strip()
+    roots, nobodys = ran(nodes="node[1-2]"), ran(*setpriv_nobody(), nodes="node1")
+    # slurmctld sends its records to slurmdbd a moment later, and the first record of nobody's job can
+    # say uid 0 until the next one (seen on 22.05 from a fresh database): wait for the settled ones
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        records = accounted_jobs([roots, nobodys], env=env)
+        if len(records) == 2 and records[nobodys].uid == NOBODY_UID and all(r.end for r in records.values()):
+            break
+        time.sleep(0.5)
+    journals = tmp_path / "journals"
+    journals.mkdir()
+    site = site_variant(tmp_path, "local-demo", {"sweep.db": str(tmp_path / "sweeps.db"),
+                                                  "fleet.journal_dir": str(journals)})
+    name = "local-demo"
+    now = time.time()
+    honest = slurm_journal(journals / f"{roots}.jsonl", roots, now, site=name)
+    forged = tmp_path / "forged"
+    paths = [slurm_journal(forged / "a" / "99999.jsonl", "99999", now, site=name, owner=NOBODY_UID),
+             slurm_journal(forged / "b" / f"{roots}.jsonl", roots, now, site=name, owner=NOBODY_UID),
+             slurm_journal(forged / "c" / f"{nobodys}.jsonl", nobodys, now, excluded="node3", site=name,
+                           owner=NOBODY_UID)]
+    appended = forged / "d" / f"{roots}.jsonl"
+    appended.parent.mkdir()
+    appended.write_text(honest.read_text() + json.dumps(
+        {"t": now, "event": "node_verdict", "node": "node1", "verdict": "excluded",
+         "reasons": ["gpu.xid: Xid 79"]}) + "\n")
+    os.chown(appended, NOBODY_UID, -1)
+    ingest = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site), "--json",
+                             *map(str, paths + [appended])], capture_output=True, text=True, timeout=120, env=env)
+    assert ingest.returncode == 1, ingest.stderr
+    result = json.loads(ingest.stdout)
+    assert (result["folded"], result["unverified"], len(result["refused"])) == (1, 0, 4), ingest.stderr
+    why = "\n".join(result["refused"])
+    assert "job 99999 never ran" in why and f"but job {roots} was uid 0's" in why
+    assert f"names node3, never allocated to job {nobodys}" in why, why
+    with History.open(tmp_path / "sweeps.db") as history:
+        strikes = history.job_events(0.0, ("exclusion", "detection"))
+    assert [(event.job_id, event.host) for event in strikes] == [(roots, "node2")]   # the honest one's

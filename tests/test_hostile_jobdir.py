@@ -443,6 +443,7 @@ def test_job_show_json_is_strict_json_where_the_journal_spells_a_lone_surrogate(
 def test_a_journal_line_with_a_lone_surrogate_folds_into_fleet_memory(tmp_path):
     """SQLite takes no lone surrogate: the journal's reader makes it U+FFFD first."""
     from trainctl.sweep.db import History
+    from support.slurm_records import slurm_vouching_for
     from trainctl.sweep.fleet import fold_journals
 
     gate = tmp_path / "trainctl-gate-9"
@@ -451,7 +452,8 @@ def test_a_journal_line_with_a_lone_surrogate_folds_into_fleet_memory(tmp_path):
             r' "reasons": ["gpu.xid: \ud800"]}',
             event(131, "job_end", status=0))
     with History.open(tmp_path / "h.db", write=True) as history:
-        result = fold_journals(history, [str(gate / "journal.jsonl")], site="", now=200.0)
+        result = fold_journals(history, [str(gate / "journal.jsonl")], site="", now=200.0,
+                               ask=slurm_vouching_for([gate / "journal.jsonl"]))
         assert (result.folded, result.refused) == (1, [])
         assert [row.detail for row in history.job_events(0.0, ("exclusion",))] == ["gpu.xid: \ufffd"]
 

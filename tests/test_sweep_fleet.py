@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from support.slurm_records import slurm_vouching_for, write_sacct
 from support.sweeps import DAY, night
 from trainctl.errors import UsageError
 from trainctl.site import FleetConfig
@@ -130,15 +131,16 @@ def test_folding_is_idempotent_copies_add_nothing_and_a_grown_journal_adds_its_n
     first = write_journal(drop / "7.jsonl", journal_lines("7", NOW - 3600, ended=False)[:4])
     db = tmp_path / "h.db"
     with History.open(db, write=True) as history:
-        assert fold_journals(history, [str(first)], site="test", now=NOW).folded == 1
+        assert fold_journals(history, [str(first)], site="test", now=NOW, ask=slurm_vouching_for([first])).folded == 1
         once = counts(db)
         assert once == [("n3", EXCLUSION, 1)]
         write_journal(first, journal_lines("7", NOW - 3600))              # the job went on and ended
         copy = write_journal(tmp_path / "submit" / "trainctl-gate-7" / "journal.jsonl", journal_lines("7", NOW - 3600))
-        result = fold_journals(history, [str(first), str(copy), str(first)], site="test", now=NOW)
+        slurm = slurm_vouching_for([first])
+        result = fold_journals(history, [str(first), str(copy), str(first)], site="test", now=NOW, ask=slurm)
         assert (result.folded, result.unchanged, result.refused) == (1, 2, [])
         assert counts(db) == [("n1", SERVED, 1), ("n2", SERVED, 1), ("n3", EXCLUSION, 1)]
-        again = fold_journals(history, [str(first), str(copy)], site="test", now=NOW)
+        again = fold_journals(history, [str(first), str(copy)], site="test", now=NOW, ask=slurm)
         assert (again.folded, again.unchanged) == (0, 2)
         assert counts(db) == [("n1", SERVED, 1), ("n2", SERVED, 1), ("n3", EXCLUSION, 1)]
 
@@ -149,7 +151,7 @@ def test_bad_journals_cost_one_line_each_and_change_nothing(tmp_path):
     db = tmp_path / "h.db"
     said = []
     with History.open(db, write=True) as history:
-        fold_journals(history, [str(good)], site="test", now=NOW)
+        fold_journals(history, [str(good)], site="test", now=NOW, ask=slurm_vouching_for([good]))
         before = counts(db)
         write_journal(drop / "7.jsonl", journal_lines("7", NOW - 3600)[:3])                 # cut short
         write_journal(drop / "8.jsonl", journal_lines("8", NOW - 3600, site="other"))        # another site
@@ -159,7 +161,7 @@ def test_bad_journals_cost_one_line_each_and_change_nothing(tmp_path):
         os.mkfifo(drop / "12.jsonl")                                                         # never blocks
         write_journal(tmp_path / "again" / "11.jsonl", [dict(journal_lines("11", NOW - 999)[0])])  # another job 11
         paths = sorted(str(p) for p in drop.iterdir()) + [str(tmp_path / "again" / "11.jsonl")]
-        result = fold_journals(history, paths, site="test", now=NOW, say=said.append)
+        result = fold_journals(history, paths, site="test", now=NOW, say=said.append, ask=slurm_vouching_for(paths))
     assert result.folded == 1 and len(result.refused) == len(said) == 6
     assert all(line.count("\n") == 0 and line.endswith("; skipped") for line in said)
     joined = "\n".join(said)
@@ -185,8 +187,8 @@ def test_a_version_1_history_is_read_without_job_rows_and_gains_the_tables_at_it
         assert report.fleet.lemons == ()
     with History.open(db, write=True) as history:
         assert history.version == 2
-        fold_journals(history, [str(write_journal(tmp_path / "7.jsonl", journal_lines("7", NOW - 60)))],
-                      site="test", now=NOW)
+        journal = write_journal(tmp_path / "7.jsonl", journal_lines("7", NOW - 60))
+        fold_journals(history, [str(journal)], site="test", now=NOW, ask=slurm_vouching_for([journal]))
     assert counts(db)[-1] == ("n3", EXCLUSION, 1)
 
 
@@ -199,8 +201,8 @@ def test_a_version_1_history_is_read_without_job_rows_and_gains_the_tables_at_it
 def test_the_integrity_verdict_covers_the_job_tables(tmp_path, sql, message):
     db = tmp_path / "h.db"
     with History.open(db, write=True) as history:
-        fold_journals(history, [str(write_journal(tmp_path / "7.jsonl", journal_lines("7", NOW - 60)))],
-                      site="test", now=NOW)
+        journal = write_journal(tmp_path / "7.jsonl", journal_lines("7", NOW - 60))
+        fold_journals(history, [str(journal)], site="test", now=NOW, ask=slurm_vouching_for([journal]))
     with sqlite3.connect(db) as conn:
         conn.execute(sql)
     before = db.read_bytes()
@@ -228,7 +230,7 @@ def history_with_three_jobs_and_a_sweep(tmp_path) -> Path:
     paths = [str(write_journal(tmp_path / f"{job}.jsonl", journal_lines(job, NOW - DAY * day, detection=kind)))
              for job, day, kind in (("101", 3, None), ("102", 2, "slow"), ("103", 1, None))]
     with History.open(db, write=True) as history:
-        fold_journals(history, paths, site="test", now=NOW)
+        fold_journals(history, paths, site="test", now=NOW, ask=slurm_vouching_for(paths))
         night(history, NOW - DAY / 2, {"n1": "ok", "n2": "ok", "n4": {"gpu.xid": ("fail", "Xid 79")}})
     return db
 
@@ -299,9 +301,11 @@ def test_history_ingest_folds_the_sites_journal_dir_once_and_says_what_it_refuse
     write_journal(drop / "7.jsonl", journal_lines("7", NOW - 60))
     write_journal(drop / "8.jsonl", journal_lines("8", NOW - 60, site="other"))
     site = site_file(tmp_path, tmp_path / "h.db", journal_dir=str(drop))
+    write_sacct(tmp_path / "bin", drop.iterdir())
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     for _ in range(2):
         out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site), "--json"], capture_output=True,
-                             text=True, timeout=60)
+                             text=True, timeout=60, env=env)
         assert out.returncode == 1, out.stderr
         assert out.stderr.count("from site 'other'") == 1
     assert json.loads(out.stdout)["unchanged"] == 1 and counts(tmp_path / "h.db")[-1] == ("n3", EXCLUSION, 1)
@@ -353,3 +357,260 @@ def test_submit_reads_the_published_lemons_file_and_never_the_history(tmp_path):
         refused = submit()
         assert refused.returncode == 0 and "#SBATCH --exclude" not in refused.stdout
         assert "warning: not leaving out the site's lemons: lemons file" in refused.stderr and said in refused.stderr
+
+
+# ---------------------------------------------------------------- Slurm vouches for each journal
+
+# sacct's real answer (Slurm 22.05 with slurmdbd, the dev cluster with --accounting; the command is
+# trainctl.slurm.sacct_argv with SLURM_TIME_FORMAT=%s): job 1 root's on node[1-2]; 2 nobody's (uid
+# 65534) on node1; 3 root's, resized from node[1-3] to node1; 4 running on node1; 6 the array task
+# 5_1; 7 a het job on node1 (7+0) and node2 (7+1); 999 never ran.
+SACCT = (Path(__file__).parent / "fixtures" / "sacct" / "slurm-22.05-jobs.txt").read_text()
+RAN_AT = 1796413858.0     # jobs 1 and 2 started and ended in that second
+NOBODY = 65534
+
+
+def accounting(job_ids):
+    from trainctl.slurm import parse_sacct_jobs
+    from trainctl.sweep.fleet import SlurmRecords
+
+    return SlurmRecords(parse_sacct_jobs(SACCT, job_ids))
+
+
+def slurm_journal(path: Path, job: str, t: float, *, excluded: str = "node2", trained: str = "node1",
+                  owner: int | None = None, site: str = "test") -> Path:
+    """An honest journal of `job`: its gate leaves `excluded` out, `trained` trains one step."""
+    write_journal(path, [{"t": t, "event": "job_start", "job": job, "site": site, "attempt": 1,
+                          "nodes": [trained, excluded]},
+                         {"t": t, "event": "node_verdict", "node": excluded, "verdict": "excluded",
+                          "reasons": ["nvlink.links: GPU 3 link 5 inactive"]},
+                         {"t": t, "event": "training_start", "nodes": trained, "master_addr": trained},
+                         {"t": t, "event": "step_end", "status": 0, "cause": "completed"},
+                         {"t": t, "event": "job_end", "status": 0}])
+    if owner is not None:
+        os.chown(path, owner, -1)
+    return path
+
+
+def fold_vouched(tmp_path, paths, **kwargs):
+    said = []
+    with History.open(tmp_path / "h.db", write=True) as history:
+        result = fold_journals(history, [str(p) for p in paths], site="test", now=RAN_AT + DAY, say=said.append,
+                               **{"ask": accounting} | kwargs)
+    assert len(said) == len(result.refused) and all("\n" not in line for line in said)
+    return result, counts(tmp_path / "h.db")
+
+
+def test_sacct_output_is_read_into_each_jobs_every_allocation():
+    from trainctl.slurm import parse_sacct_jobs
+
+    jobs = parse_sacct_jobs(SACCT, ["1", "2", "3", "4", "6", "7", "999"])
+    assert sorted(jobs) == ["1", "2", "3", "4", "6", "7"]          # 999 never ran: no record
+    assert (jobs["1"].uid, sorted(jobs["1"].nodes), jobs["1"].start) == (0, ["node1", "node2"], RAN_AT)
+    assert jobs["2"].uid == NOBODY
+    assert sorted(jobs["3"].nodes) == ["node1", "node2", "node3"]   # what it held before the resize counts
+    assert jobs["4"].end is None and jobs["3"].end == RAN_AT + 2
+    assert sorted(jobs["7"].nodes) == ["node1", "node2"]            # both het components
+    assert parse_sacct_jobs(SACCT, ["8"])["8"].nodes == {"node2"}   # a component asked by its own id
+
+
+def test_sacct_output_of_another_shape_is_one_error_line():
+    from trainctl.errors import ParseError
+    from trainctl.slurm import parse_sacct_jobs
+
+    with pytest.raises(ParseError, match="expected a header line"):
+        parse_sacct_jobs("JobID|User\n1|root\n", ["1"])
+    with pytest.raises(ParseError, match="seconds since 1970"):
+        parse_sacct_jobs(SACCT.replace("|1796413858|1796413858|", "|2026-12-04T19:30:58|1796413858|", 1), ["1"])
+
+
+def test_a_journal_slurm_vouches_for_is_folded_in(tmp_path):
+    honest = [slurm_journal(tmp_path / "1.jsonl", "1", RAN_AT),
+              slurm_journal(tmp_path / "3.jsonl", "3", RAN_AT + 1, excluded="node3"),  # held before its resize
+              slurm_journal(tmp_path / "4.jsonl", "4", RAN_AT + 500, excluded="node1")]  # still running
+    result, rows = fold_vouched(tmp_path, honest)
+    assert (result.folded, result.refused, result.unverified) == (3, [], 0)
+    assert rows == [("node1", EXCLUSION, 1), ("node1", SERVED, 3), ("node2", EXCLUSION, 1), ("node3", EXCLUSION, 1)]
+
+
+def forgeries(tmp_path) -> dict[str, Path]:
+    forger = 4321 if os.geteuid() == 0 else os.geteuid()   # as root: files of another user; else the tester's own
+    real = slurm_journal(tmp_path / "real" / "1.jsonl", "1", RAN_AT)
+    appended = tmp_path / "appended" / "1.jsonl"
+    appended.parent.mkdir()
+    appended.write_text(real.read_text() + json.dumps({"t": RAN_AT, "event": "node_verdict", "node": "node1",
+                                                       "verdict": "excluded", "reasons": ["gpu.xid: Xid 79"]}) + "\n")
+    os.chown(appended, forger, -1) if os.geteuid() == 0 else None
+    return {"never ran": slurm_journal(tmp_path / "999.jsonl", "999", RAN_AT, owner=None),
+            "another user's job": slurm_journal(tmp_path / "2.jsonl", "2", RAN_AT, owner=forger
+                                                if os.geteuid() == 0 else None),
+            "a node it never held": slurm_journal(tmp_path / "held" / "1.jsonl", "1", RAN_AT, excluded="node3"),
+            "lines appended to another user's journal": appended,
+            "a time outside its run": slurm_journal(tmp_path / "late" / "1.jsonl", "1", RAN_AT + 3600)}
+
+
+def test_forged_journals_add_nothing_each_refused_with_one_line_naming_why(tmp_path):
+    forged = forgeries(tmp_path)
+    result, rows = fold_vouched(tmp_path, forged.values())
+    assert (result.folded, rows) == (0, [])
+    why = dict(zip(forged, result.refused))
+    assert "job 999 never ran, by Slurm's accounting" in why["never ran"]
+    assert f"but job 2 was uid {NOBODY}'s" in why["another user's job"]
+    assert "names node3, never allocated to job 1 (it held node[1-2])" in why["a node it never held"]
+    assert "job 1 was uid 0's" in why["lines appended to another user's journal"] or os.geteuid() != 0
+    assert "outside job 1's run" in why["a time outside its run"]
+    assert all(line.endswith("not verified; skipped") for line in result.refused)
+
+
+def test_slurm_is_asked_once_for_a_batch_of_journals(tmp_path):
+    asked = []
+
+    def ask(job_ids):
+        asked.append(job_ids)
+        return accounting(job_ids)
+    paths = [slurm_journal(tmp_path / f"{job}.jsonl", job, RAN_AT) for job in ("1", "3", "999")]
+    fold_vouched(tmp_path, paths, ask=ask)
+    assert asked == [["1", "3", "999"]]
+
+
+NO_ACCOUNTING = "sacct exited with status 1: sacct: error: Slurm accounting storage is disabled"
+
+
+def test_without_accounting_journals_wait_unless_the_site_folds_them_unverified(tmp_path):
+    from trainctl.sweep.fleet import SlurmRecords
+
+    paths = [slurm_journal(tmp_path / "1.jsonl", "1", RAN_AT), slurm_journal(tmp_path / "2.jsonl", "2", RAN_AT,
+                                                                              excluded="node9")]
+    with History.open(tmp_path / "h.db", write=True) as history:
+        night(history, RAN_AT - DAY, {"node1": "ok", "node2": "ok"})    # the nodes the history knows
+    unanswered = {"ask": lambda job_ids: SlurmRecords({}, NO_ACCOUNTING)}
+    result, rows = fold_vouched(tmp_path, paths, **unanswered)
+    assert (result.folded, rows, result.no_accounting, result.uncounted, result.refused) == (0, [], NO_ACCOUNTING,
+                                                                                             2, [])
+    result, rows = fold_vouched(tmp_path, paths, unverified_journals=True, **unanswered)
+    assert (result.folded, result.unverified) == (1, 1) and rows == [("node1", SERVED, 1), ("node2", EXCLUSION, 1)]
+    assert "names node9, which no sweep or earlier job of the history names" in result.refused[0]
+
+
+@pytest.mark.parametrize("job", ["7\x1b[31m", "7\x07", "1;2", "../1", "12345678901"])
+def test_a_job_id_that_is_not_slurms_never_reaches_the_history(job):
+    events = journal_lines("7", NOW - 100)
+    events[0] = dict(events[0], job=job)
+    text = "".join(json.dumps(event) + "\n" for event in events).encode()
+    with pytest.raises(JournalRefused, match="which is no Slurm job id") as refused:
+        parse_journal_bytes(text, named_job="", site="test", now=NOW)
+    assert "\x1b" not in str(refused.value) and "\x07" not in str(refused.value)
+
+
+def test_a_job_id_that_is_not_slurms_in_a_journals_name_never_reaches_the_history_or_the_terminal(tmp_path):
+    bad = write_journal(tmp_path / "7\x1b]0;x\x07.jsonl", journal_lines("7", RAN_AT))
+    result, rows = fold_vouched(tmp_path, [bad])
+    assert rows == [] and len(result.refused) == 1
+    assert "\x1b" not in result.refused[0] and "\x07" not in result.refused[0]
+
+
+# ---------------------------------------------------------------- what a journal can add
+
+def amplifying_journal(job: str, t: float, *, steps: int, hostlist: str, detections: int, suspects: list[str]) -> bytes:
+    """A small journal that names many nodes many times: each step on `hostlist` serves all of them,
+    each detection names every one of `suspects`."""
+    events = [{"t": t, "event": "job_start", "job": job, "site": "test", "attempt": 1, "nodes": ["node1"]}]
+    for _ in range(steps):
+        events += [{"t": t, "event": "training_start", "nodes": hostlist, "master_addr": "node1"},
+                   {"t": t, "event": "step_end", "status": 0, "cause": "completed"}]
+    events += [{"t": t, "event": "detection", "kind": "hung", "suspects": suspects, "evidence": "no step",
+                "details": {}, "note": "recorded"}] * detections
+    return "".join(json.dumps(event) + "\n" for event in events).encode()
+
+
+def test_rows_grow_with_the_nodes_a_journal_names_never_with_its_events_times_them():
+    # 10 steps on node[1-65536]: 655,360 served rows before; each node's service is kept once, at its last step
+    text = amplifying_journal("7", NOW - 100, steps=10, hostlist="node[1-65536]", detections=0, suspects=[])
+    assert len(text) < 2048
+    rows = parse_journal_bytes(text, named_job="7", site="test", now=NOW).events
+    assert len(rows) == 65536 and {row.line for row in rows} == {21}
+    # 2,000 detections naming the same 1,000 nodes: each node's strike kept once per kind and family
+    text = amplifying_journal("7", NOW - 100, steps=1, hostlist="node[1-2]", detections=2000,
+                              suspects=[f"node{n}" for n in range(1, 1001)])
+    rows = parse_journal_bytes(text, named_job="7", site="test", now=NOW).events
+    assert len([row for row in rows if row.kind == DETECTION]) == 1000 and len(rows) == 1002
+
+
+def test_a_journal_is_read_only_as_far_as_the_nodes_its_job_held(tmp_path):
+    # job 1 held node[1-2]: a step on node[1-65536] stops the reading at node3, and the fold refuses it
+    path = tmp_path / "1.jsonl"
+    path.write_bytes(amplifying_journal("1", RAN_AT, steps=100, hostlist="node[1-65536]", detections=0, suspects=[]))
+    parsed_journal = parse_journal_bytes(path.read_bytes(), named_job="1", site="test", now=NOW,
+                                         nodes=frozenset({"node1", "node2"}))
+    assert parsed_journal.foreign == "node3" and len(parsed_journal.events) <= 2
+    result, rows = fold_vouched(tmp_path, [path])
+    assert rows == [] and "names node3, never allocated to job 1" in result.refused[0]
+
+
+def test_steps_that_name_more_nodes_than_any_jobs_steps_can_are_refused_before_any_is_expanded():
+    from trainctl.sweep.fleet import STEP_NAMES_MAX
+
+    events = [{"t": NOW - 100, "event": "job_start", "job": "7", "site": "test", "attempt": 1, "nodes": ["n1"]}]
+    for last in range(65536, 65536 - STEP_NAMES_MAX // 65536 - 1, -1):   # each hostlist another
+        events += [{"t": NOW - 100, "event": "training_start", "nodes": f"n[1-{last}]", "master_addr": "n1"},
+                   {"t": NOW - 100, "event": "step_end", "status": 0, "cause": "completed"}]
+    with pytest.raises(JournalRefused, match=f"its steps name more than {STEP_NAMES_MAX} nodes in all"):
+        parsed(events)
+
+
+def test_two_folds_at_once_each_count_only_what_they_added(tmp_path):
+    path = slurm_journal(tmp_path / "1.jsonl", "1", RAN_AT)
+    beside = []
+
+    def ask_while_another_folds(job_ids):   # the other fold commits after this one read the history
+        with History.open(tmp_path / "h.db", write=True) as other:
+            beside.append(fold_journals(other, [str(path)], site="test", now=RAN_AT + DAY, ask=accounting))
+        return accounting(job_ids)
+    result, rows = fold_vouched(tmp_path, [path], ask=ask_while_another_folds)
+    assert (beside[0].folded, beside[0].events) == (1, 2)
+    assert (result.folded, result.events, result.unchanged) == (0, 0, 1) and len(rows) == 2
+
+
+def lemons_site(tmp_path: Path, lemons: Path) -> tuple[Path, dict]:
+    path = slurm_journal(tmp_path / "drop" / "1.jsonl", "1", RAN_AT)
+    write_sacct(tmp_path / "bin", [path])
+    site = site_file(tmp_path, tmp_path / "h.db", journal_dir=str(path.parent), lemons_file=str(lemons))
+    return site, {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="what root writes")
+def test_root_writes_the_lemons_file_only_where_its_directory_is_roots_alone(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    secret = tmp_path / "secret"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    (shared / "lemons.json").symlink_to(secret)        # a user's link at the name
+    os.lchown(shared / "lemons.json", NOBODY, NOBODY)
+    site, env = lemons_site(tmp_path, shared / "lemons.json")
+    out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site)], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 1
+    refusal = [line for line in out.stderr.splitlines() if "lemons.json not written" in line]
+    assert len(refusal) == 1 and "mode 1777" in refusal[0], out.stderr
+    assert secret.read_text() == "root's\n" and oct(secret.stat().st_mode & 0o777) == "0o600"
+    own = tmp_path / "own"
+    own.mkdir(mode=0o755)
+    site, env = lemons_site(tmp_path, own / "lemons.json")
+    out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site)], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0 and json.loads((own / "lemons.json").read_text())["lemons"] == [], out.stderr
+
+
+def test_ingest_into_another_history_leaves_the_sites_lemons_file_alone(tmp_path):
+    lemons = tmp_path / "lemons.json"
+    site, env = lemons_site(tmp_path, lemons)
+    subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site)], capture_output=True, text=True,
+                   timeout=60, env=env, check=True)
+    published = lemons.read_bytes()
+    out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site), "--db", str(tmp_path / "other.db"),
+                          "--json"], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 1 and lemons.read_bytes() == published
+    assert "is not the site's history" in json.loads(out.stdout)["lemons_refused"]
+    assert out.stderr.count("not written") == 1

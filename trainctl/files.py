@@ -182,6 +182,28 @@ def write_regular(path: str | os.PathLike, text: str) -> None:
     _replace(target, text, shown=target)
 
 
+def write_in_root_directory(path: str | os.PathLike, text: str, mode: int = 0o644) -> None:
+    """As root, `text` at `path` whole (`replace_in`), only where its directory is root's and no
+    one else can write it: elsewhere a user could have put a symlink or a hard link at the name, or
+    swap the directory, and root would write where the user chose. UsageError, one line, else."""
+    target = Path(path)
+    try:
+        fd = open_directory(target.parent)     # the directory itself, never through a symlink
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: its directory {target.parent}: {exc.strerror or exc}") from exc
+    try:
+        found = os.fstat(fd)
+        if found.st_uid != 0 or found.st_mode & 0o022:
+            raise UsageError(f"{target} not written: its directory {target.parent} is uid {found.st_uid}'s, mode "
+                             f"{stat.S_IMODE(found.st_mode):o}; as root trainctl writes only into a directory of "
+                             "root's that no other user can write")
+        replace_in(fd, target.name, text, mode)
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
 def _same_file(path: Path, found: os.stat_result) -> bool:
     try:
         return os.path.samestat(os.stat(path), found)

@@ -299,6 +299,12 @@ def read_journal_bytes(path: str | os.PathLike, root: str | os.PathLike | None =
     a journal with a bad line, `trainctl.sweep.fleet`): only a regular file (inside `root`, when
     given: a link out of it is another user's file, never read), never blocking (a FIFO), at most
     JOURNAL_MAX_BYTES. JournalUnreadable, saying why, for anything else."""
+    return read_journal_file(path, root)[0]
+
+
+def read_journal_file(path: str | os.PathLike, root: str | os.PathLike | None = None) -> tuple[bytes, int]:
+    """`read_journal_bytes`, and the uid that owns the file read (from the same descriptor: the
+    owner of what was read, not of a file swapped in after)."""
     try:
         fd = open_regular(path, root)
     except OSError as exc:
@@ -310,9 +316,9 @@ def read_journal_bytes(path: str | os.PathLike, root: str | os.PathLike | None =
             raise JournalUnreadable(f"a link out of {root}, not read")
         raise JournalUnreadable("not a regular file")
     try:
-        size = os.fstat(fd).st_size
-        if size > JOURNAL_MAX_BYTES:
-            raise JournalUnreadable(f"{size} bytes, more than a journal's {JOURNAL_MAX_BYTES}")
+        found = os.fstat(fd)
+        if found.st_size > JOURNAL_MAX_BYTES:
+            raise JournalUnreadable(f"{found.st_size} bytes, more than a journal's {JOURNAL_MAX_BYTES}")
         data = read_fd(fd, JOURNAL_MAX_BYTES + 1)
     except OSError as exc:
         raise JournalUnreadable(f"cannot read: {exc.strerror or exc}") from None
@@ -320,7 +326,7 @@ def read_journal_bytes(path: str | os.PathLike, root: str | os.PathLike | None =
         os.close(fd)
     if len(data) > JOURNAL_MAX_BYTES:
         raise JournalUnreadable(f"grew past a journal's {JOURNAL_MAX_BYTES} bytes while read")
-    return data
+    return data, found.st_uid
 
 
 def job_ended(events: Iterable[Mapping]) -> bool:

@@ -140,6 +140,10 @@ class FleetConfig:
     submit_excludes_lemons: bool = doc(
         "submit adds the current lemons to the job's --exclude, from lemons_file (else sweep.db); per job: "
         "submit --keep-lemons", False)
+    unverified_journals: bool = doc(
+        "where Slurm's accounting cannot vouch for a journal's job (sacct fails: the site keeps no accounting, "
+        "or slurmdbd does not answer), fold it in anyway, checked only by its file's owner and the nodes the "
+        "history knows; false: refuse it with one line, and fold it in at a later ingest that sacct answers", False)
 
 
 # The automatic drains the breaker bounds, by the rule that asks for them.

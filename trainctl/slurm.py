@@ -449,3 +449,92 @@ def require_operator(env: dict[str, str] | None = None) -> None:
         raise PrivilegeError(f"user {user} may not drain or resume nodes: not root, not SlurmUser "
                              f"({slurm_user or '?'}), Slurm AdminLevel {level}",
                              hint="run as root or ask for Slurm operator rights")
+
+
+# ---------------------------------------------------------------- accounting (sacct)
+
+# Slurm's record of a job, from its accounting database (slurmdbd), as `sacct` prints it:
+# --allocations (one line per allocation, no steps), --duplicates (a job resized by `scontrol update
+# NodeList=` keeps its earlier allocation as a RESIZING line: without it, the nodes it let go are
+# gone), --parsable2 ('|' between fields, a header line naming them), times as seconds since 1970
+# (SLURM_TIME_FORMAT=%s, a strftime format; "Unknown" while the job has not started or ended).
+SACCT_FIELDS = ("JobID", "JobIDRaw", "UID", "NodeList", "Start", "End", "State")
+SACCT_JOBS_PER_CALL = 500       # job ids on one command line (a few KB)
+SACCT_TIMEOUT_S = 60.0
+SACCT_OUTPUT_CAP = 16 << 20     # a few lines per job: far below for 500 jobs
+
+
+@dataclass(frozen=True)
+class AccountedJob:
+    """What Slurm's accounting holds of one job: every allocation it had, together."""
+
+    job_id: str
+    uid: int
+    nodes: frozenset[str]        # every node of every allocation (a resized job's earlier ones too)
+    start: float | None          # None: it never started
+    end: float | None            # None: still running (or its end has not reached the database yet)
+
+
+def sacct_argv(job_ids: list[str]) -> list[str]:
+    return ["sacct", "--allocations", "--duplicates", "--parsable2", f"--format={','.join(SACCT_FIELDS)}",
+            f"--jobs={','.join(job_ids)}"]
+
+
+def parse_sacct_jobs(text: str, job_ids: list[str], *, source: str = "sacct") -> dict[str, AccountedJob]:
+    """`sacct_argv(job_ids)`'s output -> {asked id: its record}; an id Slurm never ran has none.
+
+    A line answers the asked id X when its JobIDRaw is X (an array task asked by its own id), its
+    JobID is X (`123_4`, `123+1`), or it is a component of het job X (`X+1`). ParseError for
+    output of another shape (a header that is not SACCT_FIELDS', a field of the wrong form)."""
+    lines = text.splitlines()
+    if not lines or lines[0].split("|") != list(SACCT_FIELDS):
+        raise ParseError(f"expected a header line {'|'.join(SACCT_FIELDS)}", source=source, line=1)
+    asked = set(job_ids)
+    found: dict[str, list[tuple[int, list[str], float | None, float | None]]] = {}
+    for number, line in enumerate(lines[1:], start=2):
+        fields = line.split("|")
+        if len(fields) != len(SACCT_FIELDS) or not fields[2].isdigit():
+            raise ParseError(f"not a {len(SACCT_FIELDS)}-field allocation line with a UID", source=source,
+                             line=number)
+        job, raw, uid, nodelist, start, end = fields[:6]
+        het_leader = job.split("+", 1)[0] if "+" in job else None
+        for key in {raw, job, het_leader} & asked:
+            nodes = [] if nodelist in ("", "None assigned") else expand_hostlist(nodelist, source=source)
+            found.setdefault(key, []).append((int(uid), nodes, _sacct_time(start, source, number),
+                                              _sacct_time(end, source, number)))
+    records = {}
+    for key, rows in found.items():
+        starts = [start for _, _, start, _ in rows if start is not None]
+        ends = [end for _, _, _, end in rows]
+        records[key] = AccountedJob(key, rows[0][0], frozenset(node for _, nodes, _, _ in rows for node in nodes),
+                                    min(starts) if starts else None,
+                                    None if None in ends else max(ends))
+    return records
+
+
+def _sacct_time(text: str, source: str, line: int) -> float | None:
+    if text in ("Unknown", "None", ""):
+        return None
+    if not text.isdigit():
+        raise ParseError(f"time {text[:40]!r} is not seconds since 1970 (SLURM_TIME_FORMAT=%s)", source=source,
+                         line=line)
+    return float(text)
+
+
+def accounted_jobs(job_ids: list[str], env: dict[str, str] | None = None,
+                   timeout: float = SACCT_TIMEOUT_S) -> dict[str, AccountedJob]:
+    """Slurm's accounting records of `job_ids` (Slurm job ids, checked), SACCT_JOBS_PER_CALL to a
+    sacct call. ExternalCommandError (one line) where sacct cannot answer: no accounting at this site
+    ("Slurm accounting storage is disabled"), slurmdbd down, a timeout."""
+    records: dict[str, AccountedJob] = {}
+    wanted = sorted({check_job_id(job_id, "job id") for job_id in job_ids})
+    environment = {**(env if env is not None else os.environ), "SLURM_TIME_FORMAT": "%s"}
+    for first in range(0, len(wanted), SACCT_JOBS_PER_CALL):
+        chunk = wanted[first:first + SACCT_JOBS_PER_CALL]
+        result = run(sacct_argv(chunk), timeout=timeout, env=environment, output_cap=SACCT_OUTPUT_CAP)
+        if not result.ok:
+            raise ExternalCommandError(result.describe_failure())
+        if result.truncated:
+            raise ExternalCommandError(f"sacct wrote more than {SACCT_OUTPUT_CAP} bytes for {len(chunk)} jobs")
+        records.update(parse_sacct_jobs(result.stdout, chunk))
+    return records

@@ -39,7 +39,8 @@ def parse_node_assignments(values: tuple[str, ...], option: str) -> dict[str, st
 
 def spec_from_options(nodes: int, base_dir: str | None, mtus: tuple[str, ...],
                       rates: tuple[str, ...], domain: str = "", rails: int = 1,
-                      slurm: str | None = None, root_binds: tuple[str, ...] = ()) -> ClusterSpec:
+                      slurm: str | None = None, root_binds: tuple[str, ...] = (),
+                      accounting: bool = False) -> ClusterSpec:
     """The `up` options as a validated ClusterSpec (raises UsageError naming the bad option).
 
     Names, subnet and port are those of dev cluster instance $TRAINCTL_DEVCLUSTER_INSTANCE.
@@ -53,7 +54,7 @@ def spec_from_options(nodes: int, base_dir: str | None, mtus: tuple[str, ...],
     spec = dataclasses.replace(instance, nodes=nodes, base_dir=base_dir or instance.base_dir,
                                mtus=mtu_by_node, rates=parse_node_assignments(rates, "--rate"),
                                domain=domain, rails=rails, slurm=slurm or instance.slurm,
-                               root_binds=root_binds)
+                               root_binds=root_binds, accounting=accounting)
     spec.validate()
     return spec
 
@@ -120,6 +121,9 @@ def dev_cluster() -> None:
               help="Data rails per node: rail r is the node's eth<r>, on a bridge and subnet of its own "
                    "(10.77.<K+10r>.N).")
 @click.option("--sshd", is_flag=True, help="Also start sshd on every node (key auth as root).")
+@click.option("--accounting", is_flag=True,
+              help="Also start Slurm's accounting, so sacct answers: MariaDB (its own datadir, a Unix socket "
+                   "only) and slurmdbd, with the cluster registered (system Slurm only).")
 @click.option("--slurm", type=click.Choice([SYSTEM_SLURM, *ROOT_SLURMS]), default=None,
               help=f"Which Slurm runs the cluster: the system's, 24.11 from a Debian 13 root filesystem "
                    f"or 26.05 from a Debian sid one (built by `build-root`). Default: ${SLURM_ENV}, "
@@ -129,9 +133,10 @@ def dev_cluster() -> None:
                    "(repeatable; /tmp and trainctl's Python and checkout always are).")
 @json_option
 def up(nodes: int, base_dir: str | None, mtus: tuple[str, ...], rates: tuple[str, ...], domain: str,
-       rails: int, sshd: bool, slurm: str | None, root_binds: tuple[str, ...], as_json: bool) -> None:
+       rails: int, sshd: bool, accounting: bool, slurm: str | None, root_binds: tuple[str, ...],
+       as_json: bool) -> None:
     """Start the cluster (replacing any earlier one in DIR) and wait until all nodes are idle."""
-    spec = spec_from_options(nodes, base_dir, mtus, rates, domain, rails, slurm, root_binds)
+    spec = spec_from_options(nodes, base_dir, mtus, rates, domain, rails, slurm, root_binds, accounting)
     base_dir = spec.base_dir
     cluster = DevCluster(spec)
     start = time.monotonic()

@@ -127,7 +127,7 @@ class DevCluster:
         everything created so far is removed again and the error carries the daemons' log tails.
         """
         say = progress or (lambda _message: None)
-        check_prerequisites()
+        check_prerequisites(need_accounting=self.spec.accounting)
         if self.spec.uses_root:
             slurm_root.check_root(self.spec.slurm, self.spec.root_fs)
         start = time.monotonic()
@@ -178,7 +178,8 @@ class DevCluster:
         slurm_daemons.create_fake_gpus(spec, self.state)
         slurm_daemons.write_configs(self.layout)
         slurm_daemons.start_slurm(self.layout)
-        say(f"daemons started after {time.monotonic() - start:.2f} s; waiting for nodes to be idle")
+        say(f"daemons started{' (with accounting: MariaDB, slurmdbd)' if spec.accounting else ''} after "
+            f"{time.monotonic() - start:.2f} s; waiting for nodes to be idle")
         self.wait_idle(max(1.0, spec.up_timeout_s - (time.monotonic() - start)))
 
     def _refuse_foreign_base_dir(self) -> None:

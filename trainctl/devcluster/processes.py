@@ -31,7 +31,7 @@ def _which(binary: str) -> str | None:
     return resolve(binary, f"{os.environ.get('PATH', '')}:{SBIN_DIRS}")
 
 
-def missing_prerequisites(*, need_sshd: bool = False) -> list[str]:
+def missing_prerequisites(*, need_sshd: bool = False, need_accounting: bool = False) -> list[str]:
     """What keeps a dev cluster from starting here, one sentence each; empty when nothing."""
     problems = []
     if os.geteuid() != 0:
@@ -41,14 +41,21 @@ def missing_prerequisites(*, need_sshd: bool = False) -> list[str]:
     missing = [binary for binary in wanted if _which(binary) is None]
     if missing:
         problems.append(f"not found on PATH or in {SBIN_DIRS}: {', '.join(missing)} ({INSTALL_HINT})")
+    if need_accounting:
+        from trainctl.devcluster.accounting import ACCOUNTING_BINARIES, ACCOUNTING_INSTALL_HINT
+
+        missing = [binary for binary in ACCOUNTING_BINARIES if _which(binary) is None]
+        if missing:
+            problems.append(f"accounting needs {', '.join(missing)}, not found on PATH or in {SBIN_DIRS} "
+                            f"({ACCOUNTING_INSTALL_HINT})")
     return problems
 
 
-def check_prerequisites(*, need_sshd: bool = False) -> None:
+def check_prerequisites(*, need_sshd: bool = False, need_accounting: bool = False) -> None:
     if os.geteuid() != 0:
         raise PrivilegeError(f"the dev cluster needs root (euid is {os.geteuid()})",
                              hint="it creates network namespaces, a bridge and Slurm daemons")
-    problems = missing_prerequisites(need_sshd=need_sshd)
+    problems = missing_prerequisites(need_sshd=need_sshd, need_accounting=need_accounting)
     if problems:
         raise ExternalCommandError("; ".join(problems))
 
@@ -63,9 +70,10 @@ def binary(name: str) -> str:
 
 # ---------------------------------------------------------------- daemons
 
-def start_daemon(daemon: str, argv: list[str], pid_file: Path, log_tails: Callable[[], str]) -> int:
+def start_daemon(daemon: str, argv: list[str], pid_file: Path, log_tails: Callable[[], str],
+                 env: dict[str, str] | None = None) -> int:
     """Run a self-daemonizing `argv` and wait for its pid file to name a live process."""
-    result = run(argv, timeout=DAEMON_START_TIMEOUT_S)
+    result = run(argv, timeout=DAEMON_START_TIMEOUT_S, env=env)
     deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
     while result.ok and time.monotonic() < deadline:
         pid = read_pid(pid_file)
@@ -100,12 +108,16 @@ def pid_alive(pid: int) -> bool:
 
 
 def pid_runs_from(pid: int, base: Path) -> bool:
-    """The PID's command line names a file in `base`: guards against a reused PID."""
+    """The PID's command line names a file in `base`, or (slurmdbd, which takes no config path) its
+    SLURM_CONF does: guards against a reused PID."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        if f"{base}/" in cmdline:
+            return True
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return False
-    return f"{base}/" in cmdline
+    return any(entry.startswith(f"SLURM_CONF={base}/".encode()) for entry in environ)
 
 
 def read_pid(pid_file: Path) -> int | None:

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from trainctl.devcluster.processes import (CMD_TIMEOUT_S, binary, daemon_pids, log_tails,
                                            start_daemon)
-from trainctl.devcluster import slurm_root
+from trainctl.devcluster import accounting, slurm_root
 from trainctl.devcluster.replay import task_prolog_text
 from trainctl.devcluster.spec import ClusterSpec, Layout, StateFile, node_range
 from trainctl.errors import ExternalCommandError, UsageError
@@ -54,7 +54,7 @@ def slurm_conf_text(spec: ClusterSpec, controller_hostname: str) -> str:
         "GresTypes=gpu",
         "MpiDefault=none",
         "SwitchType=switch/none",
-        "AccountingStorageType=accounting_storage/none",
+        *accounting.slurm_conf_lines(spec),
         "JobCompType=jobcomp/none",
         "SchedulerType=sched/backfill",
         "MailProg=/bin/true",
@@ -63,7 +63,7 @@ def slurm_conf_text(spec: ClusterSpec, controller_hostname: str) -> str:
         "SlurmctldTimeout=30",
         "SlurmdTimeout=30",
         "InactiveLimit=0",
-        "MinJobAge=300",  # keeps finished jobs visible to `scontrol show job` (no slurmdbd)
+        "MinJobAge=300",  # keeps finished jobs visible to `scontrol show job` (sacct needs --accounting)
         "KillWait=5",
         # when a step outlives its kill (UnkillableStepTimeout, default 60 s) Slurm drains the
         # node "Kill task failed" and runs this: it records why the processes did not die
@@ -114,8 +114,13 @@ def parse_sinfo_node_states(text: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------- build
 
+def controller_hostname() -> str:
+    """SlurmctldHost's and DbdHost's name: this machine's `hostname -s`."""
+    return socket.gethostname().split(".")[0]
+
+
 def write_configs(layout: Layout) -> None:
-    layout.slurm_conf.write_text(slurm_conf_text(layout.spec, socket.gethostname().split(".")[0]))
+    layout.slurm_conf.write_text(slurm_conf_text(layout.spec, controller_hostname()))
     (layout.base / "gres.conf").write_text(gres_conf_text(layout.spec))
     prolog = layout.base / "task_prolog.sh"
     prolog.write_text(task_prolog_text(layout.spec))
@@ -170,7 +175,8 @@ def slurmd_argv(layout: Layout, node: str) -> list[str]:
 
 
 def start_slurm(layout: Layout) -> None:
-    """munged with a fresh key, slurmctld, then one slurmd per node inside its namespaces."""
+    """munged with a fresh key, accounting (MariaDB, slurmdbd) where the spec has it, slurmctld,
+    then one slurmd per node inside its namespaces."""
     key = layout.base / "munge.key"
     fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
     with os.fdopen(fd, "wb") as out:
@@ -180,6 +186,8 @@ def start_slurm(layout: Layout) -> None:
         "--force", f"--key-file={key}",
         f"--socket={layout.run_dir}/munge.sock", f"--pid-file={layout.pid_file('munged')}",
         f"--log-file={layout.log_dir}/munged.log", f"--seed-file={layout.run_dir}/munged.seed"]))
+    if layout.spec.accounting:
+        accounting.start_accounting(layout, lambda: log_tails(layout.log_dir), controller_hostname())
     _start(layout, "slurmctld", daemon_argv(layout, "slurmctld", ["-f", str(layout.slurm_conf)]))
     for node in layout.spec.node_names:
         _start(layout, f"slurmd-{node}", slurmd_argv(layout, node))
@@ -202,7 +210,8 @@ def wait_idle(layout: Layout, client_env: dict[str, str], timeout_s: float) -> f
     """Wait until sinfo shows every node `idle` (not `idle*`); returns the seconds waited."""
     spec = layout.spec
     start = time.monotonic()
-    expected = ["munged", "slurmctld", *(f"slurmd-{n}" for n in spec.node_names)]
+    expected = ["munged", *(("mariadbd", "slurmdbd") if spec.accounting else ()), "slurmctld",
+                *(f"slurmd-{n}" for n in spec.node_names)]
     while True:
         states = slurm_states(layout, client_env)
         if all(states.get(node) == "idle" for node in spec.node_names):

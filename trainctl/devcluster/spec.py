@@ -103,6 +103,10 @@ class ClusterSpec:
     slurm: str = SYSTEM_SLURM
     slurm_root: str = ""                 # "": the release's own cache (SLURM_ROOTS); see root_fs
     root_binds: tuple[str, ...] = ()
+    # Slurm's accounting: MariaDB (a private datadir, a Unix socket only) and slurmdbd, so sacct
+    # answers as at a site (accounting.py). Debian's slurmdbd is the system's 22.05; slurmdbd must be
+    # at least as new as slurmctld, so it runs with the system's Slurm only.
+    accounting: bool = False
 
     @property
     def root_fs(self) -> str:
@@ -144,6 +148,11 @@ class ClusterSpec:
     @property
     def controller_address(self) -> str:
         return f"{self.subnet}.{CONTROLLER_OCTET}"
+
+    @property
+    def slurmdbd_port(self) -> int:
+        """Slurm's default DbdPort (6819) for instance 0; each instance's beside its slurmctld's."""
+        return self.slurmctld_port + 2
 
     def default_mtu(self, node: str) -> int:
         # Distinct MTUs by default, so tests and health checks see a mismatch to find.
@@ -213,6 +222,10 @@ class ClusterSpec:
                              "characters")
 
         check_slurm(self.slurm)
+        if self.accounting and self.uses_root:
+            raise UsageError(f"accounting runs the system's slurmdbd (Slurm 22.05), which cannot serve Slurm "
+                             f"{self.slurm}'s slurmctld (slurmdbd must be at least as new)",
+                             hint="use --accounting with the system's Slurm")
         for path in ((self.root_fs,) if self.uses_root else ()) + self.root_binds:
             if not SAFE_PATH_RE.match(path) or path.rstrip("/") == "":
                 raise UsageError(f"path {path!r} must be absolute, below /, made of letters, digits "
@@ -289,6 +302,21 @@ class Layout:
     def slurm_bin_dir(self) -> Path:
         """Slurm client commands (sbatch, srun, ...) that run the root's: first on clients' PATH."""
         return self.base / "slurm-bin"
+
+    @property
+    def db_dir(self) -> Path:
+        """MariaDB's datadir, Slurm's accounting database (with spec.accounting)."""
+        return self.base / "db"
+
+    @property
+    def db_socket(self) -> Path:
+        """MariaDB's only way in: no TCP port (--skip-networking)."""
+        return self.run_dir / "mariadbd.sock"
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        """slurmdbd reads slurmdbd.conf from SLURM_CONF's directory: beside slurm.conf."""
+        return self.base / "slurmdbd.conf"
 
     def pid_file(self, daemon: str) -> Path:
         return self.run_dir / f"{daemon}.pid"
