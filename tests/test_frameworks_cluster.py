@@ -17,6 +17,7 @@ Assertions are about outcomes (what was journaled, which file was resumed from),
 
 from __future__ import annotations
 
+import json
 import subprocess
 from contextlib import ExitStack
 from pathlib import Path
@@ -26,6 +27,7 @@ import pytest
 from support.replay import LIBRARY, swap_replay, write_replay
 from support.sites import site_variant
 from support.slurm_jobs import TRAINCTL, job_output, journal, wait_for_job, wait_until
+from trainctl.devcluster import faults
 from trainctl.slurm import expand_hostlist
 
 pytestmark = pytest.mark.cluster
@@ -138,7 +140,8 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
 
 JOB_SCRIPTS = REPO / "tests" / "fixtures" / "job-scripts" / "dev-cluster"
 ACCELERATE_LOOP = '''\
-import argparse, torch
+import argparse, time, torch
+from pathlib import Path
 from accelerate import Accelerator
 parser = argparse.ArgumentParser()
 parser.add_argument("--mixed_precision", default="no")
@@ -148,11 +151,23 @@ accelerator = Accelerator(cpu=True, mixed_precision=args.mixed_precision)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer = accelerator.prepare(model, optimizer)
-for step in range(20):
+step = 0
+saves = sorted(Path(args.output_dir).glob("step_*"), key=lambda path: int(path.name[5:]))
+if saves:
+    accelerator.load_state(str(saves[-1]))
+    step = int(saves[-1].name[5:])
+    print(f"accelerate loop: resumed from {saves[-1].name}", flush=True)
+# trains until the step the test writes into stop-at-step: a run lasts until its fault, never a set time
+stop = Path("stop-at-step")
+while not (stop.exists() and step >= int(stop.read_text())):
     loss = model(torch.randn(8, 4)).pow(2).mean()
     accelerator.backward(loss)
     optimizer.step()
     optimizer.zero_grad()
+    step += 1
+    time.sleep(0.1)
+    if step % 10 == 0:
+        accelerator.save_state(f"{args.output_dir}/step_{step}")
 accelerator.save_state(args.output_dir)
 print(f"accelerate loop done: world size {accelerator.num_processes}", flush=True)
 '''
@@ -170,11 +185,38 @@ dist.destroy_process_group()
 '''
 
 
+def freeze_a_training_node(devcluster, folder: Path, job_id: str) -> dict:
+    """Once the job's loop has saved twice, freeze (SIGSTOP) its training node that is not the batch
+    host until the watch has ended the step; let the successor the job submits train 20 steps past the
+    last save. Returns the victim, the detection, the last save's step and the successor's job id."""
+    gate_dir = folder / f"trainctl-gate-{job_id}"
+    try:
+        wait_until("the loop's second save", lambda: sum(e["event"] == "checkpoint" for e in journal(gate_dir)) >= 2,
+                   300)
+        events = journal(gate_dir)
+        batch_host = next(e["batch_host"] for e in events if e["event"] == "job_start")
+        training = next(e for e in events if e["event"] == "training_start")
+        victim = next(n for n in expand_hostlist(training["nodes"]) if n != batch_host)
+        with faults.stopped(devcluster, victim):   # hung until the watch has ended the training step
+            wait_until("the step's end", lambda: any(e["event"] in ("step_end", "job_end") for e in journal(gate_dir)),
+                       240)
+    finally:   # the loop trains until this step, in this job (when the freeze never came) or its successor
+        last_save = max((int(p.name[5:]) for p in (folder / "output").glob("step_*")), default=0)
+        (folder / "stop-at-step").write_text(str(last_save + 20))
+    wait_until("the successor's submission", lambda: (gate_dir / "retry.json").exists(), 120)
+    successor = json.loads((gate_dir / "retry.json").read_text())["successor"]
+    assert successor, (gate_dir / "retry.json").read_text()
+    detection = next((e for e in journal(gate_dir) if e["event"] == "detection"), {})
+    return {"victim": victim, "detection": detection, "last_save": last_save, "successor": successor}
+
+
 def test_three_public_job_scripts_complete_under_trainctl_submit_on_the_gates_nodes(devcluster, tmp_path):
     """pytorch/examples' DDP tutorial sbatch_run.sh, Accelerate's submit_multinode.sh and torchtitan's
     multinode_trainer.slurm, edited only to run on CPU in the dev cluster's paths (SOURCES.md), each
     given to `trainctl submit job.sbatch` as it is: each COMPLETES on the nodes the gate chose, with
-    the world size its #SBATCH lines ask for (2), its environment lines' exports reaching the ranks."""
+    the world size its #SBATCH lines ask for (2), its environment lines' exports reaching the ranks.
+    Under Accelerate's script, a training node freezes (SIGSTOP) after the loop's second save: the
+    watch names it, and the chain completes in a successor job without it, from the loop's last save."""
     site = site_variant(tmp_path, "local-demo", {"gate.fabric_sizes": ["1M"], "gate.fabric_iters": 3,
                                                  "gate.fabric_passes": 2})
     venv_bin = str(Path(TRAINCTL).parent)
@@ -202,12 +244,17 @@ def test_three_public_job_scripts_complete_under_trainctl_submit_on_the_gates_no
         replay_healthy_nodes(devcluster, undo)
         for name, folder in runs.items():   # one after the other: Slurm would put all three on the same nodes
             args = ("--extra", "arg") if name.startswith("torchtitan") else ()
-            result = subprocess.run([TRAINCTL, "submit", "--site", str(site), name, *args], capture_output=True,
-                                    text=True, cwd=folder, env=env, timeout=120)
+            saves = ("--checkpoints", "output/step_*") if folder == accelerate else ()
+            result = subprocess.run([TRAINCTL, "submit", "--site", str(site), *saves, name, *args],
+                                    capture_output=True, text=True, cwd=folder, env=env, timeout=120)
             assert result.returncode == 0, result.stderr
             assert "taken over" in result.stderr, result.stderr
             job_id = result.stdout.strip().splitlines()[-1]
+            if folder == accelerate:
+                frozen = freeze_a_training_node(devcluster, accelerate, job_id)
+                job_id = frozen["successor"]
             records[name] = (job_id, wait_for_job(devcluster, job_id, timeout_s=400))
+        faults.restore_node(devcluster, frozen["victim"], timeout_s=120)
 
     for name, folder in runs.items():
         job_id, record = records[name]
@@ -219,6 +266,13 @@ def test_three_public_job_scripts_complete_under_trainctl_submit_on_the_gates_no
         assert sorted(expand_hostlist(training["nodes"])) == sorted(chosen) and len(chosen) == 2, events
         assert "the job script's training line, as bash expanded it" in output, output
     assert "[GPU1] Epoch 19" in job_output(pytorch, records["pytorch-examples-sbatch_run.sh"][0])
-    assert "accelerate loop done: world size 2" in job_output(accelerate, records["accelerate-submit_multinode.sh"][0])
+    successor = job_output(accelerate, records["accelerate-submit_multinode.sh"][0])
+    assert "accelerate loop done: world size 2" in successor, successor
+    # the frozen node was named by the watch and left out; the successor went on from the loop's last save
+    assert frozen["detection"]["kind"] == "hung" and frozen["detection"]["suspects"] == [frozen["victim"]], frozen
+    successor_events = journal(accelerate / f"trainctl-gate-{frozen['successor']}")
+    resumed_on = next(e for e in successor_events if e["event"] == "training_start")["nodes"]
+    assert frozen["victim"] not in expand_hostlist(resumed_on), successor_events
+    assert f"accelerate loop: resumed from step_{frozen['last_save']}" in successor, successor
     titan = job_output(torchtitan, records["torchtitan-multinode_trainer.slurm"][0])
     assert "world size 2 LOGLEVEL=INFO" in titan and "['--extra', 'arg']" in titan, titan

@@ -163,6 +163,28 @@ def test_remote_submit_runs_the_job(devcluster, login_node, tmp_path):
     assert sorted(dumps) == [0, 1] and all(d["argv"] == ["a b", "$(touch pwned)"] for d in dumps.values())
     assert not (tmp_path / "pwned").exists()
 
+    # a job script over SSH: its #SBATCH lines, its environment line and its "$@" reach the ranks
+    # of the training line it names, run on the gate's nodes
+    scripted = tmp_path / "job-script"
+    program = write_dump_program(scripted / "dump.py", scripted / "dumps")
+    (scripted / "job.sbatch").write_text('#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --job-name=remote-job-script\n'
+                                         'export GREETING="set by the job script"\n'
+                                         f'srun python3 {program.name} "$GREETING" "$@"\n')
+    result = remote(devcluster, scripted, login_node, "--site", str(site), "--spare", "2", "--chdir", str(scripted),
+                    "--json", "job.sbatch", "c d")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["where"] == f"root@{login_node.host}"
+    record = wait_for_job(devcluster, report["job_id"])
+    output = (scripted / f"slurm-{report['job_id']}.out").read_text()
+    assert record["JobState"] == "COMPLETED" and record["WorkDir"] == str(scripted), output
+    assert "the job script's training line, as bash expanded it" in output, output
+    dumps = read_dumps(scripted / "dumps")
+    assert sorted(dumps) == [0, 1], output
+    assert all(d["argv"] == ["set by the job script", "c d"] and d["env"]["SLURM_JOB_NAME"] == "remote-job-script"
+               and d["env"]["WORLD_SIZE"] == "2" for d in dumps.values()), dumps
+    assert [dumps[r]["env"]["SLURMD_NODENAME"] for r in (0, 1)] == ["node1", "node4"]
+
 
 def test_remote_refuses_a_host_key_it_does_not_know(devcluster, login_node, tmp_path):
     empty = tmp_path / "known_hosts"
