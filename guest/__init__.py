@@ -26,7 +26,9 @@ That code lives in someone else's program. Its rules, each guarded by a test
 
 Modules: `wire` (the names and the datagram the node agent reads), `reporter` (the rank's counters
 and reports), `activity` (the sampler), `requests` (the watch's checkpoint requests), `signal_judge`
-(whether the job's signal would get a save), `saves` (telling trainctl of a save), `hook` (the
-optimizer step hook), `bootstrap/` (the `sitecustomize` rank-exec puts on PYTHONPATH).
+(whether the job's signal would get a save), `saves` (telling trainctl of a save),
+`save_hooks` (the program's saves seen with no code: torch.save, torch.distributed.checkpoint,
+safetensors, Lightning), `hook` (the optimizer step hook, and each hook's installer), `bootstrap/`
+(the `sitecustomize` rank-exec puts on PYTHONPATH).
 The public API for programs is `trainctl.progress`, which the framework integrations use too.
 """

@@ -1,7 +1,7 @@
 """Optimizer steps as training steps, for a program that does not call `trainctl.progress`.
 
 The bootstrap (`bootstrap/sitecustomize.py`) calls `install` once the program itself has imported
-`torch.optim.optimizer`: torch's global optimizer step hook
+a module trainctl hooks (`INSTALLERS`: this one and `save_hooks`'). For `torch.optim.optimizer`, torch's global optimizer step hook
 (`torch.optim.optimizer.register_optimizer_step_post_hook`) then counts every `optimizer.step()`
 of every optimizer as one training step, until the program calls `progress.step()` itself (its own
 steps win from then on). The rank is claimed at the first step (`reporter`), so a process that
@@ -13,6 +13,7 @@ step time relative to the job itself, so it still sees slowdowns); a step skippe
 """
 
 from .rank import the_rank
+from .save_hooks import INSTALLERS as SAVE_INSTALLERS
 
 
 def after_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
@@ -29,5 +30,13 @@ def after_optimizer_step(optimizer: object, args: object, kwargs: object) -> Non
 after_optimizer_step._torchdynamo_disable = True
 
 
-def install(optimizer_module) -> None:
+def install_step_hook(optimizer_module) -> None:
     optimizer_module.register_optimizer_step_post_hook(after_optimizer_step)
+
+
+# Each module the bootstrap waits for (its _TARGETS), and what hooks it once it has run.
+INSTALLERS = {"torch.optim.optimizer": install_step_hook, **SAVE_INSTALLERS}
+
+
+def install(name: str, module) -> None:
+    INSTALLERS[name](module)

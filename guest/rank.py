@@ -26,6 +26,12 @@ def the_rank() -> Reporter | None:
     return _reporter
 
 
+def claimed_rank() -> Reporter | None:
+    """The reporter where this process already reported as the rank (its first step); a save never
+    makes the claim, so a data loader or a converter that saves claims nothing."""
+    return _reporter
+
+
 def requests() -> RequestReader | None:
     """The watch's checkpoint requests, for any process of the job that asks (made at the first ask)."""
     global _requests

@@ -16,7 +16,9 @@ import os
 import time
 
 from .wire import (CHECKPOINT_STEPS, DEFAULT_INTERVAL_S, INTERVAL_ENV, MAX_INTERVAL_S, RANK_ENV, RANKS, RECORD,
-                   SOCKET_ENV, STEP_ID_ENV, VERSION, WINDOW_STEPS_MAX, claim_path)
+                   SOCKET_ENV, STEP_ID_ENV, VERSION, WINDOW_STEPS_MAX, claim_path, encode_save)
+
+SAVES_KEPT = 64                      # saves seen and not yet sent (another thread held the lock): the newest kept
 from .warn import warn_once
 
 
@@ -37,6 +39,7 @@ class Reporter:
         self.activity = 0
         self.lock = _thread.allocate_lock()   # the main thread's reports and the activity sampler's
         self.first_step_hooks = []      # run once, at the first step (the sampler starts there)
+        self.saves = []                 # (wall time, API, path) of saves seen and not yet sent
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -78,21 +81,54 @@ class Reporter:
             self._reset_window()
             return
         try:
-            if self.sock is None:
-                self.sock = _socket.socket(_socket.AF_UNIX,
-                                           _socket.SOCK_DGRAM | _socket.SOCK_NONBLOCK | _socket.SOCK_CLOEXEC)
+            self._make_socket()
             last_end_wall = time.time() - (now - self.last_end)   # a checkpoint report comes after its step
             record = RECORD.pack(VERSION, self.rank, self.pid, self.steps, last_end_wall,
                                  min(self.window_steps, WINDOW_STEPS_MAX), self.window_sum, self.window_max,
                                  self.window_compute, self.checkpoint_step, self.activity)
             # Non-blocking: no reader, or its queue full, loses this report; the next catches up.
             self.sock.sendto(record, self.path)
+            if self.saves:
+                self._send_saves()
         except OSError as exc:
             if self.sock is None:   # no socket could be made (e.g. EMFILE): say so once, try again later
                 warn_once(f"cannot make the progress socket ({exc.strerror or exc}): reports wait for one")
         except Exception as exc:     # a value beyond the record's fields (struct.error, OverflowError)
             warn_once(f"a report could not be built ({exc}): it is dropped")
         self._reset_window()
+
+
+    def _make_socket(self) -> None:
+        if self.sock is None:
+            self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM | _socket.SOCK_NONBLOCK | _socket.SOCK_CLOEXEC)
+
+    def saw_save(self, api: int, path: bytes) -> None:
+        """A save the program completed, from any of its threads (an asynchronous save ends in one of
+        torch's): sent now where no other thread is sending, else with the rank's next report.
+        Never waits for the lock."""
+        saves = self.saves
+        if len(saves) >= SAVES_KEPT:
+            del saves[0]
+        saves.append((time.time(), api, path))
+        if os.getpid() != self.pid or not self.lock.acquire(blocking=False):
+            return
+        try:
+            self._make_socket()
+            self._send_saves()
+        except OSError:
+            pass                   # kept: the next report sends it
+        finally:
+            self.lock.release()
+
+    def _send_saves(self) -> None:
+        """Each save seen, oldest first, as a datagram of its own (`wire.encode_save`); one the
+        reader cannot take now (its queue full) is lost, as a report is."""
+        while self.saves:
+            wall, api, path = self.saves.pop(0)
+            try:
+                self.sock.sendto(encode_save(self.rank, self.pid, wall, api, path), self.path)
+            except BlockingIOError:
+                return
 
 
 def interval_from_env(text: str | None) -> float:

@@ -40,6 +40,17 @@ CHECKPOINT_STEPS = range(0, 2**63)   # what the checkpoint field holds
 WINDOW_STEPS_MAX = 2**32 - 1
 
 
+# One save the rank's program made (`save_hooks`), sent when it completes: a datagram of its own,
+# tagged apart from the progress datagram by its first byte. The format's tag, rank, the sending
+# process's pid, the wall time the save completed, which API made it (SAVE_APIS' index), then the
+# path it wrote, as the file system's bytes (at most SAVE_PATH_MAX; a longer one is cut there).
+SAVE_RECORD = _struct.Struct("<BiidB")
+SAVE_TAG = 0x80 | VERSION
+SAVE_APIS = ("torch.save", "torch.distributed.checkpoint", "safetensors", "lightning")
+SAVE_PATH_MAX = 4096
+DATAGRAM_MAX = SAVE_RECORD.size + SAVE_PATH_MAX   # the longest datagram a rank sends
+
+
 def request_path(socket_path: str) -> str:
     """The node-local file holding the last checkpoint request's token, beside the agent's socket."""
     return socket_path + REQUEST_SUFFIX
@@ -66,3 +77,22 @@ def decode(datagram: bytes) -> dict[str, float | int]:
     return {"rank": rank, "pid": pid, "steps": steps, "time": wall, "window_steps": n, "window_seconds": total,
             "window_longest": longest, "compute_seconds": compute_s, "checkpoint_step": checkpoint_step,
             "activity": activity}
+
+
+def is_save(datagram: bytes) -> bool:
+    return datagram[:1] == bytes((SAVE_TAG,))
+
+
+def encode_save(rank: int, pid: int, wall: float, api: int, path: bytes) -> bytes:
+    return SAVE_RECORD.pack(SAVE_TAG, rank, pid, wall, api) + path[:SAVE_PATH_MAX]
+
+
+def decode_save(datagram: bytes) -> dict[str, float | int | str]:
+    """One save datagram as a dict (for the agent and tests); ValueError if it is not one."""
+    if not SAVE_RECORD.size < len(datagram) <= DATAGRAM_MAX or not is_save(datagram):
+        raise ValueError(f"not a save datagram ({len(datagram)} bytes)")
+    _, rank, pid, wall, api = SAVE_RECORD.unpack_from(datagram)
+    if api >= len(SAVE_APIS):
+        raise ValueError(f"save datagram of unknown API {api}")
+    path = datagram[SAVE_RECORD.size:].decode("utf-8", "replace")   # a note for people: no lone surrogates
+    return {"rank": rank, "pid": pid, "time": wall, "api": SAVE_APIS[api], "path": path}

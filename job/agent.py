@@ -64,7 +64,7 @@ from trainctl.job import jobdir
 from trainctl.job.jobdir import (CHECKPOINT_REQUEST, DUMP_REQUEST, JobPaths, LinkReading, NodeReading, RankProgress,
                                  dump_done_file, stacks_file)
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX, flight_recorder_pipe
-from trainctl.guest.wire import SOCKET_ENV, claims_prefix, decode, request_path
+from trainctl.guest.wire import DATAGRAM_MAX, SOCKET_ENV, claims_prefix, decode, decode_save, is_save, request_path
 from trainctl.private_dir import ensure, write_file
 
 TOKEN_CHARS = 200                      # of a dump request's token, kept
@@ -110,8 +110,19 @@ def fold(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[i
         last_step_t=float(record["time"]) if record["steps"] else before.last_step_t,
         checkpoint_step=checkpoint if checkpoint >= 0 else before.checkpoint_step,
         checkpoint_t=float(record["time"]) if saved else before.checkpoint_t,
-        activity=int(record.get("activity", 0)))
+        activity=int(record.get("activity", 0)), save_t=before.save_t, save_api=before.save_api,
+        save_path=before.save_path)
     return {**ranks, rank: after}
+
+
+def fold_save(ranks: Mapping[int, RankProgress], record: Mapping[str, Any]) -> dict[int, RankProgress]:
+    """`ranks` with one decoded save (`trainctl.guest.wire.decode_save`): the rank's last save. A
+    save from a process the agent has no report of (another pid) is not the rank's."""
+    before = ranks.get(int(record["rank"]))
+    if before is None or before.pid != record["pid"] or not record["path"]:
+        return dict(ranks)
+    return {**ranks, before.rank: before._replace(save_t=float(record["time"]), save_api=str(record["api"]),
+                                                  save_path=str(record["path"]))}
 
 
 def squares(steps: int, seconds: float, longest: float) -> float:
@@ -426,11 +437,12 @@ class Agent:
                 readable, _, _ = select.select([self.sock], [], [], wait_s)
             for _ in range(DATAGRAMS_PER_PASS if readable else 0):
                 try:
-                    datagram = self.sock.recv(256)
+                    datagram = self.sock.recv(DATAGRAM_MAX)
                 except BlockingIOError:
                     break
                 try:
-                    self.ranks = fold(self.ranks, decode(datagram))
+                    self.ranks = (fold_save(self.ranks, decode_save(datagram)) if is_save(datagram)
+                                  else fold(self.ranks, decode(datagram)))
                 except ValueError:
                     continue   # not a report of this version: nothing to count
             now = time.monotonic()

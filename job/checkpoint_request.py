@@ -16,6 +16,9 @@ watch folder once (`trainctl.guest.wire.LISTENING_FILE`): then no signal is sent
 gets the job's --signal, unless a rank said that the signal would not get a save
 (`trainctl.guest.wire.SIGNAL_REFUSED_FILE`: its default action would end the rank, or it is Lightning's
 requeue handler); then it gets nothing, and training resumes from the program's last save.
+The job's machine decides all of that (`trainctl.job.machine`, CheckpointAsked); this module only
+carries out its effects: it posts the request and reads what the ranks said, sends the signal,
+and looks for the save.
 Slurm's own time-limit signal is untouched either way: it is Slurm's, not the watch's, so
 Lightning still saves and requeues at the time limit.
 """
@@ -24,46 +27,55 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from trainctl.errors import UsageError
-from trainctl.job.jobdir import CHECKPOINT_LISTENING, CHECKPOINT_REQUEST, JobPaths, Kind, read_signal_refusal
+from trainctl.job.jobdir import CHECKPOINT_LISTENING, CHECKPOINT_REQUEST, JobPaths, Save, read_signal_refusal
+from trainctl.job.machine import CheckpointAsked
 from trainctl.job.watch_io import post_request
 
 POLL_S = 0.2
 
 
-class SavesSeen(Protocol):
-    last: float | None
+class Step(Protocol):
+    """The training step's srun (a subprocess.Popen)."""
 
-    def poll(self, journal) -> None: ...
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, signum: int) -> None: ...
 
 
-def request_checkpoint(gate_dir: str, step, signum: int | None, seen: SavesSeen, journal, wait_s: float) -> None:
-    """Ask the running training step for a checkpoint and wait up to `wait_s` for a save to be seen;
-    journal how it was asked (`listening`, `signal` when one was sent, `refused` when a rank said
-    the signal would not get a save) and whether it saved."""
+def post_checkpoint_request(gate_dir: str, step: Step) -> CheckpointAsked:
+    """A new request in the watch folder, where the step still runs, and what its ranks said of
+    themselves: that one takes requests (the listener file), that the signal would not get a save."""
     paths = JobPaths(Path(gate_dir))
-    folder = str(paths.watch)
-    before = seen.last
-    channel = False
-    if step.poll() is None:
+    running = step.poll() is None
+    posted = False
+    if running:
         try:
             post_request(gate_dir, CHECKPOINT_REQUEST)
-            channel = True
+            posted = True
         except UsageError:   # the folder cannot be written: the signal alone, as before
-            channel = False
-    listening = channel and os.path.isfile(os.path.join(folder, CHECKPOINT_LISTENING))
-    refused = read_signal_refusal(paths) if signum is not None and not listening else None
-    sent = None
-    if signum is not None and not listening and refused is None and step.poll() is None:
-        step.send_signal(signum)   # srun forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES)
-        sent = signum
-    if listening or sent is not None:
-        deadline = time.monotonic() + wait_s
-        while seen.last == before and time.monotonic() < deadline and step.poll() is None:
-            time.sleep(POLL_S)
-            seen.poll(journal)
-    journal.add(Kind.CHECKPOINT_REQUEST, signal=sent, listening=listening, saved=seen.last != before,
-                **({"refused": refused} if refused else {}))
+            posted = False
+    listening = posted and os.path.isfile(os.path.join(paths.watch, CHECKPOINT_LISTENING))
+    return CheckpointAsked(posted, listening, read_signal_refusal(paths) or "", running)
+
+
+def send_signal(step: Step, signum: int) -> None:
+    """srun forwards it to every task (srun(1), SIGNALS AND ESCAPE SEQUENCES); a step that has
+    ended meanwhile gets none."""
+    if step.poll() is None:
+        step.send_signal(signum)
+
+
+def await_save(step: Step, look: Callable[[], Save | None], wait_s: float) -> Save | None:
+    """The first new save `look` sees (every POLL_S), until `wait_s` pass or the step ends."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and step.poll() is None:
+        time.sleep(POLL_S)
+        save = look()
+        if save is not None:
+            return save
+    return None

@@ -22,7 +22,7 @@ from trainctl.errors import Stopped, TrainctlError, UsageError
 from trainctl.job import machine, metrics, slurm_actions
 from trainctl.job import jobdir
 from trainctl.job.alerts import AlertSender, alert_event
-from trainctl.job.checkpoint_request import request_checkpoint
+from trainctl.job.checkpoint_request import await_save, post_checkpoint_request, send_signal
 from trainctl.job.decision import Decision
 from trainctl.job.follow import HTML_COMMAND
 from trainctl.job.gate_cli import ignore_checkpoint_signals
@@ -47,7 +47,7 @@ STEP_POLL_S = 2.0                       # how often the training step's checkpoi
 # poll's cost grows with the job's nodes (bench/watch_scale.py), so large jobs poll less often.
 WATCH_SHARE = 0.05
 # effects carried out at once: the metrics are written before each of the others (they may wait)
-INSTANT_EFFECTS = (machine.Journal, machine.Say, machine.Alert)
+INSTANT_EFFECTS = (machine.Journal, machine.Say, machine.Alert, machine.SendSignal)
 YEAR_S = 365 * 86400.0                  # an allocation end further than this from its start: no time limit
 
 
@@ -86,10 +86,9 @@ class JobDriver:
         self.metrics_warned = False
         self.alerts = AlertSender(plan.alert_command, self.policy.alerts.timeout_s, str(self.paths.alerts_log),
                                   env, lambda line: say(line, err=True)) if plan.alert_command else None
-        # the training step now: its srun, when it started, the checkpoints seen, the last poll's cost
+        # the training step now: its srun, the checkpoints seen, the last poll's cost
         self.step: subprocess.Popen | None = None
         self.agents: subprocess.Popen | None = None
-        self.step_started = 0.0
         self.checkpoints: jobdir.Checkpoints | None = None
         self.readings: dict = {}                # the node files the last poll read
         self.poll_cost_s = 0.0
@@ -190,7 +189,9 @@ class JobDriver:
             machine.StartAgents: self._start_agents,
             machine.WaitStep: self._wait_step,
             machine.RequestStacks: self._request_stacks,
-            machine.AskForCheckpoint: self._ask_for_checkpoint,
+            machine.PostCheckpointRequest: lambda effect: post_checkpoint_request(self.gate_dir, self.step),
+            machine.SendSignal: lambda effect: send_signal(self.step, effect.signum),
+            machine.AwaitSave: self._await_save,
             machine.StopStep: self._stop_step,
             machine.StepOver: self._step_over,
             machine.Retry: self._retry,
@@ -337,8 +338,9 @@ class JobDriver:
         started = self.journal.add(Kind.TRAINING_START, nodes=effect.job_nodes,
                                    master_addr=effect.master_addr,
                                    **({"restart": effect.restart} if effect.restart else {}))["t"]
-        self.step_started, self.checkpoints, self.poll_cost_s = started, jobdir.Checkpoints(
+        self.checkpoints, self.poll_cost_s = jobdir.Checkpoints(
             self.paths, (self.plan.checkpoints,), self.env["SLURM_SUBMIT_DIR"], started), 0.0
+        self.readings = {}
         argv = machine.training_argv(self.plan, effect, self.gate_dir, self.facts.binds_tasks)
         self.step = slurm_actions.start_step(argv, env)
         return machine.TrainingStarted(started)
@@ -351,36 +353,49 @@ class JobDriver:
 
     def _stop_step(self, effect: machine.StopStep) -> machine.Event:
         status = slurm_actions.stop_step(self.step, self.job_id, machine.OWN_STEPS, self.env, effect.grace_s)
-        return machine.StepStopped(status)
+        self.readings = read_node_files(self.gate_dir, self.state.chosen)   # the agents' last word on saves
+        return machine.StepStopped(status, self._look_for_save())
 
     def _wait_step(self, effect: machine.WaitStep) -> machine.Event:
-        """Until the step ends (StepEnded) or, watching, the next poll (Polled)."""
+        """Until the step ends (StepEnded) or, watching, the next poll (Polled); unwatched, a save
+        seen (SaveSeen)."""
         wait_s = poll_wait_s(self.policy.watch.poll_s, self.poll_cost_s) if effect.poll else STEP_POLL_S
         while True:
             try:
                 status = self.step.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
-                self.checkpoints.poll(self.journal, self.readings.values())
-                if effect.poll:   # the checkpoint patterns' time counts in the poll's cost too
-                    return self._poll(lambda t, readings: machine.Polled(t, readings, self.checkpoints.last),
-                                      self.checkpoints.cost_s)
+                if effect.poll:
+                    return self._poll(lambda t, readings, saved: machine.Polled(t, readings, saved))
+                saved = self._look_for_save()
+                if saved is not None:
+                    return machine.SaveSeen(saved)
                 continue
             status = 128 - status if status < 0 else status
-            return self._poll(lambda t, readings: machine.StepEnded(status, t, readings)) if effect.poll \
-                else machine.StepEnded(status)
+            if effect.poll:
+                return self._poll(lambda t, readings, saved: machine.StepEnded(status, t, readings, saved))
+            return machine.StepEnded(status, saved=self._look_for_save())
 
-    def _poll(self, event, spent_s: float = 0.0):
-        """The agents' files now, as `event(t, readings)`; the read's cost, and `spent_s` already
-        spent on this poll, space the next poll (WATCH_SHARE)."""
+    def _poll(self, event):
+        """The agents' files now and a new save among them or the program's files, as
+        `event(t, readings, saved)`; the poll's cost, the checkpoint patterns' time included,
+        spaces the next poll (WATCH_SHARE)."""
         began = time.monotonic()
         readings = self.readings = read_node_files(self.gate_dir, self.state.chosen)
-        self.poll_cost_s = spent_s + time.monotonic() - began
-        return event(time.time(), readings)
+        t = time.time()
+        saved = self._look_for_save()
+        self.poll_cost_s = time.monotonic() - began
+        return event(t, readings, saved)
 
-    def _ask_for_checkpoint(self, effect: machine.AskForCheckpoint) -> None:
-        """The one way the supervisor asks the ranks to checkpoint (`checkpoint_request`: trainctl's
-        own channel to ranks that listen, else the signal through srun); then wait for a save."""
-        request_checkpoint(self.gate_dir, self.step, effect.signal, self.checkpoints, self.journal, effect.wait_s)
+    def _look_for_save(self) -> jobdir.Save | None:
+        """A new save since the last look (`jobdir.Checkpoints`), with the node files last read."""
+        return self.checkpoints.poll(self.readings.values())
+
+    def _await_save(self, effect: machine.AwaitSave) -> machine.Event:
+        """The first new save after a checkpoint request, the node files read again at each look."""
+        def look() -> jobdir.Save | None:
+            self.readings = read_node_files(self.gate_dir, self.state.chosen)
+            return self._look_for_save()
+        return machine.SaveAwaited(await_save(self.step, look, effect.wait_s))
 
     def _step_over(self, effect: machine.StepOver) -> None:
         if effect.agents and self.agents is not None:
@@ -389,9 +404,8 @@ class JobDriver:
             slurm_actions.stop_step(self.agents, self.job_id, machine.OWN_STEPS, self.env,
                                     self.policy.watch.end_grace_s, cancel_others=False)
             self.agents = None
-        self.checkpoints.poll(self.journal, self.readings.values())
         self.journal.add(Kind.STEP_END, status=effect.status, cause=effect.cause,
-                         training_start_t=self.step_started, last_checkpoint_t=self.checkpoints.last,
+                         training_start_t=effect.training_start_t, last_checkpoint_t=effect.last_checkpoint_t,
                          **({"detection": effect.detection.value} if effect.detection else {}))
 
     def _journal(self, effect: machine.Journal) -> None:

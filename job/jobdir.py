@@ -52,7 +52,7 @@ from trainctl.errors import UsageError
 from trainctl.job.decision import Decision
 from trainctl.launcher.plan import FLIGHT_RECORDER_PREFIX
 from trainctl.guest import wire as guest_wire
-from trainctl.guest.wire import LISTENING_FILE, SIGNAL_REFUSED_FILE
+from trainctl.guest.wire import LISTENING_FILE, SAVE_APIS, SAVE_PATH_MAX, SIGNAL_REFUSED_FILE
 from trainctl.text import printable
 from trainctl.validate import JOB_ID
 
@@ -450,6 +450,11 @@ class RankProgress(NamedTuple):      # a tuple: one per rank per poll, built by 
     cpu_seconds: float | None = None
     runq_seconds: float | None = None
     step_seconds_sq: float = 0.0        # summed squares of the steps' durations (`trainctl.job.agent.squares`)
+    # its program's last save seen with no code (`trainctl.guest.save_hooks`): when it completed,
+    # which API made it (`trainctl.guest.wire.SAVE_APIS`) and the path it wrote ("": none)
+    save_t: float = 0.0
+    save_api: str = ""
+    save_path: str = ""
 
 
 class LinkReading(NamedTuple):
@@ -489,12 +494,14 @@ def node_file_json(reading: NodeReading) -> dict[str, Any]:
         {"format": 1, "node": "node2", "t": <written>, "started_t": <agent start>,
          "ranks": {"0": {"pid": 123, "steps": 57, "step_seconds": 14.3, "compute_seconds": 3.1,
                          "last_step_t": 1764236000.5, "checkpoint_step": 50, "checkpoint_t": ...,
-                         "activity": 812, "cpu_seconds": 9.8, "runq_seconds": 0.4, "step_seconds_sq": 3.6}},
+                         "activity": 812, "cpu_seconds": 9.8, "runq_seconds": 0.4, "step_seconds_sq": 3.6,
+                         "save": {"t": ..., "api": "torch.save", "path": "/ckpt/step_50.pt"}}},
          "checks": {"t": <last run's end or null>, "runs": 3,
                     "failed": [{"check": "gpu.xid", "reason": "..."}], "unknown": [...]},
          "links": {"t": <read>, "ports": {"eth0": {"source": "qdisc", "sent_bytes": 9e8, "wait": 4711}}}}
 
-    "links" is absent where the agent read none (and in files of agents before it read them).
+    "links" is absent where the agent read none (and in files of agents before it read them);
+    a rank's "save" where its program has made none seen.
     """
     return {
         "format": NODE_FILE_FORMAT, "node": reading.node, "t": reading.written_t, "started_t": reading.started_t,
@@ -502,7 +509,9 @@ def node_file_json(reading: NodeReading) -> dict[str, Any]:
                                 "compute_seconds": p.compute_seconds, "last_step_t": p.last_step_t or None,
                                 "checkpoint_step": p.checkpoint_step, "checkpoint_t": p.checkpoint_t or None,
                                 "activity": p.activity, "cpu_seconds": p.cpu_seconds,
-                                "runq_seconds": p.runq_seconds, "step_seconds_sq": p.step_seconds_sq}
+                                "runq_seconds": p.runq_seconds, "step_seconds_sq": p.step_seconds_sq,
+                                **({"save": {"t": p.save_t, "api": p.save_api, "path": p.save_path}}
+                                   if p.save_path else {})}
                   for p in sorted(reading.ranks)},
         "checks": {"t": reading.checks_t, "runs": reading.check_runs,
                    "failed": [{"check": check, "reason": reason} for check, reason in reading.failed_checks],
@@ -570,7 +579,7 @@ def _rank(rank: str, r: Any) -> RankProgress:
     progress = RankProgress(int(rank), r["steps"], r["step_seconds"], get("last_step_t") or 0.0, get("pid") or 0,
                             get("compute_seconds") or 0.0, checkpoint, get("checkpoint_t") or 0.0,
                             get("activity") or 0, get("cpu_seconds"), get("runq_seconds"),
-                            get("step_seconds_sq") or 0.0)
+                            get("step_seconds_sq") or 0.0, *_save(get("save")))
     for value, kinds in zip(progress, (_COUNT, _COUNT, _NUMBER, _NUMBER, _COUNT, _NUMBER)):
         if type(value) not in kinds or not 0 <= value <= NUMBER_LIMIT:
             raise ValueError(f"not a count or time: {value!r}")
@@ -586,6 +595,15 @@ def _rank(rank: str, r: Any) -> RankProgress:
     if type(progress.step_seconds_sq) not in _NUMBER or not 0 <= progress.step_seconds_sq <= NUMBER_LIMIT:
         raise ValueError("not a sum of squares")
     return progress
+
+
+def _save(save: Any) -> tuple[float, str, str]:
+    if save is None:
+        return 0.0, "", ""
+    if type(save) is not dict or save.get("api") not in SAVE_APIS or type(save.get("path")) is not str \
+            or not 0 < len(save["path"]) <= SAVE_PATH_MAX:
+        raise ValueError("not a save")
+    return _time(save.get("t"), required=True), save["api"], save["path"]
 
 
 def _link(name: str, port: Any) -> LinkReading:
@@ -812,9 +830,13 @@ def marker_save(paths: JobPaths) -> Save | None:
 
 
 def rank_saves(readings: Iterable[NodeReading | None]) -> list[Save]:
-    """progress.checkpoint() of any rank, as the node agents' files report it."""
-    return [Save(rank.checkpoint_t, "progress.checkpoint()", f"step {rank.checkpoint_step}")
-            for reading in readings if reading for rank in reading.ranks if rank.checkpoint_t > 0]
+    """progress.checkpoint() of any rank, and the last save each rank's program made (seen with no
+    code: torch.save to a path, torch.distributed.checkpoint, safetensors, Lightning), as the node
+    agents' files report them."""
+    return [save for reading in readings if reading for rank in reading.ranks for save in (
+        *([Save(rank.checkpoint_t, "progress.checkpoint()", f"step {rank.checkpoint_step}")]
+          if rank.checkpoint_t > 0 else []),
+        *([Save(rank.save_t, rank.save_api, rank.save_path)] if rank.save_path else []))]
 
 
 class Checkpoints:
@@ -837,7 +859,9 @@ class Checkpoints:
         self.passing: Steps | None = None           # the pass under way
         self.cost_s = 0.0
 
-    def poll(self, journal: Journal, readings: Iterable[NodeReading | None] = ()) -> Save | None:
+    def poll(self, readings: Iterable[NodeReading | None] = ()) -> Save | None:
+        """The newest save since the last one this returned, from every source (None: none new);
+        the job's machine journals it (`trainctl.job.machine`, the events that carry it)."""
         began = time.monotonic()
         self._step_patterns(began + self.slice_s)
         marker = marker_save(self.paths)
@@ -845,8 +869,6 @@ class Checkpoints:
         seen = checkpoint_seen(self.last, self.since, saves)
         if seen is not None:
             self.last = seen.t
-            journal.add(Kind.CHECKPOINT, checkpoint_t=seen.t, note=seen.note,
-                        **({"source": seen.source} if seen.source != CHECKPOINT_MARKER else {}))
         self.cost_s = time.monotonic() - began
         return seen
 

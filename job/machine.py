@@ -26,7 +26,8 @@ from typing import Literal, Mapping, NamedTuple, Union
 
 from trainctl.detections import RULES, DetectionKind, HungDetails
 from trainctl.job.journal import weighed_line
-from trainctl.job.jobdir import AGENT_LOG_PATTERN, GATE_LOG_PATTERN, SENTINEL_LOG, SENTINEL_OUT, Kind
+from trainctl.job.jobdir import (AGENT_LOG_PATTERN, CHECKPOINT_MARKER, GATE_LOG_PATTERN, SENTINEL_LOG, SENTINEL_OUT,
+                                 Kind, Save)
 from trainctl.job.watch import (Detection, NodeReading, SlowRent, WatchLimits, WatchState, confirm, observe,
                                 silent_nodes, start as start_watch, still_slow, weigh)
 from trainctl.launcher.plan import RANK_OUTPUT, JobPlan
@@ -38,7 +39,7 @@ SENTINEL_STEP = "trainctl-sentinel"
 AGENT_STEP = "trainctl-agent"
 PROBE_STEP = "trainctl-probe"
 OWN_STEPS = (GATE_STEP, SENTINEL_STEP, AGENT_STEP, PROBE_STEP)   # every other numbered step is the training step
-Phase = Literal["start", "gate", "release", "train", "stopping", "retry", "end"]
+Phase = Literal["start", "gate", "release", "train", "asking", "awaiting", "stopping", "retry", "end"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,9 @@ class JobState:
     stopped_t: float = 0.0         # when the watch last decided to stop the step, until training again
     restart_s: float | None = None   # the job's last restart, from that decision to its first step again
     stepped: bool = False          # a training step of this job has reported a step
+    step_started_t: float = 0.0    # the training step running now (or last): when it started
+    saved_t: float | None = None   # that step's last save seen (None: none yet)
+    request: Mapping[str, object] | None = None   # the checkpoint request under way: how it was asked
     # the job's environment as scontrol's resize script rewrote it: (name, value); value None: unset
     env_changes: tuple[tuple[str, str | None], ...] = ()
 
@@ -129,30 +133,53 @@ class TrainingStarted(NamedTuple):
 
 class Polled(NamedTuple):
     """The watch's poll: each training node's agent file (None: none yet), read at `t`; the
-    training step's last checkpoint seen (None: none yet)."""
+    program's newest save seen since the last look (`trainctl.job.jobdir.Checkpoints`; None: none)."""
     t: float
     readings: Mapping[str, NodeReading | None]
-    saved_t: float | None = None
+    saved: Save | None = None
+
+
+class SaveSeen(NamedTuple):
+    """A new save of the program, seen while the step runs unwatched (answers WaitStep(poll=False))."""
+    save: Save
 
 
 class StepEnded(NamedTuple):
-    """The training step ended by itself; with the watch on, the agents' files read at its end."""
+    """The training step ended by itself; with the watch on, the agents' files read at its end;
+    a save seen at its end that was not seen before."""
     status: int
     t: float = 0.0
     readings: Mapping[str, NodeReading | None] = {}
+    saved: Save | None = None
+
+
+class CheckpointAsked(NamedTuple):
+    """The checkpoint request posted, and what the ranks had said of themselves (answers PostCheckpointRequest)."""
+    posted: bool                   # the request is in the watch folder for the agents to pass on
+    listening: bool                # a rank takes requests over trainctl's channel (it said so)
+    refused: str = ""              # a rank's line: the job's signal would not get a save ("": none said so)
+    running: bool = True           # the training step still runs
+
+
+class SaveAwaited(NamedTuple):
+    """The first save seen after the request; None: none before the wait ran out or the step
+    ended (answers AwaitSave)."""
+    saved: Save | None
 
 
 class StepStopped(NamedTuple):
-    """The training step, ended by the driver on the machine's StopStep."""
+    """The training step, ended by the driver on the machine's StopStep; a save seen at its end
+    that was not seen before."""
     status: int
+    saved: Save | None = None
 
 
 class RetryHandled(NamedTuple):
     successor: bool = False        # a successor job was submitted
 
 
-Event = Union[Started, GateDecided, GateRefused, Resized, TrainingStarted, Polled, StepEnded, StepStopped,
-              RetryHandled]
+Event = Union[Started, GateDecided, GateRefused, Resized, TrainingStarted, Polled, SaveSeen, StepEnded,
+              CheckpointAsked, SaveAwaited, StepStopped, RetryHandled]
 
 
 # ---------------------------------------------------------------- effects (what to do next)
@@ -206,7 +233,8 @@ class StartAgents(NamedTuple):
 
 
 class WaitStep(NamedTuple):
-    """Wait for the training step: answers StepEnded, or with `poll` a Polled at the next poll."""
+    """Wait for the training step: answers StepEnded, or with `poll` a Polled at the next poll,
+    without it a SaveSeen when the program saves."""
     poll: bool
 
 
@@ -216,9 +244,20 @@ class RequestStacks(NamedTuple):
     wait_s: float
 
 
-class AskForCheckpoint(NamedTuple):
-    """Evidence of a live job: ask the ranks to checkpoint and wait for the save, at most `wait_s`."""
-    signal: int | None             # None: the job has no checkpoint signal; the request is only journaled
+class PostCheckpointRequest(NamedTuple):
+    """Evidence of a live job: post a checkpoint request for the ranks that take them over
+    trainctl's channel, and read what the ranks said of themselves (`trainctl.job.checkpoint_request`);
+    answers CheckpointAsked."""
+
+
+class SendSignal(NamedTuple):
+    """The job's checkpoint signal to every task of the training step (srun forwards it)."""
+    signum: int
+
+
+class AwaitSave(NamedTuple):
+    """Look for a new save of the program until one is seen, `wait_s` pass or the step ends;
+    answers SaveAwaited."""
     wait_s: float
 
 
@@ -228,11 +267,13 @@ class StopStep(NamedTuple):
 
 
 class StepOver(NamedTuple):
-    """The training step has ended: its agents go, and the journal records the end."""
+    """The training step has ended: its agents go, and the journal records the end (these fields)."""
     status: int
     cause: str
     agents: bool                   # the watch's agents ran beside it
     detection: DetectionKind | None = None   # what the watch found that ended it (None: it ended by itself)
+    training_start_t: float = 0.0  # when it started
+    last_checkpoint_t: float | None = None   # its last save seen (None: none)
 
 
 class Retry(NamedTuple):
@@ -257,7 +298,7 @@ class Alert(NamedTuple):
 
 
 Effect = Union[Journal, Say, StartSentinel, RunGate, Drain, Release, RunTraining, StartAgents, WaitStep,
-               RequestStacks, AskForCheckpoint, StopStep, StepOver, Retry, Finish, Alert]
+               RequestStacks, PostCheckpointRequest, SendSignal, AwaitSave, StopStep, StepOver, Retry, Finish, Alert]
 Effects = tuple[Effect, ...]
 
 
@@ -277,7 +318,7 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
         return _train(replace(state, held=held, releasing=(), env_changes=state.env_changes + changes),
                       event.node_count)
     if phase == "train" and isinstance(event, TrainingStarted):
-        state = replace(state, trained_since=state.trained_since or event.t)
+        state = replace(state, trained_since=state.trained_since or event.t, step_started_t=event.t, saved_t=None)
         restarted = _alert(facts, Kind.TRAINING_START) if state.restarts else ()
         if facts.watch is None:
             return state, (*restarted, WaitStep(poll=False))
@@ -286,14 +327,25 @@ def advance(facts: JobFacts, state: JobState, event: Event) -> tuple[JobState, E
                 (*restarted, StartAgents(state.job_nodes, len(state.chosen)), WaitStep(poll=True)))
     if phase == "train" and isinstance(event, Polled) and facts.watch is not None and state.watch is not None:
         return _watch_poll(facts, state, event)
+    if phase == "train" and isinstance(event, SaveSeen):
+        state, saw = _saw(state, event.save)
+        return state, (*saw, WaitStep(poll=False))
     if phase == "train" and isinstance(event, StepEnded):
-        return _step_ended(facts, state, event)
+        state, saw = _saw(state, event.saved)
+        state, effects = _step_ended(facts, state, event)
+        return state, saw + effects
+    if phase == "asking" and isinstance(event, CheckpointAsked):
+        return _asked(facts, state, event)
+    if phase == "awaiting" and isinstance(event, SaveAwaited):
+        state, saw = _saw(state, event.saved)
+        return _stop_after_request(facts, state, event.saved is not None, saw)
     if phase == "stopping" and isinstance(event, StepStopped):
+        state, saw = _saw(state, event.saved)
         detection = state.detection
-        over = StepOver(event.status, f"ended by the watch ({detection.kind})", facts.watch is not None,
-                        detection.kind)
+        over = _over(state, event.status, f"ended by the watch ({detection.kind})", facts.watch is not None,
+                     detection.kind)
         state, effects = _after_detection(facts, replace(state, watch=None), detection, event.status)
-        return state, (over,) + effects
+        return state, (*saw, over) + effects
     if phase == "retry" and isinstance(event, RetryHandled):
         successor = _alert(facts, Kind.RETRY) if event.successor else ()
         return replace(state, phase="end"), (*successor, *_end(facts, state.status))
@@ -345,8 +397,8 @@ def _watch_poll(facts: JobFacts, state: JobState, event: Polled) -> tuple[JobSta
     watch = facts.watch
     stepped = state.watch.progress_steps >= 0
     seen = observe(watch.limits, state.watch, event.t, event.readings)
-    state = replace(state, watch=seen.state)
-    effects: list[Effect] = []
+    state, saw = _saw(replace(state, watch=seen.state), event.saved)
+    effects: list[Effect] = list(saw)
     if not stepped and seen.state.progress_steps >= 0:   # training again: the restart's cost ends here
         effects.append(Journal(Kind.FIRST_STEP, {"steps": seen.state.progress_steps}))
         state = replace(state, stepped=True)
@@ -391,7 +443,7 @@ def on_detection(facts: JobFacts, state: JobState, event: Polled, detection: Det
         # nobody is named: stopping for the gate is a bet, taken only where it pays several times over
         rent = state.watch.rent
         weighed = weigh(detection, event.t, watch.pay_factor, state.restart_s, watch.restart_cost_s,
-                        max(event.saved_t or 0.0, state.watch.started_t), watch.end_t,
+                        max(state.saved_t or 0.0, state.watch.started_t), watch.end_t,
                         event.t - (state.trained_since or state.watch.started_t), rent)
         fields = {key: value for key, value in detection.journal_fields().items() if key != "suspects"}
         fields.update(weighed.fields())
@@ -417,12 +469,52 @@ def on_detection(facts: JobFacts, state: JobState, event: Polled, detection: Det
                  Say(f"trainctl: watch: {detection.kind}: {detection.evidence} ({note}: trainctl job show)"),
                  RequestStacks(tuple(state.chosen), watch.dump_wait_s), WaitStep(poll=True)))
     if rules.evidence == "stacks":   # the stacks of the ranks whose agent still answers
-        evidence: Effect = RequestStacks(tuple(n for n in state.chosen if n not in detection.suspects),
-                                         watch.dump_wait_s)
-    else:
-        evidence = AskForCheckpoint(watch.checkpoint_signal, watch.checkpoint_wait_s)
-    return (replace(state, phase="stopping", detection=detection, stopped_t=event.t),
-            (*effects, *_detected(facts, detection), evidence, StopStep(watch.end_grace_s)))
+        return (replace(state, phase="stopping", detection=detection, stopped_t=event.t),
+                (*effects, *_detected(facts, detection),
+                 RequestStacks(tuple(n for n in state.chosen if n not in detection.suspects), watch.dump_wait_s),
+                 StopStep(watch.end_grace_s)))
+    return (replace(state, phase="asking", detection=detection, stopped_t=event.t),
+            (*effects, *_detected(facts, detection), PostCheckpointRequest()))
+
+
+def _asked(facts: JobFacts, state: JobState, event: CheckpointAsked) -> tuple[JobState, Effects]:
+    """How the checkpoint request reaches the ranks (`trainctl.job.checkpoint_request`): over
+    trainctl's channel where a rank takes requests there, and then no signal (Lightning takes the
+    signal for "requeue the job"); else the job's signal, unless a rank said it would not get a
+    save; then nothing more, and training resumes from the program's last save. Where a request
+    reached the ranks, the save is waited for."""
+    signum = facts.watch.checkpoint_signal
+    listening = event.posted and event.listening
+    refused = event.refused if signum is not None and not listening else ""
+    send = signum is not None and not listening and not refused and event.running
+    request = {"signal": signum if send else None, "listening": listening, **({"refused": refused} if refused else {})}
+    state = replace(state, request=request)
+    if not (listening or send):
+        return _stop_after_request(facts, state, False, ())
+    return replace(state, phase="awaiting"), (*((SendSignal(signum),) if send else ()),
+                                              AwaitSave(facts.watch.checkpoint_wait_s))
+
+
+def _stop_after_request(facts: JobFacts, state: JobState, saved: bool, saw: Effects) -> tuple[JobState, Effects]:
+    request = dict(state.request or {})
+    refused = request.pop("refused", None)
+    fields = {**request, "saved": saved, **({"refused": refused} if refused else {})}
+    return (replace(state, phase="stopping", request=None),
+            (*saw, Journal(Kind.CHECKPOINT_REQUEST, fields), StopStep(facts.watch.end_grace_s)))
+
+
+def _saw(state: JobState, save: Save | None) -> tuple[JobState, Effects]:
+    """A new save of the program: the step's last, journaled with what said so."""
+    if save is None:
+        return state, ()
+    fields = {"checkpoint_t": save.t, "note": save.note, **({"source": save.source}
+                                                            if save.source != CHECKPOINT_MARKER else {})}
+    return replace(state, saved_t=save.t), (Journal(Kind.CHECKPOINT, fields),)
+
+
+def _over(state: JobState, status: int, cause: str, agents: bool,
+          detection: DetectionKind | None = None) -> StepOver:
+    return StepOver(status, cause, agents, detection, state.step_started_t, state.saved_t)
 
 
 def _detected(facts: JobFacts, detection: Detection) -> Effects:
@@ -459,11 +551,11 @@ def _step_ended(facts: JobFacts, state: JobState, event: StepEnded) -> tuple[Job
             evidence = (f"the training step ended with status {event.status} after the agent of "
                         f"{', '.join(silent)} fell silent")
             detection = Detection(DetectionKind.HUNG, silent, evidence, HungDetails(silent))
-            over = StepOver(event.status, f"ended by the watch ({detection.kind})", True, detection.kind)
+            over = _over(state, event.status, f"ended by the watch ({detection.kind})", True, detection.kind)
             state, effects = _after_detection(facts, replace(state, watch=None, detection=detection,
                                                              stopped_t=event.t), detection, event.status)
             return state, (*_detected(facts, detection), over, *effects)
-    over = StepOver(event.status, "completed" if event.status == 0 else f"exit status {event.status}", watching)
+    over = _over(state, event.status, "completed" if event.status == 0 else f"exit status {event.status}", watching)
     state = replace(state, watch=None)
     if event.status == 0:
         return replace(state, phase="end"), (over, *_end(facts, 0))

@@ -16,7 +16,8 @@ Run by the job script as `srun ... trainctl rank-exec --site S --partition P --m
    TRAINCTL_PROGRESS_SOCKET, the node agent's socket (`trainctl.progress`), and, unless the site
    (`watch.auto_steps`) or the job (TRAINCTL_AUTO_STEPS=0) turns it off, puts trainctl's
    bootstrap folder first on PYTHONPATH, so that a Python program's optimizer steps count as its
-   training steps with no change to it (`trainctl.guest.hook`); neither where the socket's
+   training steps, and its saves are seen, with no change to it (`trainctl.guest.hook`,
+   `trainctl.guest.save_hooks`); neither where the socket's
    directory is not the user's alone (`trainctl.private_dir`): local rank 0 says why;
 5. replaces itself with PROGRAM (os.execvpe: no shell, no extra process; `submit` hands it
    the path its pre-submit check resolved, so no PATH search picks another file).

@@ -53,9 +53,14 @@ def test_the_machine_asks_for_the_evidence_the_kind_names_and_stops_the_step(kin
                              watch=start(1000.0))
     found = detection(kind)
     state, effects = machine.on_detection(job, state, machine.Polled(1100.0, {}), found, [])
-    asked = {"checkpoint": machine.AskForCheckpoint, "stacks": machine.RequestStacks}[RULES[kind].evidence]
-    assert state.phase == "stopping" and isinstance(effects[-2], asked) and isinstance(effects[-1], machine.StopStep)
     assert effects[0] == machine.Journal("detection", found.journal_fields())
+    if RULES[kind].evidence == "checkpoint":      # asked, then the save awaited, before the step is stopped
+        assert state.phase == "asking" and effects[-1] == machine.PostCheckpointRequest()
+        state, effects = machine.advance(job, state, machine.CheckpointAsked(True, True))
+        state, effects = machine.advance(job, state, machine.SaveAwaited(None))
+    else:
+        assert isinstance(effects[-2], machine.RequestStacks)
+    assert state.phase == "stopping" and isinstance(effects[-1], machine.StopStep)
     state, effects = machine.advance(job, state, machine.StepStopped(143))
     assert effects[0] == machine.StepOver(143, f"ended by the watch ({kind.value})", True, kind)
 

@@ -432,7 +432,8 @@ def _cannot_go_on(tmp_path: Path) -> str:
                 "node2": NodeReading("node2", 1001.0, (RankProgress(1, 5, 2.5, 1001.0),),
                                      (("gpu.xid", "Xid 79 on GPU 0 (fell off the bus)"),))}
     for event in (machine.Started(), machine.GateDecided("node[1-2]", ("node1", "node2"), "10.0.0.1"),
-                  machine.TrainingStarted(1000.0), machine.Polled(1001.0, readings), machine.StepStopped(137)):
+                  machine.TrainingStarted(1000.0), machine.Polled(1001.0, readings),
+                  machine.CheckpointAsked(posted=True, listening=False), machine.StepStopped(137)):
         state, effects = machine.advance(facts, state, event)
     driver = JobDriver.__new__(JobDriver)
     driver.job_id = "1"
@@ -449,7 +450,7 @@ def _slowdown_weighed(tmp_path: Path) -> str:
     # slows to 1 s a step after 80 s of training with no node named; its last save at 1060 s
     from trainctl.job import machine
     from trainctl.job.driver import JobDriver
-    from trainctl.job.jobdir import Journal, NodeReading, RankProgress, read_journal
+    from trainctl.job.jobdir import Journal, NodeReading, RankProgress, Save, read_journal
     from trainctl.job.journal import timeline_lines
     from trainctl.job.policy import load_gate_policy
 
@@ -463,13 +464,14 @@ def _slowdown_weighed(tmp_path: Path) -> str:
     state, _ = machine.advance(facts, machine.JobState(), machine.Started())
     state, _ = machine.advance(facts, state, machine.GateDecided("node[1-2]", ("node1", "node2"), "10.0.0.1"))
     state, _ = machine.advance(facts, state, machine.TrainingStarted(1000.0))
+    state, _ = machine.advance(facts, state, machine.Polled(1000.0, {}, Save(1060.0, "torch.save", "ckpt.pt")))
     for second in range(1, 121):
         t = 1000.0 + second
         steps = int(min(second, 80) * 2 + max(second - 80, 0))
         readings = {node: NodeReading(node, t, (RankProgress(rank, steps, float(second), t),), ())
                     for rank, node in enumerate(("node1", "node2"))}
         clock[0] = t
-        state, effects = machine.advance(facts, state, machine.Polled(t, readings, 1060.0))
+        state, effects = machine.advance(facts, state, machine.Polled(t, readings))
         for effect in effects:
             if isinstance(effect, machine.Journal) and effect.kind == "weighed":
                 driver.carry_out(effect)

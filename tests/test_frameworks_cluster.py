@@ -121,7 +121,8 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
     assert any(e["event"] == "first_step" for e in hf_events), hf_events   # the watch saw its steps
     # and the Trainer's last save (its checkpoint file is read once more at the step's end); the
     # watch, if a busy machine made it ask for one, sends no signal
-    saves = [int(e["note"].split()[1]) for e in hf_events if e["event"] == "checkpoint"]
+    saves = [int(e["note"].split()[1]) for e in hf_events
+             if e["event"] == "checkpoint" and e["note"].startswith("step ")]   # the callback's, not a path
     assert saves and saves[-1] >= 30, hf_events
     assert all(e["signal"] is None and e["listening"] for e in hf_events if e["event"] == "checkpoint_request")
     # the Trainer's own saves (save_steps 20, and at max_steps): a busy machine may add the watch's
@@ -134,6 +135,11 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
     assert torchrun_record["JobState"] == "COMPLETED", torchrun_output
     assert "[GPU1] Epoch 19" in torchrun_output and "Epoch 15 | Training snapshot saved" in torchrun_output
     assert (others_dir / "snapshot.pt").is_file()
+    # the program knows nothing of trainctl and the job named no --checkpoints: its torch.save of
+    # snapshot.pt was seen all the same, with its path
+    torchrun_events = journal(others_dir / f"trainctl-gate-{torchrun}")
+    assert any(e["event"] == "checkpoint" and e.get("source") == "torch.save" and e["note"].endswith("/snapshot.pt")
+               for e in torchrun_events), torchrun_events
 
 
 # ---------------------------------------------------------------- public job scripts, as written

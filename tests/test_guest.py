@@ -117,6 +117,8 @@ def test_a_torch_program_sees_its_own_trainctl_module_environment_and_threads(tm
         assert max((r["steps"] for r in reports), default=0) == (5 if bootstrap else 0)
     with_it, without = seen[True], seen[False]
     assert with_it["end"]["trainctl"] == "the program"
+    # the bootstrap's finder waits on for the modules that save, which this program never imported
+    assert with_it["end"].pop("meta_path") == ["_HookAtImport", *without["end"].pop("meta_path")]
     assert with_it["end"] == without["end"]
     # at its first line: the same modules (no sitecustomize left behind) and the same sys.path
     assert with_it["start"]["modules"] == without["start"]["modules"]

@@ -112,3 +112,13 @@ def test_the_public_calls_never_raise_into_the_program_even_when_the_room_fails(
     out = subprocess.run([sys.executable, "-P", "-c", PUBLIC_CALLS], env=env, capture_output=True, text=True,
                          timeout=120)
     assert (out.returncode, out.stdout) == (0, "False\n"), out.stderr
+
+
+def test_the_bootstrap_waits_for_exactly_the_modules_the_room_has_a_hook_for():
+    from trainctl.guest import hook
+    from trainctl.launcher.rank_exec import BOOTSTRAP_DIR
+
+    tree = ast.parse((Path(BOOTSTRAP_DIR) / "sitecustomize.py").read_text())
+    [targets] = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                 and [getattr(t, "id", None) for t in node.targets] == ["_TARGETS"]]
+    assert set(ast.literal_eval(targets.args[0])) == set(hook.INSTALLERS)

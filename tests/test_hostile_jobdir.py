@@ -144,7 +144,7 @@ def test_a_checkpoint_marker_that_is_no_file_is_no_checkpoint_and_never_blocks_t
     {"fifo": lambda: os.mkfifo(paths.checkpoint_marker), "directory": paths.checkpoint_marker.mkdir,
      "link out": lambda: paths.checkpoint_marker.symlink_to(outside)}[kind]()
     journal_file = Journal(paths.journal)
-    seen = finishes(Checkpoints(paths, (), tmp_path, since=0.0).poll, journal_file)
+    seen = finishes(Checkpoints(paths, (), tmp_path, since=0.0).poll)
     assert seen is None and not paths.journal.exists()
 
 

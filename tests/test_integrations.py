@@ -1,7 +1,7 @@
 """The watch's checkpoint requests and the framework callbacks, on this machine: the rank's side of
-the channel (`trainctl.progress.checkpoint_requested`), the supervisor's (`request_checkpoint`:
-no signal to a program that listens), the node agent passing a request on, the ranks agreeing on a
-step, and a real Lightning and Hugging Face Trainer program (one CPU process each) saving through
+the channel (`trainctl.progress.checkpoint_requested`), the supervisor's (`checkpoint_request`'s
+executors, with a real process as the step: the request posted, the signal sent, the save
+awaited), the node agent passing a request on, the ranks agreeing on a step, and a real Lightning and Hugging Face Trainer program (one CPU process each) saving through
 their own save path when asked, with Lightning's own requeue handler for Slurm's signal still in place;
 and a rank judging whether the job's signal would get a save (without the callback, Lightning's
 SIGUSR1 would requeue the job: the rank says so, and the supervisor does not send it)."""
@@ -9,6 +9,7 @@ SIGUSR1 would requeue the job: the rank says so, and the supervisor does not sen
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -22,8 +23,10 @@ from trainctl import progress
 from trainctl.guest import requests as guest_requests
 from trainctl.guest import signal_judge, wire
 from trainctl.integrations.shared import SaveRequests
-from trainctl.job.checkpoint_request import request_checkpoint
+from trainctl.job.checkpoint_request import await_save, post_checkpoint_request, send_signal
 from trainctl.job.jobdir import CHECKPOINT_REQUEST as REQUEST_FILE
+from trainctl.job.jobdir import Checkpoints, JobPaths
+from trainctl.job.machine import CheckpointAsked
 from trainctl.job.jobdir import CHECKPOINT_ENV
 from trainctl.guest.wire import WATCH_DIR_ENV
 
@@ -134,73 +137,78 @@ def test_a_failing_all_reduce_is_no_save_and_no_error(monkeypatch):
 
 # ---------------------------------------------------------------- the supervisor's side
 
-class FakeStep:
-    def __init__(self):
-        self.signals = []
-
-    def poll(self):
-        return None
-
-    def send_signal(self, signum):
-        self.signals.append(signum)
-
-
-class Saves:
-    def __init__(self, save_on_poll: bool):
-        self.last = None
-        self.save_on_poll = save_on_poll
-
-    def poll(self, journal):
-        if self.save_on_poll:
-            self.last = time.time()
+# A training step as the supervisor sees it: a real process that saves snapshot.pt when it gets
+# SIGUSR1 (the job's signal), and says on stdout when its handler is in place.
+SAVES_ON_SIGNAL = """
+import signal, sys, time
+def save(signum, frame):
+    with open("snapshot.pt", "w") as out:
+        out.write("state")
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, save)
+print("ready", flush=True)
+time.sleep(600)
+"""
 
 
-class Journal:
-    def __init__(self):
-        self.events = []
+@pytest.fixture
+def step(tmp_path):
+    """The running step, its handler in place; ended at the test's end."""
+    process = subprocess.Popen([sys.executable, "-c", SAVES_ON_SIGNAL], cwd=tmp_path, stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline() == "ready\n"
+    yield process
+    process.kill()
+    process.wait()
 
-    def add(self, event, **fields):
-        self.events.append((event, fields))
+
+def ended_step(tmp_path) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", "pass"], cwd=tmp_path)
+    process.wait()
+    return process
 
 
-def test_a_program_that_listens_gets_the_request_and_no_signal(tmp_path):
+def test_a_request_is_posted_for_the_agents_with_what_the_ranks_said_of_themselves(tmp_path, step):
     (tmp_path / "watch").mkdir()
+    assert post_checkpoint_request(str(tmp_path), step) == CheckpointAsked(True, False, "", True)
+    first = (tmp_path / "watch" / REQUEST_FILE).read_text().strip()
     (tmp_path / "watch" / wire.LISTENING_FILE).touch()
-    step, journal = FakeStep(), Journal()
-    request_checkpoint(str(tmp_path), step, signal.SIGUSR1, Saves(save_on_poll=True), journal, wait_s=5)
-    assert step.signals == []
-    assert (tmp_path / "watch" / REQUEST_FILE).read_text().strip()
-    assert journal.events == [("checkpoint_request", {"signal": None, "listening": True, "saved": True})]
-
-
-def test_a_program_that_never_asked_gets_the_jobs_signal_as_before(tmp_path):
-    (tmp_path / "watch").mkdir()
-    step, journal = FakeStep(), Journal()
-    request_checkpoint(str(tmp_path), step, signal.SIGUSR1, Saves(save_on_poll=True), journal, wait_s=5)
-    assert step.signals == [signal.SIGUSR1]
-    assert journal.events == [("checkpoint_request", {"signal": signal.SIGUSR1, "listening": False, "saved": True})]
-
-
-def test_a_signal_a_rank_said_would_not_save_is_not_sent(tmp_path):
-    (tmp_path / "watch").mkdir()
     (tmp_path / "watch" / wire.SIGNAL_REFUSED_FILE).write_text("rank 1: SIGUSR1 is ignored\x1b[2J\nmore\n")
-    step, journal = FakeStep(), Journal()
-    began = time.monotonic()
-    request_checkpoint(str(tmp_path), step, signal.SIGUSR1, Saves(save_on_poll=False), journal, wait_s=3600)
-    assert time.monotonic() - began < 60                 # nothing asked that could save: no wait
-    assert step.signals == []
-    event, fields = journal.events[0]
-    assert fields["signal"] is None and fields["saved"] is False
-    assert fields["refused"].startswith("rank 1: SIGUSR1 is ignored") and "\x1b" not in fields["refused"]
+    asked = post_checkpoint_request(str(tmp_path), step)
+    assert asked.posted and asked.listening and asked.running
+    assert asked.refused.startswith("rank 1: SIGUSR1 is ignored") and "\x1b" not in asked.refused
+    assert (tmp_path / "watch" / REQUEST_FILE).read_text().strip() not in ("", first)   # a new token
 
 
-def test_with_no_signal_and_no_listener_nothing_is_waited_for(tmp_path):
+def test_no_request_is_posted_for_an_ended_step_or_through_a_symlinked_folder(tmp_path, step):
     (tmp_path / "watch").mkdir()
-    step, journal = FakeStep(), Journal()
-    began = time.monotonic()
-    request_checkpoint(str(tmp_path), step, None, Saves(save_on_poll=False), journal, wait_s=3600)
-    assert time.monotonic() - began < 60
-    assert step.signals == [] and journal.events[0][1] == {"signal": None, "listening": False, "saved": False}
+    assert post_checkpoint_request(str(tmp_path), ended_step(tmp_path)) == CheckpointAsked(False, False, "", False)
+    assert not (tmp_path / "watch" / REQUEST_FILE).exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "watch").rmdir()
+    (tmp_path / "watch").symlink_to(elsewhere)
+    (elsewhere / wire.LISTENING_FILE).touch()
+    assert post_checkpoint_request(str(tmp_path), step) == CheckpointAsked(False, False, "", True)
+    assert list(elsewhere.iterdir()) == [elsewhere / wire.LISTENING_FILE]      # nothing written through it
+
+
+def test_the_signal_reaches_the_step_and_the_save_it_makes_is_the_one_awaited(tmp_path, step):
+    paths = JobPaths(tmp_path / "trainctl-gate-1")
+    paths.root.mkdir()
+    seen = Checkpoints(paths, ("snapshot.pt",), tmp_path, since=0.0, slice_s=math.inf)   # a whole pass a look
+    send_signal(step, signal.SIGUSR1)
+    save = await_save(step, seen.poll, wait_s=600)
+    if save is None:                                   # the step saved and ended before a look saw it
+        save = seen.poll()
+    assert save is not None and save.source == "snapshot.pt" and step.wait(timeout=60) == 0
+    send_signal(step, signal.SIGUSR1)                  # it has ended: nothing is sent, no error
+
+
+def test_the_wait_for_a_save_ends_with_the_step(tmp_path):
+    paths = JobPaths(tmp_path / "trainctl-gate-1")
+    paths.root.mkdir()
+    assert await_save(ended_step(tmp_path), Checkpoints(paths, (), tmp_path, since=0.0).poll, wait_s=3600) is None
 
 
 # ---------------------------------------------------------------- would the job's signal get a save?

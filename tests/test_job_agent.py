@@ -21,9 +21,11 @@ from trainctl.errors import ParseError
 from trainctl.health.parse.schedstat import parse_schedstat
 from trainctl.health.status import CheckResult, Status
 from trainctl.job.agent import (NO_PIPE, NO_READER, ChecksState, Problem, RankProgress, ask_flight_recorder,
-                                await_flight_recorder_dumps, dump_stacks, flight_recorder_text, fold, judge_run,
+                                await_flight_recorder_dumps, dump_stacks, flight_recorder_text, fold, fold_save,
+                                judge_run,
                                 main_thread_times, node_reading, run_failed, squares, stacks_text,
                                 with_main_thread_times)
+from trainctl.guest import wire
 from trainctl.job.jobdir import LinkReading, node_file_json, parse_node_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +65,42 @@ def test_a_new_pid_for_a_rank_is_a_restarted_process_whose_counts_start_again():
     ranks = fold(ranks, report(pid=300, steps=2, window_seconds=1.0))
     assert ranks[0] == RankProgress(0, pid=300, steps=2, step_seconds=1.0, compute_seconds=0.1, last_step_t=1000.0,
                                     step_seconds_sq=1.0)
+
+
+def save_report(rank=0, pid=100, t=30.0, path="/ckpt/step_50.pt", api="torch.save"):
+    """A decoded save, as trainctl.guest.wire.decode_save returns it."""
+    return {"rank": rank, "pid": pid, "time": t, "api": api, "path": path}
+
+
+def test_a_save_is_the_ranks_last_one_and_later_reports_keep_it():
+    ranks = fold({}, report(steps=50, t=20.0))
+    ranks = fold_save(ranks, save_report(t=30.0))
+    ranks = fold_save(ranks, save_report(t=31.0, path="/ckpt/step_50", api="torch.distributed.checkpoint"))
+    ranks = fold(ranks, report(steps=51, t=32.0))
+    assert (ranks[0].save_t, ranks[0].save_api, ranks[0].save_path, ranks[0].steps) == \
+        (31.0, "torch.distributed.checkpoint", "/ckpt/step_50", 51)
+
+
+def test_a_save_from_a_process_that_has_not_reported_as_the_rank_is_not_the_ranks():
+    ranks = fold({}, report(pid=100))
+    assert fold_save(ranks, save_report(pid=999)) == ranks       # a forked child, or a process before its claim
+    assert fold_save({}, save_report()) == {}
+    assert fold(fold_save(ranks, save_report()), report(pid=300)) [0].save_path == ""   # a restart: none yet
+
+
+def test_a_save_datagram_round_trips_and_is_told_apart_from_a_report():
+    datagram = wire.encode_save(3, 77, 12.5, wire.SAVE_APIS.index("safetensors"), b"/ck/model.safetensors")
+    assert wire.is_save(datagram) and not wire.is_save(wire.RECORD.pack(wire.VERSION, *[0] * 10))
+    assert wire.decode_save(datagram) == {"rank": 3, "pid": 77, "time": 12.5, "api": "safetensors",
+                                          "path": "/ck/model.safetensors"}
+    cut = wire.decode_save(wire.encode_save(0, 1, 1.0, 0, b"/" + b"a" * 10_000))["path"]
+    assert len(cut) == wire.SAVE_PATH_MAX                             # a longer path is cut, never an error
+    size = wire.SAVE_RECORD.size
+    for bad in (datagram[:size],                                           # no path
+                datagram[:size - 1] + bytes([len(wire.SAVE_APIS)]) + datagram[size:],   # an API of no name
+                bytes([wire.VERSION]) + datagram[1:]):                     # a progress report's tag
+        with pytest.raises(ValueError):
+            wire.decode_save(bad)
 
 
 def test_a_reports_squares_are_its_longest_step_and_the_rest_as_equal_steps():
@@ -155,6 +193,16 @@ def test_the_node_file_is_the_designs_document_and_the_supervisor_reads_back_wha
         "checks": {"t": 9.0, "runs": 2, "failed": [{"check": "gpu.xid", "reason": "Xid 79"}],
                    "unknown": [{"check": "gpu.ecc", "reason": "?"}]}}
     assert parse_node_file(json.dumps(node_file_json(reading))) == reading   # one schema, both ends
+    saved = node_reading("node2", 10.0, 1.0, {0: RankProgress(0, pid=6, save_t=8.0, save_api="safetensors",
+                                                                 save_path="/ck/model.safetensors")}, checks)
+    assert node_file_json(saved)["ranks"]["0"]["save"] == {"t": 8.0, "api": "safetensors",
+                                                             "path": "/ck/model.safetensors"}
+    assert parse_node_file(json.dumps(node_file_json(saved))) == saved
+    for bad in ({"t": 8.0, "api": "pickle", "path": "/x"}, {"t": 8.0, "api": "torch.save", "path": ""},
+                {"t": "soon", "api": "torch.save", "path": "/x"}, ["torch.save"]):
+        document = node_file_json(saved)
+        document["ranks"]["0"]["save"] = bad
+        assert parse_node_file(json.dumps(document)) is None
     empty = node_file_json(node_reading("n", 1.0, 1.0, {}, ChecksState()))
     assert json.loads(json.dumps(empty))["checks"]["t"] is None
 

@@ -121,6 +121,7 @@ def run_to_a_restart(job: machine.JobFacts) -> list:
     state = machine.JobState()
     for event in (machine.Started(), machine.GateDecided("node[1-2]", ("node1", "node2"), "10.0.0.1"),
                   machine.TrainingStarted(1000.0), machine.Polled(1001.0, xid_on_node2(1001.0)),
+                  machine.CheckpointAsked(posted=True, listening=False),   # no signal, no listener: no wait
                   machine.StepStopped(143), machine.GateDecided("node[1,3]", ("node1", "node3"), "10.0.0.1"),
                   machine.TrainingStarted(1100.0), machine.StepEnded(0, 1200.0, {})):
         state, effects = machine.advance(job, state, event)

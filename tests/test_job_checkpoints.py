@@ -68,7 +68,7 @@ def test_a_poll_takes_one_slice_of_a_large_pattern_and_reports_a_save_only_after
     paths.root.mkdir()
     seen = Checkpoints(paths, ("*/*/*.pt",), tree, since=100.0, slice_s=0.0)
     journal = Journal(paths.journal)
-    polls = [seen.poll(journal) for _ in range(2 * names)]
+    polls = [seen.poll() for _ in range(2 * names)]
     reported = [n for n, save in enumerate(polls) if save is not None]
     assert reported == [names] and polls[names] == Save(300.0, "*/*/*.pt", "d5/e5/model.pt")
 
@@ -123,18 +123,16 @@ def test_a_directory_is_a_save_once_its_newest_time_held_for_a_poll(tmp_path):
     write(first / "optimizer.pt", 210.0)
     stamp(first, mtime=205.0)
     seen, journal = saves_seen(tmp_path, "out/checkpoint-*")
-    assert seen.poll(journal) is None                                  # first sight: it may still be written
-    assert seen.poll(journal) == Save(210.0, "out/checkpoint-*", "out/checkpoint-100")
+    assert seen.poll() is None                                  # first sight: it may still be written
+    assert seen.poll() == Save(210.0, "out/checkpoint-*", "out/checkpoint-100")
     second = tmp_path / "out" / "checkpoint-200"
     write(second / "model.safetensors", 300.0)                         # being written: newer each poll
     stamp(second, mtime=300.0)
-    assert seen.poll(journal) is None
+    assert seen.poll() is None
     write(second / "optimizer.pt", 310.0)
     stamp(second, mtime=310.0)
-    assert seen.poll(journal) is None
-    assert seen.poll(journal) == Save(310.0, "out/checkpoint-*", "out/checkpoint-200") and seen.poll(journal) is None
-    assert [(e["checkpoint_t"], e["note"]) for e in read_journal(seen.paths.journal)] == [
-        (210.0, "out/checkpoint-100"), (310.0, "out/checkpoint-200")]
+    assert seen.poll() is None
+    assert seen.poll() == Save(310.0, "out/checkpoint-*", "out/checkpoint-200") and seen.poll() is None
 
 
 def test_a_nested_checkpoint_counts_by_its_newest_file_and_a_renamed_one_by_its_folder(tmp_path):
@@ -143,9 +141,9 @@ def test_a_nested_checkpoint_counts_by_its_newest_file_and_a_renamed_one_by_its_
     write(rank_file, 400.0)
     stamp(rank_file.parent, rank_file.parent.parent, mtime=150.0)
     seen, journal = saves_seen(tmp_path, "ckpt/iter_*")
-    assert seen.poll(journal) is None and seen.poll(journal).t == 400.0
+    assert seen.poll() is None and seen.poll().t == 400.0
     stamp(rank_file.parent, mtime=450.0)                               # a rename inside changes only the folder
-    assert seen.poll(journal) is None and seen.poll(journal).t == 450.0
+    assert seen.poll() is None and seen.poll().t == 450.0
 
 
 def test_a_directory_held_for_less_than_the_quiet_time_is_not_a_save_yet(tmp_path):
@@ -154,7 +152,7 @@ def test_a_directory_held_for_less_than_the_quiet_time_is_not_a_save_yet(tmp_pat
     write(tmp_path / "state" / "step-7" / "model.pt", 700.0)
     stamp(tmp_path / "state" / "step-7", mtime=690.0)
     seen, journal = saves_seen(tmp_path, "state/*", poll_s=0.2)
-    polls = [seen.poll(journal) for _ in range(round(jobdir.DIRECTORY_QUIET_S / 0.2) + 1)]
+    polls = [seen.poll() for _ in range(round(jobdir.DIRECTORY_QUIET_S / 0.2) + 1)]
     assert polls[:-1] == [None] * (len(polls) - 1) and polls[-1].t == 700.0
 
 
@@ -162,7 +160,7 @@ def test_an_empty_directory_or_one_of_empty_folders_is_never_a_save(tmp_path):
     (tmp_path / "state" / "empty").mkdir(parents=True)
     (tmp_path / "state" / "folders" / "a" / "b").mkdir(parents=True)
     seen, journal = saves_seen(tmp_path, "state/*")
-    assert [seen.poll(journal) for _ in range(3)] == [None, None, None]
+    assert [seen.poll() for _ in range(3)] == [None, None, None]
 
 
 def test_links_inside_a_checkpoint_are_not_followed_and_a_fifo_is_never_opened(tmp_path):
@@ -204,21 +202,29 @@ def test_progress_checkpoint_reaches_the_supervisor_through_the_node_files():
     assert rank_saves(readings) == [Save(9.0, "progress.checkpoint()", "step 50")]
 
 
-def test_each_new_save_is_journaled_once_with_where_it_was_seen(tmp_path):
+def test_a_save_seen_with_no_code_reaches_the_supervisor_with_its_path(tmp_path):
     paths = JobPaths(tmp_path / "trainctl-gate-9")
     paths.root.mkdir()
-    journal = Journal(paths.journal, clock=lambda: 500.0)
+    seen = Checkpoints(paths, (), tmp_path, since=100.0)
+    node = NodeReading("node1", 300.0, (RankProgress(0, save_t=280.0, save_api="torch.distributed.checkpoint",
+                                                     save_path="/ckpt/step_40"),))
+    assert rank_saves([node]) == [Save(280.0, "torch.distributed.checkpoint", "/ckpt/step_40")]
+    assert seen.poll([node]) == Save(280.0, "torch.distributed.checkpoint", "/ckpt/step_40")
+    assert seen.poll([node]) is None                                     # once
+    assert not paths.journal.exists()                                    # the machine journals it
+
+
+def test_each_new_save_is_seen_once_with_where_it_was_seen(tmp_path):
+    paths = JobPaths(tmp_path / "trainctl-gate-9")
+    paths.root.mkdir()
     seen = Checkpoints(paths, ("snapshot.pt",), tmp_path, since=100.0, slice_s=math.inf)
     write(tmp_path / "snapshot.pt", 90.0)                              # the last run's: not this step's
-    assert seen.poll(journal) is None
+    assert seen.poll() is None
     write(tmp_path / "snapshot.pt", 200.0)
-    assert seen.poll(journal) == Save(200.0, "snapshot.pt", "snapshot.pt") and seen.poll(journal) is None
+    assert seen.poll() == Save(200.0, "snapshot.pt", "snapshot.pt") and seen.poll() is None
     write(paths.checkpoint_marker, 250.0, "step 40\x1b[2J\n")
     node = NodeReading("node1", 300.0, (RankProgress(0, checkpoint_step=60, checkpoint_t=260.0),))
-    assert seen.poll(journal, [node]).source == "progress.checkpoint()" and seen.last == 260.0
-    events = read_journal(paths.journal)
-    assert [(e["event"], e["checkpoint_t"], e.get("source")) for e in events] == [
-        (Kind.CHECKPOINT, 200.0, "snapshot.pt"), (Kind.CHECKPOINT, 260.0, "progress.checkpoint()")]
+    assert seen.poll([node]).source == "progress.checkpoint()" and seen.last == 260.0
 
 
 @pytest.mark.parametrize("saved_at, lost", [(None, 100.0), (150.0, 50.0)])
@@ -234,7 +240,7 @@ def test_an_unmodified_programs_own_snapshot_makes_its_lost_work_right(tmp_path,
     seen = Checkpoints(paths, ("snapshot.pt",), tmp_path, since=started, slice_s=math.inf)
     if saved_at is not None:
         write(tmp_path / "snapshot.pt", saved_at)
-    seen.poll(journal)
+    seen.poll()
     journal.add(Kind.STEP_END, status=1, training_start_t=started, last_checkpoint_t=seen.last)
     journal.add(Kind.JOB_END, status=1)
     result = goodput([read_journal(paths.journal)], now=1000.0)

@@ -10,7 +10,7 @@ import pytest
 from trainctl.detections import DetectionKind, SlowDetails, read_details
 from trainctl.job import machine
 from trainctl.job.goodput import goodput
-from trainctl.job.jobdir import Journal, parse_journal
+from trainctl.job.jobdir import Journal, Save, parse_journal
 from trainctl.job.watch import Detection, LinkReading, NodeReading, RankProgress, WatchLimits
 from trainctl.launcher.plan import JobPlan, SubmitRequest, plan_job
 from trainctl.site import load_site
@@ -94,7 +94,7 @@ def test_the_step_ends_with_its_record_before_the_jobs_end():
     job = facts(release=False)
     state, _ = training(job)
     state, effects = feed(job, state, machine.StepEnded(0))
-    assert effects == (machine.StepOver(0, "completed", agents=False), machine.Finish(0))
+    assert effects == (machine.StepOver(0, "completed", agents=False, training_start_t=1000.0), machine.Finish(0))
     assert state.phase == "end"
 
 
@@ -163,7 +163,7 @@ def test_the_watch_starts_the_agents_and_polls_while_the_job_makes_progress():
                            lambda node, t: int(t - 1000.0) * 2)
     assert effects == (machine.WaitStep(poll=True),) and state.phase == "train"
     state, effects = feed(job, state, machine.StepEnded(0, 1040.0, {}))
-    assert effects == (machine.StepOver(0, "completed", agents=True), machine.Finish(0))
+    assert effects == (machine.StepOver(0, "completed", agents=True, training_start_t=1000.0), machine.Finish(0))
 
 
 def test_an_agent_silent_while_training_goes_on_is_journaled_once_and_is_no_detection():
@@ -190,12 +190,21 @@ def sick_detected(job):
 def test_a_sick_node_asks_for_a_checkpoint_stops_the_step_and_restarts_on_the_held_spare():
     job = facts(spares=1, restarts=2, watch=WATCH)
     state, effects = sick_detected(job)
-    assert state.phase == "stopping" and state.detection.suspects == ("node2",)
+    assert state.phase == "asking" and state.detection.suspects == ("node2",)
     assert effects[0].kind == "detection" and effects[0].fields["suspects"] == ["node2"]
     assert effects[1] == machine.Say("trainctl: watch: sick: node2: gpu.xid: Xid 79: fallen off the bus")
-    assert effects[2:] == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
+    assert effects[2:] == (machine.PostCheckpointRequest(),) and state.phase == "asking"
+    # no rank takes requests over trainctl's channel: the job's signal, then the save is awaited
+    state, effects = feed(job, state, machine.CheckpointAsked(posted=True, listening=False))
+    assert effects == (machine.SendSignal(10), machine.AwaitSave(15.0)) and state.phase == "awaiting"
+    state, effects = feed(job, state, machine.SaveAwaited(Save(1003.5, "torch.save", "/ckpt/step_6.pt")))
+    assert effects == (machine.Journal("checkpoint", {"checkpoint_t": 1003.5, "note": "/ckpt/step_6.pt",
+                                                      "source": "torch.save"}),
+                       machine.Journal("checkpoint_request", {"signal": 10, "listening": False, "saved": True}),
+                       machine.StopStep(3.0))
     state, effects = feed(job, state, machine.StepStopped(143))
-    assert effects == (machine.StepOver(143, "ended by the watch (sick)", agents=True, detection=DetectionKind.SICK),
+    assert effects == (machine.StepOver(143, "ended by the watch (sick)", agents=True, detection=DetectionKind.SICK,
+                                        training_start_t=1000.0, last_checkpoint_t=1003.5),
                        machine.RunGate(("node1", "node3"), archive=1))
     assert state.condemned == ("node2",) and state.restarts == 1 and state.watch is None
     # the gate confirms: the named node is left out (and drained where the site asks), the spare trains
@@ -212,9 +221,57 @@ def test_a_sick_node_asks_for_a_checkpoint_stops_the_step_and_restarts_on_the_he
     assert effects == (machine.StartAgents("node[1,3]", 2), machine.WaitStep(poll=True))
 
 
-def test_without_a_checkpoint_signal_the_request_is_still_one_effect():
-    job = facts(spares=1, restarts=2, watch=machine.WatchFacts(LIMITS, None, 15.0, 5.0, 3.0, 3.0, 600.0))
-    assert sick_detected(job)[1][2] == machine.AskForCheckpoint(None, 15.0)
+@pytest.mark.parametrize("signum, asked, sent, awaited, journaled", [
+    # a rank takes requests over trainctl's channel: no signal (Lightning's would requeue the job)
+    (10, machine.CheckpointAsked(True, True), False, True, {"signal": None, "listening": True}),
+    (10, machine.CheckpointAsked(True, False), True, True, {"signal": 10, "listening": False}),
+    # a rank said the signal would not get a save: nothing sent, nothing awaited, its line journaled
+    (10, machine.CheckpointAsked(True, False, "rank 1: SIGUSR1 is ignored"), False, False,
+     {"signal": None, "listening": False, "refused": "rank 1: SIGUSR1 is ignored"}),
+    # the listener file counts only where the request reached the folder
+    (10, machine.CheckpointAsked(False, True), True, True, {"signal": 10, "listening": False}),
+    # the step ended meanwhile: nothing to signal or wait for
+    (10, machine.CheckpointAsked(False, False, running=False), False, False, {"signal": None, "listening": False}),
+    # no checkpoint signal: the request alone, and a refusal of a signal the job does not send is no news
+    (None, machine.CheckpointAsked(True, False, "rank 0: SIGUSR1 has its default action"), False, False,
+     {"signal": None, "listening": False}),
+    (None, machine.CheckpointAsked(True, True), False, True, {"signal": None, "listening": True}),
+], ids=["listener", "signal", "refused", "not-posted", "ended", "no-signal", "no-signal-listener"])
+def test_the_machine_decides_whether_to_signal_and_whether_to_wait_for_the_save(signum, asked, sent, awaited,
+                                                                             journaled):
+    job = facts(spares=1, restarts=2, watch=replace(WATCH, checkpoint_signal=signum))
+    state, effects = sick_detected(job)
+    assert effects[-1] == machine.PostCheckpointRequest()
+    state, effects = feed(job, state, asked)
+    assert (machine.SendSignal(10) in effects) == sent
+    if awaited:
+        assert effects[-1] == machine.AwaitSave(15.0)
+        state, effects = feed(job, state, machine.SaveAwaited(None))     # no save within the wait
+    saved_false = {**journaled, "saved": False}
+    assert effects[-2:] == (machine.Journal("checkpoint_request", saved_false), machine.StopStep(3.0))
+    assert state.phase == "stopping" and state.request is None
+
+
+def test_each_save_seen_is_journaled_by_the_machine_and_is_the_steps_last_checkpoint():
+    job = facts(release=False, watch=WATCH)
+    state, _ = training(job)
+    readings = {node: reading(node, 1001.0, 1) for node in ("node1", "node2")}
+    state, effects = feed(job, state, machine.Polled(1001.0, readings, Save(1000.5, "checkpoint.seen", "step 1")))
+    assert effects[0] == machine.Journal("checkpoint", {"checkpoint_t": 1000.5, "note": "step 1"})   # the marker's
+    assert state.saved_t == 1000.5
+    state, effects = feed(job, state, machine.StepEnded(0, 1002.0, readings, Save(1001.5, "safetensors", "/m.st")))
+    assert effects[0] == machine.Journal("checkpoint", {"checkpoint_t": 1001.5, "note": "/m.st",
+                                                        "source": "safetensors"})
+    assert effects[1] == machine.StepOver(0, "completed", True, training_start_t=1000.0, last_checkpoint_t=1001.5)
+    # unwatched: a save answers the wait, and the wait goes on
+    job = facts(release=False)
+    state, _ = training(job)
+    state, effects = feed(job, state, machine.SaveSeen(Save(1000.7, "torch.save", "/a.pt")))
+    assert effects == (machine.Journal("checkpoint", {"checkpoint_t": 1000.7, "note": "/a.pt", "source": "torch.save"}),
+                       machine.WaitStep(poll=False))
+    # a new training step starts with no save seen
+    state, _ = feed(job, replace(state, phase="train"), machine.TrainingStarted(2000.0))
+    assert state.saved_t is None and state.step_started_t == 2000.0
 
 
 def test_a_hung_node_gets_the_others_stacks_and_is_named_by_its_silent_agent():
@@ -239,9 +296,9 @@ def slowing(job, state, times, saved_t=None):
     seen = []
     for t in times:
         steps = int(min(t - 1000.0, 60.0) * 2 + max(t - 1060.0, 0.0))
-        saved = saved_t(t) if callable(saved_t) else saved_t
+        state = replace(state, saved_t=saved_t(t) if callable(saved_t) else saved_t)
         state, effects = feed(job, state, machine.Polled(t, {node: reading(node, t, steps, 0.5, (), t - 1000.0)
-                                                             for node in ("node1", "node2")}, saved))
+                                                             for node in ("node1", "node2")}))
         seen += effects
         if state.phase != "train":
             break
@@ -259,7 +316,7 @@ def test_a_slowdown_no_evidence_pins_on_a_node_is_weighed_and_training_goes_on_w
     state, _ = training(job)
     state, effects = slowing(job, state, [1001.0 + i for i in range(90)], saved_t=1050.0)
     assert state.phase == "train" and state.detection is None
-    assert not any(isinstance(e, (machine.StopStep, machine.AskForCheckpoint, machine.RunGate)) for e in effects)
+    assert not any(isinstance(e, (machine.StopStep, machine.PostCheckpointRequest, machine.RunGate)) for e in effects)
     [decision] = weighed(effects)
     fields = decision.fields
     assert fields["action"] == "go on" and fields["kind"] == "slow" and fields["restart_basis"] == "site default"
@@ -296,7 +353,7 @@ def test_a_slowdown_worth_the_gate_stops_for_it_once_it_cost_a_restarts_price():
     job = facts(release=False, restarts=1, watch=replace(WATCH, end_t=1000.0 + 10 * 86400.0))
     state, _ = training(job)
     state, effects = slowing(job, state, [1001.0 + i for i in range(2000)], saved_t=every_30_s)
-    assert state.phase == "stopping" and state.detection.kind == "slow" and state.detection.suspects == ()
+    assert state.phase == "asking" and state.detection.kind == "slow" and state.detection.suspects == ()
     # weighed twice: when the gate first would pay (training goes on), and when the slowdown has cost its price
     wait, decision = weighed(effects)
     assert wait.fields["action"] == "wait" and wait.fields["paid_s"] == 0.0
@@ -304,7 +361,10 @@ def test_a_slowdown_worth_the_gate_stops_for_it_once_it_cost_a_restarts_price():
     assert decision.fields["action"] == "gate" and decision.fields["gain_s"] > 3 * decision.fields["price_s"]
     assert decision.fields["paid_s"] >= decision.fields["price_s"] >= 600.0
     assert decision.fields["step_s"] > 1.5 * decision.fields["baseline_s"]   # still judged against the first baseline
-    assert effects[-2:] == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
+    assert effects[-1] == machine.PostCheckpointRequest() and state.phase == "asking"
+    state, _ = feed(job, state, machine.CheckpointAsked(True, True))
+    state, effects = feed(job, state, machine.SaveAwaited(None))
+    assert effects[-1] == machine.StopStep(3.0)
     stopped_t = state.stopped_t
     state, effects = feed(job, state, machine.StepStopped(143))
     assert effects[-1] == machine.RunGate(ALLOCATED, archive=1) and state.condemned == ()
@@ -330,7 +390,7 @@ def test_a_measured_restart_prices_the_next_slowdown():
                              saved_t=every_30_s)
     decision = weighed(effects)[-1]
     assert decision.fields["restart_basis"] == "measured" and decision.fields["restart_s"] == 60.0
-    assert decision.fields["action"] == "gate" and cheap.phase == "stopping"
+    assert decision.fields["action"] == "gate" and cheap.phase == "asking"
     dear, effects = slowing(job, state, [1001.0 + i for i in range(90)], saved_t=every_30_s)
     assert weighed(effects)[0].fields["action"] == "go on" and dear.phase == "train"
 
@@ -348,8 +408,9 @@ def test_a_slowdown_that_passes_before_it_costs_a_restarts_price_stops_nothing_a
     steps = 2 * 60 + 40
     for t in [1101.0 + i for i in range(30)]:   # 0.5 s a step again
         steps += 2
+        state = replace(state, saved_t=every_30_s(t))
         state, more = feed(job, state, machine.Polled(t, {node: reading(node, t, steps, 0.5, (), t - 1000.0)
-                                                          for node in ("node1", "node2")}, every_30_s(t)))
+                                                          for node in ("node1", "node2")}))
         effects += more
     assert state.phase == "train" and state.watch.rent is None and state.accepted_step_s == 0.0
     passed = weighed(effects)[-1].fields
@@ -374,7 +435,7 @@ def test_a_slowdown_after_the_last_restart_is_noted_and_training_goes_on():
     assert noted and noted[0].fields["note"].startswith("not acted on: the 1 restarts")
     assert effects[-1] == machine.WaitStep(poll=True)
     assert state.accepted_step_s > 0.5 and state.watch.accepted_step_s == state.accepted_step_s
-    assert not any(isinstance(e, (machine.StopStep, machine.AskForCheckpoint, machine.Retry)) for e in effects)
+    assert not any(isinstance(e, (machine.StopStep, machine.PostCheckpointRequest, machine.Retry)) for e in effects)
 
 
 def test_a_slowdown_a_ranks_own_time_pins_on_its_node_stops_without_weighing_and_leaves_the_node_out():
@@ -394,9 +455,11 @@ def test_a_slowdown_a_ranks_own_time_pins_on_its_node_stops_without_weighing_and
         seen += effects
         if state.phase != "train":
             break
-    assert state.phase == "stopping" and state.detection.suspects == ("node2",)
+    assert state.phase == "asking" and state.detection.suspects == ("node2",)
     assert weighed(seen) == [] and "rule own-time" in state.detection.evidence
-    assert tuple(seen[-2:]) == (machine.AskForCheckpoint(10, 15.0), machine.StopStep(3.0))
+    assert seen[-1] == machine.PostCheckpointRequest()
+    state, _ = feed(job, state, machine.CheckpointAsked(True, False))
+    state, effects = feed(job, state, machine.SaveAwaited(None))
     state, effects = feed(job, state, machine.StepStopped(143))
     assert state.condemned == ("node2",) and isinstance(effects[-1], machine.Retry)
 
@@ -420,8 +483,10 @@ def test_a_slowdown_a_nodes_link_pins_on_it_stops_without_weighing_and_leaves_th
         seen += effects
         if state.phase != "train":
             break
-    assert state.phase == "stopping" and state.detection.suspects == ("node2",)
+    assert state.phase == "asking" and state.detection.suspects == ("node2",)
     assert weighed(seen) == [] and "rule link-wait" in state.detection.evidence
+    state, _ = feed(job, state, machine.CheckpointAsked(True, True))
+    state, _ = feed(job, state, machine.SaveAwaited(None))
     state, effects = feed(job, state, machine.StepStopped(143))   # a restart is left: the gate, without node2
     assert state.condemned == ("node2",) and effects[-1] == machine.RunGate(("node1", "node3", "node4"), 1)
 
@@ -500,13 +565,14 @@ def test_a_step_that_fails_after_an_agent_fell_silent_is_a_hang_of_that_node():
     state, effects = feed(job, state, machine.StepEnded(137, 1015.0, {"node1": reading("node1", 1015.0, 15),
                                                                       "node2": reading("node2", 1003.0, 3)}))
     assert effects[0].kind == "detection" and effects[0].fields["suspects"] == ["node2"]
-    assert effects[2:] == (machine.StepOver(137, "ended by the watch (hung)", agents=True, detection=DetectionKind.HUNG),
+    assert effects[2:] == (machine.StepOver(137, "ended by the watch (hung)", agents=True, detection=DetectionKind.HUNG,
+                                           training_start_t=1000.0),
                            machine.RunGate(("node1", "node3"), archive=1))
     # every agent still wrote: the program's own failure, no detection
     state, _ = training(job)
     state, effects = feed(job, state, machine.StepEnded(1, 1001.0, {"node1": reading("node1", 1001.0, 1),
                                                                     "node2": reading("node2", 1001.0, 1)}))
-    assert effects == (machine.StepOver(1, "exit status 1", agents=True), machine.Finish(1))
+    assert effects == (machine.StepOver(1, "exit status 1", agents=True, training_start_t=1000.0), machine.Finish(1))
 
 
 def test_a_hung_node_is_left_out_of_the_next_gate_and_training_restarts_on_the_spare():
@@ -580,7 +646,8 @@ def test_with_the_sites_defaults_a_named_node_without_a_spare_held_goes_on_in_a_
     state = trained_on_two_of_three(job)
     assert state.held == ("node1", "node2")          # the spare went back after the first gate
     state, effects = stopped_after(job, state, "hung", ("node2",))
-    assert effects == (machine.StepOver(143, "ended by the watch (hung)", agents=True, detection=DetectionKind.HUNG),
+    assert effects == (machine.StepOver(143, "ended by the watch (hung)", agents=True, detection=DetectionKind.HUNG,
+                                        training_start_t=1000.0),
                        machine.Retry("step", 143, ("node1", "node2"), ("node2",), budget=2))
     assert state.phase == "retry" and state.condemned == ("node2",)
     assert feed(job, state, machine.RetryHandled())[1] == (machine.Finish(143),)
@@ -794,3 +861,60 @@ def test_the_driver_reads_the_allocations_end_and_whether_steps_are_counted_from
     assert allocation_end({"SLURM_JOB_START_TIME": "1000", "SLURM_JOB_END_TIME": str(1000 + 400 * 86400)}) is None
     assert steps_counted(True, {}) and not steps_counted(False, {})
     assert not steps_counted(True, {"TRAINCTL_AUTO_STEPS": "0"}) and steps_counted(False, {"TRAINCTL_AUTO_STEPS": "1"})
+
+
+# ---------------------------------------------------------------- a job's whole life, as its effects
+
+def described(item) -> str:
+    """An event or effect on one line: its fields, a node file as its ranks' steps, a kind by name."""
+    def value(field):
+        if isinstance(field, NodeReading):
+            return f"<{field.node}: {sum(rank.steps for rank in field.ranks)} steps>"
+        if isinstance(field, dict):
+            return "{" + ", ".join(f"{key}: {value(item)}" for key, item in field.items()) + "}"
+        if isinstance(field, tuple) and hasattr(field, "_fields"):
+            return described(field)
+        return str(field.value) if hasattr(field, "value") and not isinstance(field, tuple) else repr(field)
+    return f"{type(item).__name__}(" + ", ".join(f"{name}={value(getattr(item, name))}" for name in item._fields) + ")"
+
+
+def life_of(job: machine.JobFacts, events) -> str:
+    """Each event the driver feeds back, and the effects the machine answers with, in order."""
+    state, lines = machine.JobState(), []
+    for event in events:
+        state, effects = machine.advance(job, state, event)
+        lines += [f"{described(event)}", *(f"    {described(effect)}" for effect in effects)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_jobs_whole_life_is_the_sequence_of_its_effects(capsys):
+    """A scripted run: the gate, training with a save seen, a sick node, the checkpoint request
+    (the signal, the save awaited), the gate again leaving the node out, training on the spare to
+    the end. Printed (pytest -s), and kept in tests/golden/job-life.txt."""
+    from test_render import assert_matches_golden
+
+    job = facts(spares=1, restarts=2, watch=WATCH)
+    both, spared = ("node1", "node2"), ("node1", "node3")
+    life = life_of(job, [
+        machine.Started(),
+        machine.GateDecided("node[1-2]", both, "10.0.0.1", ("node3", "node4")),
+        machine.Resized(3),
+        machine.TrainingStarted(1000.0),
+        machine.Polled(1001.0, {node: reading(node, 1001.0, 2) for node in both}),
+        machine.Polled(1002.0, {node: reading(node, 1002.0, 4) for node in both},
+                       Save(1001.5, "torch.save", "/ckpt/step_3.pt")),
+        machine.Polled(1003.0, {"node1": reading("node1", 1003.0, 6),
+                                "node2": reading("node2", 1003.0, 6, failed=(("gpu.xid", "Xid 79"),))}),
+        machine.CheckpointAsked(posted=True, listening=False),
+        machine.SaveAwaited(Save(1004.0, "torch.distributed.checkpoint", "/ckpt/step_7")),
+        machine.StepStopped(143),
+        machine.GateDecided("node[1,3]", spared, "10.0.0.1"),
+        machine.Resized(2),
+        machine.TrainingStarted(2000.0),
+        machine.Polled(2001.0, {node: reading(node, 2001.0, 2) for node in spared}),
+        machine.StepEnded(0, 2002.0, {node: reading(node, 2002.0, 4) for node in spared},
+                          Save(2001.8, "safetensors", "/ckpt/step_9/model.safetensors")),
+    ])
+    print(life)
+    assert_matches_golden("job-life.txt", life)
+    assert capsys.readouterr().out == life + "\n"

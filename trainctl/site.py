@@ -254,9 +254,11 @@ class WatchConfig:
                               "spare held, fewer than --min-nodes left, or max_restarts used up): successor "
                               "jobs the chain may submit, each excluding the named nodes, where submit "
                               "--retries allows fewer; 0: the job ends", 2)
-    auto_steps: bool = doc("count each optimizer step of a Python rank as a training step, with no change "
-                           "to the program (torch's global optimizer step hook, installed at the rank's "
-                           "start); steps the program reports itself win; a job turns it off with "
+    auto_steps: bool = doc("count each optimizer step of a Python rank as a training step, and see each "
+                           "of its saves (torch.save to a path, torch.distributed.checkpoint, safetensors, "
+                           "Lightning), with no change to the program (torch's global optimizer step hook, "
+                           "and the save functions, hooked when the program imports them); steps the "
+                           "program reports itself win; a job turns it off with "
                            "TRAINCTL_AUTO_STEPS=0 in the environment of `trainctl submit` "
                            "(docs: Watching the training)", True)
     hold_spares: int = doc("healthy nodes the gate did not choose that the job keeps through training, "

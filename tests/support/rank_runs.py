@@ -17,9 +17,11 @@ from trainctl.launcher.rank_exec import BOOTSTRAP_DIR
 
 def run_rank(tmp_path: Path, code: str, *args: str, bootstrap: bool = True, extra_path: str | None = None,
              env: dict[str, str] | None = None, watched: bool = True,
-             script_name: str = "train.py") -> tuple[subprocess.CompletedProcess, list[dict]]:
+             script_name: str = "train.py", saves: list[dict] | None = None,
+             timeout_s: float = 300) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run `code` as a rank's program (`watched`: with the agent's socket in its environment, as
-    rank-exec gives it); the finished process and every report it sent."""
+    rank-exec gives it); the finished process and every report it sent (the saves it reported go
+    into `saves`, where given)."""
     path = str(tmp_path / "agent.sock")
     reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     reader.bind(path)
@@ -29,7 +31,11 @@ def run_rank(tmp_path: Path, code: str, *args: str, bootstrap: bool = True, extr
     def drain():
         while True:
             try:
-                reports.append(wire.decode(reader.recv(256)))
+                datagram = reader.recv(wire.DATAGRAM_MAX)
+                if wire.is_save(datagram):
+                    (saves if saves is not None else []).append(wire.decode_save(datagram))
+                else:
+                    reports.append(wire.decode(datagram))
             except TimeoutError:
                 if done.is_set():
                     return
@@ -51,7 +57,7 @@ def run_rank(tmp_path: Path, code: str, *args: str, bootstrap: bool = True, extr
     reading.start()
     try:
         child = subprocess.run([sys.executable, str(script), *args], env=child_env, capture_output=True,
-                               text=True, timeout=300, cwd=tmp_path)
+                               text=True, timeout=timeout_s, cwd=tmp_path)
     finally:
         done.set()
         reading.join()
