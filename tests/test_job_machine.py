@@ -415,7 +415,7 @@ def test_a_slowdown_that_passes_before_it_costs_a_restarts_price_stops_nothing_a
     assert state.phase == "train" and state.watch.rent is None and state.accepted_step_s == 0.0
     passed = weighed(effects)[-1].fields
     assert passed["action"] == "passed" and 0.0 < passed["paid_s"] < 60.0
-    assert not any(isinstance(e, (machine.StopStep, machine.AskForCheckpoint)) for e in effects)
+    assert not any(isinstance(e, (machine.StopStep, machine.PostCheckpointRequest)) for e in effects)
 
 
 def test_a_slowdown_after_the_last_restart_is_noted_and_training_goes_on():
