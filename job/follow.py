@@ -11,7 +11,8 @@ Three parts:
 - `Follower` (the thin loop): reads the journals (only the lines added since the last read),
   the chain's links (attempt.json, retry.json) and the node files through their owners'
   readers (regular files only, never blocking, capped; a node file only where it changed since
-  the last redraw), draws, and waits the site's `watch.poll_s`. It writes nothing and signals nothing: Ctrl-C leaves the job alone.
+  the last redraw), draws, and waits the site's `watch.poll_s`. It writes nothing and signals
+  nothing: Ctrl-C leaves the job alone.
 
 The job's own baseline step time is the median, over its training nodes, of each node's mean
 step time since the training step started; a node's step time now is its ranks' mean over the

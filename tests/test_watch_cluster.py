@@ -311,6 +311,11 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
         else:   # its steps seen (auto_steps) and its second save
             wait_until("the program's steps and its second save", lambda: saves_seen(gate_dir) >= 2 and any(
                 e["event"] == "first_step" for e in journal(gate_dir)), 300)
+        if textfile_dir:   # the job's metrics file as node_exporter reads it, by Prometheus's own linter; kept
+            text = (textfile_dir / f"trainctl-job-{job_id}.prom").read_text()
+            assert prometheus.lint(text) == ""
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / f"metrics-job{job_id}-{int(time.time())}.prom").write_text(text)
         events = journal(gate_dir)
         batch_host = next(e["batch_host"] for e in events if e["event"] == "job_start")
         training = next(e for e in events if e["event"] == "training_start")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 NODE_EXPORTER = "prometheus-node-exporter"     # Debian's name for node_exporter
 PROMETHEUS = "prometheus"
+PROMTOOL = "promtool"                           # beside it, in Debian's `prometheus`
 SCRAPE_S = 1
 START_S = 60                    # each daemon's start, bounded
 STOP_S = 15
@@ -63,6 +64,14 @@ class Prometheus:
             time.sleep(0.5)
 
 
+def lint(text: str) -> str:
+    """What Prometheus's own linter (`promtool check metrics`: the text format and the naming
+    conventions) says of a metrics file; empty where it finds nothing."""
+    checked = subprocess.run([shutil.which(PROMTOOL), "check", "metrics"], input=text, capture_output=True, text=True,
+                             timeout=QUERY_TIMEOUT_S)
+    return "" if checked.returncode == 0 else (checked.stdout + checked.stderr).strip()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -98,12 +107,6 @@ def _daemon(argv: list[str], log: Path, ready_url: str) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=STOP_S)
-
-
-def available() -> str | None:
-    """Why the two daemons cannot run here (None: they can)."""
-    missing = [name for name in (NODE_EXPORTER, PROMETHEUS) if shutil.which(name) is None]
-    return f"not installed: {', '.join(missing)} (scripts/setup installs them)" if missing else None
 
 
 @contextlib.contextmanager
