@@ -41,7 +41,7 @@ from trainctl.jobdir_names import (ALERTS_LOG, ATTEMPT, CHECKPOINT_MARKER, COMPU
                                    FINAL_MARKER, GATE_STEP_STATUS, JOURNAL, NODE_REPORTS, REPORT, RETRY, ROUNDS,
                                    SNAPSHOTS, WATCH, JobPaths, dir_name, node_file_name, resize_script)
 from trainctl.files import (inside, open_append_regular, open_regular, read_bytes,  # noqa: F401 (open_regular: re-exported)
-                            write_regular)
+                            read_fd, write_regular)
 # The journal's lines are owned below job/ (the fleet history reads them too); re-exported here
 # with the rest of the job directory's readers and writers.
 from trainctl.journal_events import (KINDS, NUMBER_LIMIT, Journal, JournalUnreadable, Kind,  # noqa: F401
@@ -635,10 +635,56 @@ def read_node_files(paths: JobPaths, nodes: Iterable[str]) -> dict[str, NodeRead
 def read_node_file(paths: JobPaths, node: str) -> NodeReading | None:
     watch = str(paths.watch)
     data = _quietly(read_bytes, os.path.join(watch, node_file_name(node)), NODE_FILE_MAX_BYTES + 1, root=watch)
+    return _node_reading(data, node)
+
+
+def _node_reading(data: bytes | None, node: str) -> NodeReading | None:
     if data is None or len(data) > NODE_FILE_MAX_BYTES:
         return None
     reading = parse_node_file(data)
     return reading if reading is not None and reading.node == node else None
+
+
+FileKey = tuple[int, int, int, int]     # a file's device, inode, size and mtime_ns
+
+
+class NodeFiles:
+    """One job directory's node files, each read and parsed again only where it changed: a reading
+    is kept with its file's (device, inode, size, mtime_ns), and a file that still has the same four
+    is not read again. An agent writes a new file and renames it over the old one, so each of its
+    writes is a new inode. The readers' rules hold: a regular file only (`open_regular`: never a
+    FIFO, a symlink only inside watch/), opened non-blocking, read up to the cap."""
+
+    def __init__(self, paths: JobPaths):
+        self.paths = paths
+        self.kept: dict[str, tuple[FileKey, NodeReading | None]] = {}
+
+    def read(self, nodes: Iterable[str]) -> dict[str, NodeReading | None]:
+        """Each node's agent file, as `read_node_files` reads it."""
+        if not inside(self.paths.watch, self.paths.root):
+            self.kept = {}
+            return {node: None for node in nodes}
+        watch = str(self.paths.watch)
+        kept: dict[str, tuple[FileKey, NodeReading | None]] = {}
+        for node in nodes:
+            try:
+                fd = open_regular(os.path.join(watch, node_file_name(node)), watch)
+            except OSError:
+                continue
+            if fd is None:
+                continue
+            try:
+                info = os.fstat(fd)
+                key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+                before = self.kept.get(node)
+                kept[node] = before if before is not None and before[0] == key else \
+                    (key, _node_reading(read_fd(fd, NODE_FILE_MAX_BYTES + 1), node))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        self.kept = kept
+        return {node: kept[node][1] if node in kept else None for node in nodes}
 
 
 def write_node_file(paths: JobPaths, reading: NodeReading) -> None:

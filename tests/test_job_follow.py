@@ -180,6 +180,28 @@ def test_a_growing_journal_is_read_a_whole_line_at_a_time(tmp_path):
     assert jobdir.read_journal_since(tmp_path / "fifo", 0) == ([], 0)   # never waited on
 
 
+def test_a_node_file_is_read_again_only_where_it_changed_and_never_through_a_fifo(tmp_path):
+    clock = [1000.0]
+    job = JobFiles(tmp_path, "7", clock=lambda: clock[0])
+    job.start("local-demo")
+    job.agents(100, {"node1": 0.5, "node2": 0.5})
+    files = jobdir.NodeFiles(job.paths)
+    first = files.read(NODES)
+    assert first["node1"].ranks[0].steps == 100 and first["node3"] is None
+    clock[0] = 1001.0
+    job.agents(102, {"node2": 0.5})                          # node2's agent wrote again (a new file), node1's not
+    again = files.read(NODES)
+    assert again["node1"] is first["node1"]                  # kept: its file is the one read before
+    assert again["node2"].ranks[0].steps == 102 and again == jobdir.read_node_files(job.paths, NODES)
+    node1 = job.paths.node_file("node1")
+    node1.unlink()
+    os.mkfifo(node1)                                         # a FIFO in its place: never opened, never waited on
+    assert files.read(NODES)["node1"] is None
+    node1.unlink()
+    node1.write_text('{"format": 1, "node": "node1"}')      # not an agent's file
+    assert files.read(NODES)["node1"] is None
+
+
 # ---------------------------------------------------------------- a real trainctl, while the job runs
 
 def test_piped_it_prints_each_event_as_it_comes_and_exits_with_the_jobs_status(tmp_path):

@@ -37,6 +37,11 @@ steps are seen by `[watch] auto_steps`, their saves by `submit --checkpoints`), 
      (--work-matmuls); from step B_FAULT_STEP the victim's quota is cut in half: its ranks' own
      time (waiting for a CPU) names it, with no gate needed to find it
 
+Scenario a's job is also scraped as a site would scrape it: its supervisor keeps its metrics file
+in the folder a real node_exporter's textfile collector reads, and a real Prometheus scrapes that
+every second (tests/support/prometheus.py); through Prometheus's query API, the job's restarts
+read 1 at its end, its last checkpoint's age drops at each save, and its series end with it.
+
 `TRAINCTL_WATCH_RUNS` runs each; every run appends a row to test-artifacts/watch-detection.tsv,
 which bench/watch_detection.py summarises. `TRAINCTL_WATCH_OFF=1` runs the same faults with the
 watch off and `--retries 1` (what a job had before the watch), for the goodput the watch saves. Assertions are about outcomes (who was named, whether
@@ -56,6 +61,7 @@ from pathlib import Path
 
 import pytest
 
+from support import prometheus
 from support.sites import site_variant
 from support.slurm_jobs import TRAINCTL, journal, submit, wait_for_job, wait_until
 from trainctl.devcluster import faults
@@ -135,8 +141,9 @@ ALL = {s.name: s for s in (
 )}
 
 
-def watch_site(tmp_path: Path, spare: int, slow_fault: bool = False) -> Path:
+def watch_site(tmp_path: Path, spare: int, slow_fault: bool = False, textfile_dir: Path | None = None) -> Path:
     return site_variant(tmp_path, "local-demo", {
+        **({"metrics.textfile_dir": str(textfile_dir)} if textfile_dir else {}),
         "watch.enabled": not WATCH_OFF,
         "watch.hold_spares": spare,
         # a slowdown no node is named for is weighed against the time left (watch.pay_factor): a few
@@ -229,8 +236,37 @@ def saves_seen(gate_dir: Path) -> int:
     return sum(e["event"] == "checkpoint" for e in journal(gate_dir))
 
 
+# the scenario whose job a real Prometheus scrapes (CI runs it): a detection and a restart
+SCRAPED = "a"
+
+
+def scraped(server: prometheus.Prometheus, job_id: str, start: float) -> dict:
+    """What Prometheus holds of the job, once its series have ended (its file removed at its end):
+    the restarts and detections (summed over their kinds) and the last checkpoint's time and age,
+    each as a range at the scrape interval from `start` to now ([[t, "value"], ...])."""
+    job = f'job_id="{job_id}"'
+    wait_until("the job's series to end in Prometheus", lambda: not server.query(f"trainctl_job_phase{{{job}}}"), 60)
+    end = time.time()
+
+    def values(expr: str) -> list:
+        result = server.query_range(expr, start, end)
+        assert len(result) <= 1, result
+        return result[0]["values"] if result else []
+
+    return {"restarts": values(f"sum(trainctl_job_restarts_total{{{job}}})"),
+            "detections": values(f"sum(trainctl_job_detections_total{{{job}}})"),
+            "checkpoint_t": values(f"trainctl_job_last_checkpoint_timestamp_seconds{{{job}}}"),
+            "checkpoint_age": values(f"time() - trainctl_job_last_checkpoint_timestamp_seconds{{{job}}}")}
+
+
 def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
-    site = watch_site(tmp_path, scenario.spare, slow_fault=(scenario.fault or scenario.name) == "a")
+    # the scraped scenario's metrics go where node_exporter reads them (made before the job starts)
+    textfile_dir = tmp_path / "prometheus" / "textfile" if scenario.name == SCRAPED and not WATCH_OFF else None
+    if textfile_dir:
+        textfile_dir.mkdir(parents=True)
+    site = watch_site(tmp_path, scenario.spare, slow_fault=(scenario.fault or scenario.name) == "a",
+                      textfile_dir=textfile_dir)
+    submitted_t = time.time()
     checkpoint = tmp_path / "ck.pt"
     # a healthy run lasts HEALTHY_SECONDS; a fault's, until its restart has trained a while
     steps = max(int(HEALTHY_SECONDS / (STEP_S + 0.2)), 150) if scenario.name in ("f", "n") else 100
@@ -267,12 +303,19 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
         assert result.returncode == 0, result.stderr
         job_id = result.stdout.strip().splitlines()[-1]
         gate_dir = tmp_path / f"trainctl-gate-{job_id}"
+        # the daemons start while the job queues and gates
+        server = undo.enter_context(prometheus.scraped_textfiles(textfile_dir.parent)) if textfile_dir else None
         if scenario.program == "train_ddp":
             fault_step = B_FAULT_STEP if scenario.name == "b" else FAULT_STEP
             wait_until("training reached the fault's step", lambda: steps_so_far(gate_dir) >= fault_step, 240)
         else:   # its steps seen (auto_steps) and its second save
             wait_until("the program's steps and its second save", lambda: saves_seen(gate_dir) >= 2 and any(
                 e["event"] == "first_step" for e in journal(gate_dir)), 300)
+        if textfile_dir:   # the job's metrics file as node_exporter reads it, by Prometheus's own linter; kept
+            text = (textfile_dir / f"trainctl-job-{job_id}.prom").read_text()
+            assert prometheus.lint(text) == ""
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / f"metrics-job{job_id}-{int(time.time())}.prom").write_text(text)
         events = journal(gate_dir)
         batch_host = next(e["batch_host"] for e in events if e["event"] == "job_start")
         training = next(e for e in events if e["event"] == "training_start")
@@ -291,11 +334,14 @@ def run_scenario(devcluster, tmp_path: Path, scenario: Scenario) -> dict:
         if successor:   # without the watch: the requeued job, to its end, its nodes' replays still in place
             record = wait_for_job(devcluster, successor, timeout_s=600)
             chain.append(journal(tmp_path / f"trainctl-gate-{successor}"))
+        metrics = scraped(server, job_id, submitted_t) if server else None
     outcome = summarise(chain[0], victim, fault_t)
     wall = goodput(chain, time.time())
     outcome.update(job_id=job_id, state=record["JobState"], victim=victim, gate_dir=str(gate_dir),
                    jobs=len(chain), wall_s=wall.wall_s, goodput=wall.ratio, requeues=record.get("Restarts"),
-                   signals_sent=[e.get("signal") for e in chain[0] if e["event"] == "checkpoint_request"])
+                   signals_sent=[e.get("signal") for e in chain[0] if e["event"] == "checkpoint_request"],
+                   metrics=metrics, saves=[(e["t"], e.get("checkpoint_t", e["t"])) for e in chain[0] if e["event"] == "checkpoint"],
+                   restarts=sum(1 for e in chain[0] if e["event"] == "training_start" and e.get("restart")))
     return outcome
 
 
@@ -400,3 +446,35 @@ def test_the_watch_names_the_faulty_node_and_training_goes_on_without_it(devclus
         assert not any("compute time per step rose on node" in line for line in slow_evidence), outcome
     if scenario.name in ("f", "n"):
         assert outcome["detections"] == [], outcome
+    if outcome["metrics"] is not None:
+        assert_scraped(outcome)
+
+
+def assert_scraped(outcome: dict) -> None:
+    """What Prometheus scraped of the job agrees with its journal: one restart at its end, after one
+    detection; the last checkpoint's time is always one the journal saw, every save that stayed the
+    newest for a few scrapes shows, and the age drops where each save shows."""
+    scraped = outcome["metrics"]
+    restarts = [float(value) for _, value in scraped["restarts"]]
+    assert outcome["restarts"] == 1 and restarts and restarts[0] == 0 and restarts[-1] == 1, scraped["restarts"]
+    assert float(scraped["detections"][-1][1]) == len(outcome["detections"]), scraped["detections"]
+    saves = outcome["saves"]    # (when the supervisor saw it, when it was written), in order
+    stamps = [(t, float(value)) for t, value in scraped["checkpoint_t"]]
+    seen = {stamp for _, stamp in stamps}
+    assert seen and all(any(abs(stamp - written) < 1e-3 for _, written in saves) for stamp in seen), (stamps, saves)
+    ages = {t: float(value) for t, value in scraped["checkpoint_age"]}
+    shown_at = {}    # each save the series shows after its first: the step before it and the step it shows at
+    for (before, old), (t, new) in zip(stamps, stamps[1:]):
+        if new != old:
+            shown_at.setdefault(new, (before, t))
+    # a save made more than a scrape after the one before it drops the age where it shows (one made
+    # sooner, as the save the watch asks for right after a detection can be, raises it by less)
+    spaced = [written for (_, earlier), (_, written) in zip(saves, saves[1:]) if written - earlier > prometheus.SCRAPE_S]
+    dropped = [ages[t] < ages[before] for stamp, (before, t) in shown_at.items()
+               if any(abs(stamp - written) < 1e-3 for written in spaced)]
+    assert dropped and all(dropped), (stamps, ages, saves)
+    # every save that stayed the newest for 3 scrapes or more while the series ran shows
+    first, last = stamps[0][0], stamps[-1][0]
+    held = [written for (at, written), (next_at, _) in zip(saves, saves[1:])
+            if first <= at and next_at <= last and next_at - at >= 3 * prometheus.SCRAPE_S]
+    assert held and all(any(abs(stamp - written) < 1e-3 for stamp in seen) for written in held), (held, sorted(seen))
