@@ -4,8 +4,9 @@ Tables: `sweeps` (one row per sweep; `finished_at` stays NULL when a sweep is ki
 `nodes` (one row per node and sweep: checked, timed out, error, or not swept with Slurm's
 state), `results` (one row per node, check and sweep), `drains` (what trainctl drained, with
 the exact reason it set), `jobs` and `job_events` (the jobs' verdicts on their nodes, folded in
-from their journals by `trainctl.sweep.fleet`; version 2), and `schema_version`. A version-1
-history is read as one without job rows, and gains the two tables at its first write. The file carries SQLite's application_id, so
+from their journals by `trainctl.sweep.fleet`; version 2; since version 3 each job with its user,
+`jobs.uid`), and `schema_version`. A version-1 history is read as one without job rows, and a
+version-2 one as one whose jobs' users are unknown; each is upgraded at its first write. The file carries SQLite's application_id, so
 a database of another program is recognised from its header and never written to.
 
 Every open goes through one verdict, `inspect_file`, on a read-only connection: the header and
@@ -37,12 +38,13 @@ from trainctl.errors import TrainctlError, UsageError
 from trainctl.text import printable
 from trainctl.validate import check_node_name
 from trainctl.sweep.db_rows import (JOB_EVENT_KINDS, check_every_row, damaged, drain_row, node_name_of, job_event_row,
-                                    job_row, node_row, result_row, sweep_row, text_of, time_of)
+                                    job_row, node_row, result_row, sweep_row, text_of, time_of, user_of)
 from trainctl.sweep.model import CHECKED, DrainRow, JobEventRow, JobRow, NodeOutcome, NodeRow, ResultRow, SweepRow
 
 APPLICATION_ID = 0x74635377      # "tcSw", in the header at offset 68
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FLEET_VERSION = 2            # the first version with jobs and job_events
+USERS_VERSION = 3            # the first with jobs.uid (last of its columns: ALTER TABLE adds it there)
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_BYTES = 100
 BUSY_TIMEOUT_S = 30.0            # a report may run while a sweep writes; WAL keeps both going
@@ -63,7 +65,8 @@ CREATE TABLE jobs (
     source TEXT NOT NULL,
     lines INTEGER NOT NULL,
     size INTEGER NOT NULL,
-    ingested_at REAL NOT NULL
+    ingested_at REAL NOT NULL,
+    uid INTEGER
 ) WITHOUT ROWID;
 CREATE TABLE job_events (
     job_id TEXT NOT NULL REFERENCES jobs(job_id),
@@ -205,16 +208,20 @@ class History:
         if write:
             history._execute("PRAGMA journal_mode = WAL")
             history._execute(f"PRAGMA synchronous = {WAL_SYNCHRONOUS}")
-            if version < FLEET_VERSION:
+            if version < SCHEMA_VERSION:
                 history._upgrade()
         return history
 
     def _upgrade(self) -> None:
-        """Version 1 -> 2: the job tables, added in one transaction (a reader sees both or neither)."""
+        """To this version in one transaction (a reader sees the old schema or the new one): version 1
+        gains the job tables, version 2 the jobs' users (unknown, NULL, for the jobs it already holds)."""
         with self.transaction():
-            for statement in FLEET_SCHEMA.split(";"):
-                if statement.strip():
-                    self._execute(statement)
+            if self.version < FLEET_VERSION:
+                for statement in FLEET_SCHEMA.split(";"):
+                    if statement.strip():
+                        self._execute(statement)
+            else:
+                self._execute("ALTER TABLE jobs ADD COLUMN uid INTEGER")
             self._execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
         self.version = SCHEMA_VERSION
 
@@ -456,9 +463,17 @@ class History:
         """Every job folded in so far, by id (a few tens of thousands of short rows a month)."""
         if self.version < FLEET_VERSION:
             return {}
-        rows = self._rows("SELECT job_id, site, started_at, ended_at, status, source, lines, size, ingested_at "
-                          "FROM jobs")
+        rows = self._rows("SELECT job_id, site, started_at, ended_at, status, source, lines, size, ingested_at, "
+                          f"{'uid' if self.version >= USERS_VERSION else 'NULL'} FROM jobs")
         return {row[0]: job_row(self.path, row) for row in rows}
+
+    def job_users(self, job_ids: Iterable[str]) -> dict[str, int | None]:
+        """The user of each of `job_ids` folded in (None: folded in before the history kept users)."""
+        if self.version < FLEET_VERSION:
+            return {}
+        rows = self._rows(f"SELECT job_id, {'uid' if self.version >= USERS_VERSION else 'NULL'} FROM jobs "
+                          "WHERE job_id IN (SELECT value FROM json_each(?))", (json.dumps(sorted(set(job_ids))),))
+        return {text_of(self.path, job_id, "jobs.job_id"): user_of(self.path, job_id, uid) for job_id, uid in rows}
 
     def record_jobs(self, jobs: list[tuple[JobRow, list[JobEventRow]]]) -> Recorded:
         """Jobs and their events in one transaction; an event already there (same job, line and
@@ -474,9 +489,9 @@ class History:
                                    ids))
             jobs = [(job, events) for job, events in jobs if not have.get(job.job_id, -1) >= job.lines]
             self._execute("INSERT OR REPLACE INTO jobs (job_id, site, started_at, ended_at, status, source, lines, "
-                          "size, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                          "size, ingested_at, uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                           [(job.job_id, job.site, job.started_at, job.ended_at, job.status, job.source, job.lines,
-                            job.size, job.ingested_at) for job, _ in jobs], many=True)
+                            job.size, job.ingested_at, job.uid) for job, _ in jobs], many=True)
             before = self._conn.total_changes
             self._execute("INSERT OR IGNORE INTO job_events (job_id, line, host, kind, at, what, detail) "
                           "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -651,22 +666,22 @@ def _look_inside(uri: str, path: Path, thorough: bool, judged: tuple[str, ...] =
             raise UsageError(f"{path}: the sweep history holds a {kind} {name!r} that trainctl never creates "
                              f"(on {objects[foreign[0]]!r}); left untouched",
                              hint="drop it, or move the file aside and restore a backup")
+        version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+        # Version 1 has exactly the base tables; versions 2 and 3 all of them (2 without jobs.uid).
+        if (version, expected_tables) not in ((1, BASE_TABLES), (FLEET_VERSION, TABLES), (SCHEMA_VERSION, TABLES)):
+            raise UsageError(f"{path}: sweep history schema version {version}; this trainctl reads versions "
+                             f"1 to {SCHEMA_VERSION}", hint="use the trainctl that wrote it")
         for table in expected_tables:
             columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
-            if columns != _expected_columns()[table]:
+            if columns != _expected_columns(version)[table]:
                 raise UsageError(f"{path}: the sweep history's table {table} has columns {columns}, not "
-                                 f"trainctl's {_expected_columns()[table]}; left untouched",
+                                 f"trainctl's {_expected_columns(version)[table]}; left untouched",
                                  hint="use the trainctl that wrote it, or restore a backup")
-        version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
         problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()] if thorough else ["ok"]
         if problems != ["ok"]:
             raise damaged(path, "; ".join(problems[:3]))
-        # Version 1 has exactly the base tables; version 2 exactly all of them.
-        if (version, expected_tables) not in ((1, BASE_TABLES), (SCHEMA_VERSION, TABLES)):
-            raise UsageError(f"{path}: sweep history schema version {version}; this trainctl reads versions "
-                             f"1 to {SCHEMA_VERSION}", hint="use the trainctl that wrote it")
         if thorough:
-            check_every_row(conn, path, tuple(t for t in expected_tables if t in judged))
+            check_every_row(conn, path, tuple(t for t in expected_tables if t in judged), users=version >= USERS_VERSION)
         return version
     finally:
         conn.close()
@@ -687,9 +702,13 @@ def _expected_objects(tables: tuple[str, ...] = TABLES) -> dict[tuple[str, str],
 
 
 @functools.cache
-def _expected_columns() -> dict[str, list[str]]:
-    return {table: [row[1] for row in _schema_in_memory().execute(f"PRAGMA table_info({table})")]
-            for table in TABLES}
+def _expected_columns(version: int = SCHEMA_VERSION) -> dict[str, list[str]]:
+    """Each table's columns in a history of `version` (before USERS_VERSION, jobs has no uid)."""
+    columns = {table: [row[1] for row in _schema_in_memory().execute(f"PRAGMA table_info({table})")]
+               for table in TABLES}
+    if version < USERS_VERSION:
+        columns["jobs"].remove("uid")
+    return columns
 
 
 def _wal_pending(path: Path) -> bool:

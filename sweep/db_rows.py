@@ -21,6 +21,7 @@ from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, STATUSES, TIMEOUT, 
 OUTCOMES = (CHECKED, TIMEOUT, ERROR, NOT_SWEPT)
 JOB_EVENT_KINDS = ("exclusion", "detection", "served")
 LATEST_TIME = 253402300799.0     # 9999-12-31: later than any sweep, and datetime can still show it
+MAX_UID = 4294967294             # uid_t is 32 bits, and (uid_t) -1 is no user
 
 
 # What `_check_every_row` hands to the row judges: rows of a shape trainctl never writes, and
@@ -58,17 +59,21 @@ ROW_SUSPECTS = {
              f"OR {_OPTIONAL_TIME_SQL.format('ended_at')} OR {_TIME_SQL.format('ingested_at')} "
              "OR (status IS NOT NULL AND typeof(status) != 'integer') OR typeof(lines) != 'integer' "
              "OR typeof(size) != 'integer' OR lines < 0 OR size < 0"),
+    # since version 3 (`users`): each job's user, where known
+    "jobs.uid": f"SELECT job_id, uid FROM jobs WHERE uid IS NOT NULL AND (typeof(uid) != 'integer' OR uid < 0 "
+                f"OR uid > {MAX_UID})",
     "job_events": ("SELECT job_id, line, host, kind, at, what, detail FROM job_events "
                    f"WHERE kind NOT IN ({_quoted(JOB_EVENT_KINDS)}) OR typeof(line) != 'integer' OR line < 1 "
                    f"OR {_not_text('job_id', 'host', 'what', 'detail')} OR {_TIME_SQL.format('at')}"),
 }
 
 
-def check_every_row(conn: sqlite3.Connection, path: Path, tables: tuple[str, ...]) -> None:
+def check_every_row(conn: sqlite3.Connection, path: Path, tables: tuple[str, ...], *, users: bool) -> None:
     """Every row judged as a reader judges the rows it reads (the same functions, so the same
-    message): the first one no trainctl could have written raises UsageError."""
+    message): the first one no trainctl could have written raises UsageError. `users`: the jobs
+    table has its users' column (version 3 on)."""
     for table, sql in ROW_SUSPECTS.items():
-        if table not in tables:
+        if table.split(".")[0] not in tables or (table == "jobs.uid" and not users):
             continue
         cursor = conn.execute(sql)
         while rows := cursor.fetchmany(1000):  # a UnicodeDecodeError here: the caller calls it damage
@@ -84,7 +89,9 @@ def check_every_row(conn: sqlite3.Connection, path: Path, tables: tuple[str, ...
                 elif table == "drains":
                     drain_row(path, row)
                 elif table == "jobs":
-                    job_row(path, row)
+                    job_row(path, (*row, None))
+                elif table == "jobs.uid":
+                    user_of(path, *row)
                 else:
                     job_event_row(path, row)
     if "job_events" in tables:   # every event belongs to a job folded in (the key folding is idempotent by)
@@ -196,8 +203,15 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+def user_of(path: Path, job_id: object, uid: object) -> int | None:
+    """A job's user: a uid, or None (folded in before the history kept users)."""
+    if uid is None or (type(uid) is int and 0 <= uid <= MAX_UID):
+        return uid
+    raise damaged(path, f"job {printable(str(job_id)[:40])!r}: uid {printable(str(uid)[:20])!r} is not a user id")
+
+
 def job_row(path: Path, row: tuple) -> JobRow:
-    job_id, site, started, ended, status, source, lines, size, ingested = row
+    job_id, site, started, ended, status, source, lines, size, ingested, uid = row
     where = f"job {printable(str(job_id)[:40])!r}"
     if not isinstance(job_id, str) or not isinstance(site, str) or not isinstance(source, str):
         raise damaged(path, f"{where}: id, site or source is not text")
@@ -207,7 +221,7 @@ def job_row(path: Path, row: tuple) -> JobRow:
         raise damaged(path, f"{where}: lines {str(lines)[:20]!r} / size {str(size)[:20]!r} are not counts")
     return JobRow(job_id, site, time_of(path, started, f"{where} started_at"),
                   None if ended is None else time_of(path, ended, f"{where} ended_at"), status, source, lines, size,
-                  time_of(path, ingested, f"{where} ingested_at"))
+                  time_of(path, ingested, f"{where} ingested_at"), user_of(path, job_id, uid))
 
 
 def job_event_row(path: Path, row: tuple) -> JobEventRow:

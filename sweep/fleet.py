@@ -23,7 +23,10 @@ journal with a line the supervisor never writes is damaged, and nothing of it is
 The lemon rule reads the strikes back by failure family (`strike_families`: the one place a
 strike's cause is named, from the rows the history keeps): a node is a lemon when one family
 recurs, and a family's strikes stop counting once the node has served enough jobs since its
-last strike of that family.
+last strike of that family. A family recurs only when the jobs of `lemon_min_users` distinct
+users struck the node, or a failed sweep of it agrees: a user can fail their own jobs on a node
+(a bug in their program) or, having run on it, write a journal Slurm vouches for, but cannot on
+their own make the fleet shun the node for everyone; sweeps run as root and no user writes them.
 """
 
 from __future__ import annotations
@@ -467,8 +470,9 @@ def _fold_batch(history, batch: list[tuple[str, str]], records: SlurmRecords, kn
         except OSError as exc:
             refuse(path, f"cannot read: {exc.strerror or exc}")
             continue
+        # the job's user: Slurm's word for it; without accounting, the owner of the file folded in
         row = JobRow(parsed.job_id, parsed.site or site, parsed.started_at, parsed.ended_at, parsed.status, path,
-                     parsed.lines, parsed.size, now)
+                     parsed.lines, parsed.size, now, owner if record is None else record.uid)
         known[parsed.job_id] = row
         rows.append((row, list(parsed.events)))
     if rows:
@@ -605,11 +609,12 @@ class LemonRule:
     detection: float
     sweep: float
     forgive_after_jobs: int
+    min_users: int           # distinct users whose jobs must strike a family, unless a failed sweep agrees
 
     @classmethod
     def from_site(cls, fleet) -> LemonRule:
         return cls(fleet.lemon_strikes, fleet.lemon_days, fleet.exclusion_strike, fleet.detection_strike,
-                   fleet.sweep_strike, fleet.forgive_after_jobs)
+                   fleet.sweep_strike, fleet.forgive_after_jobs, max(1, fleet.lemon_min_users))
 
     def weight(self, kind: str) -> float:
         return {EXCLUSION: self.exclusion, DETECTION: self.detection, SWEEP_FAILED: self.sweep}[kind]
@@ -617,9 +622,11 @@ class LemonRule:
     def describe(self) -> str:
         forgiven = (f"; a family's strikes stop counting once the node has served {self.forgive_after_jobs} jobs "
                     "since its last strike of it" if self.forgive_after_jobs else "")
+        users = (f"; job strikes count once the jobs of {self.min_users} users struck the family, or a failed sweep "
+                 "of it agrees" if self.min_users > 1 else "")
         return (f"{self.strikes:g} strikes of one failure family in {self.days:g} days (a job's gate exclusion "
                 f"{self.exclusion:g}, a job's watch detection {self.detection:g}, a failed sweep {self.sweep:g})"
-                + forgiven)
+                + users + forgiven)
 
 
 @dataclass(frozen=True)
@@ -632,6 +639,7 @@ class Strike:
     detail: str
     weight: float
     families: tuple[str, ...]   # the failure families its event names (it counts in each, once per job)
+    user: int | None = None     # a job's user (None: a sweep's, or a job folded in before users were kept)
 
 
 @dataclass(frozen=True)
@@ -646,9 +654,23 @@ class FamilyStrikes:
     def strikes(self) -> float:
         return sum(strike.weight for strike in self.evidence)
 
+    @property
+    def users(self) -> int:
+        """Distinct users whose jobs struck (the jobs whose user is unknown count as one)."""
+        return len({strike.user for strike in self.evidence if strike.kind != SWEEP_FAILED})
+
+    @property
+    def swept(self) -> bool:
+        """A failed sweep is among the strikes: root's own check agrees with the jobs."""
+        return any(strike.kind == SWEEP_FAILED for strike in self.evidence)
+
     def enough(self, rule: LemonRule) -> bool:
-        """As many strikes as the rule asks for, served since or not."""
+        """As many strikes as the rule asks for, served since or not, from enough users or not."""
         return self.strikes >= rule.strikes and self.strikes > 0
+
+    def vouched(self, rule: LemonRule) -> bool:
+        """The jobs of enough distinct users struck, or a failed sweep agrees."""
+        return self.swept or self.users >= rule.min_users
 
 
 @dataclass(frozen=True)
@@ -658,12 +680,19 @@ class Standing:
     families: tuple[FamilyStrikes, ...]
 
     def recurring(self, rule: LemonRule) -> tuple[FamilyStrikes, ...]:
-        """The families that make it a lemon: enough strikes, not forgiven."""
-        return tuple(family for family in self.families if family.enough(rule) and not family.forgiven)
+        """The families that make it a lemon: enough strikes, not forgiven, from enough users or a sweep."""
+        return tuple(family for family in self.families
+                     if family.enough(rule) and not family.forgiven and family.vouched(rule))
 
     def cleared(self, rule: LemonRule) -> tuple[FamilyStrikes, ...]:
         """The families that would make it a lemon but for the jobs it served since their last strike."""
         return tuple(family for family in self.families if family.enough(rule) and family.forgiven)
+
+    def too_few_users(self, rule: LemonRule) -> tuple[FamilyStrikes, ...]:
+        """The families that would make it a lemon but that fewer than `rule.min_users` users' jobs
+        struck them, and no failed sweep agrees."""
+        return tuple(family for family in self.families
+                     if family.enough(rule) and not family.forgiven and not family.vouched(rule))
 
 
 @dataclass(frozen=True)
@@ -685,16 +714,22 @@ class Lemon:
     def jobs(self) -> tuple[str, ...]:
         return tuple(sorted({s.source for s in self.evidence if s.kind != SWEEP_FAILED}))
 
+    @property
+    def users(self) -> int:
+        """Distinct users whose jobs struck it (those whose user is unknown count as one)."""
+        return len({s.user for s in self.evidence if s.kind != SWEEP_FAILED})
+
 
 def judge_nodes(rule: LemonRule, job_events: Iterable[JobEventRow],
                 sweep_failures: Iterable[tuple[str, int, float, str]],
-                served: Iterable[tuple[str, str, float]]) -> list[Standing]:
+                served: Iterable[tuple[str, str, float]], users: Mapping[str, int | None]) -> list[Standing]:
     """Every struck node's standing in the rule's window (the rows given are that window's).
 
     A job strikes a node once per kind and family, however often it says so (a gate run again
     after a detection, a detection repeated after a restart); each failed sweep strikes once per
     family. `served` is (host, job, when it last served it): a family's strikes are forgiven once
-    the node served `rule.forgive_after_jobs` jobs after the family's last strike."""
+    the node served `rule.forgive_after_jobs` jobs after the family's last strike. `users` is each
+    job's user (a job not in it, or None: unknown, and all unknown ones count as one user)."""
     strikes: dict[str, dict[str, list[Strike]]] = defaultdict(lambda: defaultdict(list))
     seen: set[tuple[str, str, str, str]] = set()
     for event in sorted(job_events, key=lambda e: (e.at, e.job_id, e.line)):
@@ -702,7 +737,7 @@ def judge_nodes(rule: LemonRule, job_events: Iterable[JobEventRow],
             continue
         families = strike_families(event.kind, event.what, event.detail, event.host)
         strike = Strike(event.host, event.at, event.kind, f"job {event.job_id}", event.what, event.detail,
-                        rule.weight(event.kind), families)
+                        rule.weight(event.kind), families, users.get(event.job_id))
         for family in families:
             if (event.host, event.job_id, event.kind, family) not in seen:
                 seen.add((event.host, event.job_id, event.kind, family))
@@ -737,18 +772,19 @@ def lemons_of(rule: LemonRule, standings: Iterable[Standing]) -> list[Lemon]:
 
 def find_lemons(rule: LemonRule, job_events: Iterable[JobEventRow],
                 sweep_failures: Iterable[tuple[str, int, float, str]],
-                served: Iterable[tuple[str, str, float]] = ()) -> list[Lemon]:
-    return lemons_of(rule, judge_nodes(rule, job_events, sweep_failures, served))
+                served: Iterable[tuple[str, str, float]], users: Mapping[str, int | None]) -> list[Lemon]:
+    return lemons_of(rule, judge_nodes(rule, job_events, sweep_failures, served, users))
 
 
 def current_lemons(history, rule: LemonRule, now: float) -> list[Lemon]:
-    """The lemons by the rule, now, from the history: the rule window's strikes, and the jobs the
-    struck nodes served in it."""
+    """The lemons by the rule, now, from the history: the rule window's strikes, their jobs' users,
+    and the jobs the struck nodes served in it."""
     since = now - rule.days * 86400
     events, failures = history.job_events(since, (EXCLUSION, DETECTION)), history.sweep_failures(since)
     struck = {event.host for event in events} | {row[0] for row in failures}
     served = history.served_jobs(since, struck) if struck and rule.forgive_after_jobs else []
-    return find_lemons(rule, events, failures, served)
+    users = history.job_users({event.job_id for event in events}) if events and rule.min_users > 1 else {}
+    return find_lemons(rule, events, failures, served, users)
 
 
 LEMONS_FORMAT = "trainctl-lemons-1"

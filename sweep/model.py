@@ -135,6 +135,8 @@ class JobRow:
     lines: int                 # complete lines folded in
     size: int                  # bytes folded in
     ingested_at: float
+    uid: int | None            # the job's user, by Slurm's accounting (or the journal's owner, where the site
+                               # counts unverified journals); None: folded in before the history kept users
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from trainctl.html_page import escape, legend, page_head
 from trainctl.slurm import fold_hostlist
 from trainctl.sweep.model import STATUS_CODE, DrainRow, NodeRow, ResultRow, SweepRow
-from trainctl.sweep.fleet import FAMILIES, FamilyStrikes, Lemon
+from trainctl.sweep.fleet import FAMILIES, FamilyStrikes, Lemon, LemonRule, Standing
 from trainctl.sweep.report import Fleet, Group, NodeFleet, Report
 from trainctl.text import printable, prometheus_label as _label
 
@@ -125,7 +125,20 @@ def lemon_text(lemon: Lemon) -> str:
     counts = " and ".join(f"{f.strikes:g} {f.family}" for f in lemon.families)
     served = "; ".join(f"served {_jobs(f.served_since)} since its last {f.family} strike"
                        for f in lemon.families if f.served_since)
-    return f"{counts} strikes, {len(lemon.jobs)} jobs" + (f"; {served}" if served else "")
+    users = f" of {_users(lemon.users)}" if lemon.jobs else ""
+    return f"{counts} strikes, {len(lemon.jobs)} jobs{users}" + (f"; {served}" if served else "")
+
+
+def too_few_users_text(standing: Standing, rule: LemonRule) -> str:
+    """`nvlink 3 from the jobs of 1 user (job 7, job 8, job 9); a lemon once the jobs of 2 users strike ...`."""
+    families = ", ".join(f"{f.family} {f.strikes:g} from the jobs of {_users(f.users)} "
+                         f"({', '.join(dict.fromkeys(s.source for s in f.evidence))})"
+                         for f in standing.too_few_users(rule))
+    return f"{families}; a lemon once the jobs of {rule.min_users} users strike a family, or a failed sweep agrees"
+
+
+def _users(count: int) -> str:
+    return f"{count} user{'' if count == 1 else 's'}"
 
 
 def _jobs(count: int) -> str:
@@ -157,6 +170,10 @@ def fleet_text(fleet: Fleet, report: Report, tz: datetime.tzinfo | None = None) 
         lines += ["", f"CLEARED BY SERVICE (enough strikes of a family, but {fleet.rule.forgive_after_jobs} jobs "
                       f"served since its last): {fold_hostlist([s.host for s in fleet.cleared])}"]
         lines += [f"  {s.host}  {families_text(s.cleared(fleet.rule))}" for s in fleet.cleared[:FLEET_ROWS]]
+    if fleet.too_few_users:
+        lines += ["", f"NOT LEMONS: TOO FEW USERS (enough strikes of a family, but from fewer than {fleet.rule.min_users} "
+                      f"users' jobs, and no failed sweep agrees): {fold_hostlist([s.host for s in fleet.too_few_users])}"]
+        lines += [f"  {s.host}  {too_few_users_text(s, fleet.rule)}" for s in fleet.too_few_users[:FLEET_ROWS]]
     return lines
 
 
@@ -197,23 +214,27 @@ def fleet_json(fleet: Fleet) -> dict:
     return {
         "rule": {"strikes": rule.strikes, "days": rule.days, "exclusion_strike": rule.exclusion,
                  "detection_strike": rule.detection, "sweep_strike": rule.sweep,
-                 "forgive_after_jobs": rule.forgive_after_jobs, "text": rule.describe()},
+                 "forgive_after_jobs": rule.forgive_after_jobs, "min_users": rule.min_users, "text": rule.describe()},
         "nodes": [{"host": n.host, "jobs_excluded": n.jobs_excluded, "detections": n.detections,
                    "sweeps_failed": n.sweeps_failed, "jobs_served": n.jobs_served,
                    "families": families_json(n.families)} for n in fleet.nodes],
-        "lemons": [{"host": lemon.host, "strikes": lemon.strikes, "jobs": list(lemon.jobs),
+        "lemons": [{"host": lemon.host, "strikes": lemon.strikes, "jobs": list(lemon.jobs), "users": lemon.users,
                     "families": families_json(lemon.families),
                     "evidence": [{"at": iso_utc(s.at), "source": s.source, "kind": s.kind, "what": s.what,
                                   "detail": s.detail, "weight": s.weight, "families": list(s.families)}
                                  for s in lemon.evidence]}
                    for lemon in fleet.lemons],
         "cleared": [{"host": s.host, "families": families_json(s.cleared(rule))} for s in fleet.cleared],
+        "too_few_users": [{"host": s.host, "families": families_json(s.too_few_users(rule)),
+                           "why": too_few_users_text(s, rule)} for s in fleet.too_few_users],
     }
 
 
 def families_json(families: Iterable[FamilyStrikes]) -> list[dict]:
-    return [{"family": f.family, "strikes": f.strikes, "served_since": f.served_since, "forgiven": f.forgiven}
-            for f in families]
+    """Each family's strikes, the jobs served since, the distinct users whose jobs struck, and
+    whether a failed sweep is among them."""
+    return [{"family": f.family, "strikes": f.strikes, "served_since": f.served_since, "forgiven": f.forgiven,
+             "users": f.users, "swept": f.swept} for f in families]
 
 
 def to_json(report: Report) -> str:
@@ -271,6 +292,10 @@ def to_markdown(report: Report, tz: datetime.tzinfo | None = None) -> str:
         if fleet.cleared:
             lines += ["", "## Cleared by service", ""]
             lines += [f"- **{s.host}**: {_md(families_text(s.cleared(fleet.rule)))}" for s in fleet.cleared[:FLEET_ROWS]]
+        if fleet.too_few_users:
+            lines += ["", "## Not lemons: too few users", ""]
+            lines += [f"- **{s.host}**: {_md(too_few_users_text(s, fleet.rule))}"
+                      for s in fleet.too_few_users[:FLEET_ROWS]]
     return _lines(lines)
 
 
@@ -371,6 +396,14 @@ def fleet_html(fleet: Fleet, tz: datetime.tzinfo | None = None) -> list[str]:
         for standing in fleet.cleared:
             parts.append(f'<h3 class="cleared" data-host="{escape(standing.host)}">{escape(standing.host)}: '
                          f"{escape(families_text(standing.cleared(fleet.rule)))}</h3>")
+            parts += node_timeline_html(standing.host, fleet.timelines.get(standing.host, ()), tz)
+    if fleet.too_few_users:
+        parts += [f"<h2>Not lemons: too few users ({len(fleet.too_few_users)})</h2>",
+                  f"<p>Enough strikes of a family to be lemons, but from fewer than {fleet.rule.min_users} users' "
+                  "jobs, and no failed sweep agrees: one user's jobs never make a node a lemon for everyone.</p>"]
+        for standing in fleet.too_few_users:
+            parts.append(f'<h3 class="too-few-users" data-host="{escape(standing.host)}">{escape(standing.host)}: '
+                         f"{escape(too_few_users_text(standing, fleet.rule))}</h3>")
             parts += node_timeline_html(standing.host, fleet.timelines.get(standing.host, ()), tz)
     return parts
 

@@ -23,8 +23,9 @@ Rules:
   detections naming it, the full sweeps it failed, the jobs it served (trained through a step
   that ended well), and its strikes by failure family over the rule's own days; the lemons are
   judged by the site's rule over those days (`trainctl.sweep.fleet.judge_nodes`: one family that
-  recurs, not forgiven by the jobs served since), each with its evidence and its timeline across
-  jobs, sweeps and drains; so are the nodes the jobs they served cleared.
+  recurs, not forgiven by the jobs served since, struck by enough users' jobs or a failed sweep),
+  each with its evidence and its timeline across jobs, sweeps and drains; so are the nodes the
+  jobs they served cleared, and those held back because too few users' jobs struck them.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class FleetData:
     strikes: list[JobEventRow]                          # exclusions and detections in the rule's window
     strike_sweeps: list[tuple[str, int, float, str]]    # failed sweeps in the rule's window
     served: list[tuple[str, str, float]]                # (host, job, when) the struck nodes served, rule's window
+    users: dict[str, int | None]                        # the user of each job in `strikes`
     timeline_events: list[JobEventRow]                  # every job event of the timelines' nodes, both windows
     timeline_passes: list[tuple[str, int, float]]       # the sweeps those nodes passed, both windows
     timeline_drains: list[DrainRow]                     # trainctl's drains of those nodes, open or lifted
@@ -102,9 +104,10 @@ def load_fleet_data(history: History, since: float, rule: LemonRule, now: float 
     strike_sweeps = [row for row in failed if row[2] >= rule_since]
     struck = {event.host for event in strikes} | {row[0] for row in strike_sweeps}
     served = history.served_jobs(rule_since, struck) if struck and rule.forgive_after_jobs else []
-    shown = timeline_hosts(rule, judge_nodes(rule, strikes, strike_sweeps, served))
+    users = history.job_users({event.job_id for event in strikes}) if strikes else {}
+    shown = timeline_hosts(rule, judge_nodes(rule, strikes, strike_sweeps, served, users))
     return FleetData(rule, history.job_counts(since), [row for row in failed if row[2] >= since], strikes,
-                     strike_sweeps, served,
+                     strike_sweeps, served, users,
                      history.job_events(both, (EXCLUSION, DETECTION, SERVED), shown) if shown else [],
                      history.sweep_passes(both, shown) if shown else [],
                      [drain for drain in history.drains() if drain.host in shown] if shown else [])
@@ -112,15 +115,24 @@ def load_fleet_data(history: History, since: float, rule: LemonRule, now: float 
 
 def timeline_hosts(rule: LemonRule, standings: list[Standing]) -> list[str]:
     """The nodes whose timeline the report draws: the lemons with the most strikes, and as many of
-    the nodes that would be lemons but for the jobs they served since."""
+    the nodes that would be lemons but for the jobs they served since, and of those held back
+    because too few users' jobs struck them."""
     return ([lemon.host for lemon in lemons_of(rule, standings)][:LEMON_TIMELINES]
-            + [standing.host for standing in cleared_nodes(rule, standings)][:LEMON_TIMELINES])
+            + [standing.host for standing in cleared_nodes(rule, standings)][:LEMON_TIMELINES]
+            + [standing.host for standing in too_few_users_nodes(rule, standings)][:LEMON_TIMELINES])
 
 
 def cleared_nodes(rule: LemonRule, standings: list[Standing]) -> tuple[Standing, ...]:
     """The nodes a family would make lemons but for the jobs they served since, the most strikes first."""
     return tuple(sorted((s for s in standings if s.cleared(rule)),
                         key=lambda s: (-s.cleared(rule)[0].strikes, _natural_key(s.host))))
+
+
+def too_few_users_nodes(rule: LemonRule, standings: list[Standing]) -> tuple[Standing, ...]:
+    """The nodes a family would make lemons but that too few users' jobs struck it (and no failed
+    sweep agrees), the most strikes first."""
+    return tuple(sorted((s for s in standings if s.too_few_users(rule)),
+                        key=lambda s: (-s.too_few_users(rule)[0].strikes, _natural_key(s.host))))
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,7 @@ class Fleet:
     lemons: tuple[Lemon, ...]                      # the most strikes first
     timelines: dict[str, tuple[TimelineItem, ...]]   # lemon or cleared node -> its jobs, sweeps, drains, oldest first
     cleared: tuple[Standing, ...]                  # nodes a family would make lemons but for the jobs served since
+    too_few_users: tuple[Standing, ...]            # nodes a family would make lemons but for its jobs' users
 
     @property
     def struck(self) -> tuple[NodeFleet, ...]:
@@ -305,7 +318,7 @@ def build_report(data: ReportData, now: float, since: float,
 
 
 def build_fleet(data: FleetData) -> Fleet:
-    standings = judge_nodes(data.rule, data.strikes, data.strike_sweeps, data.served)
+    standings = judge_nodes(data.rule, data.strikes, data.strike_sweeps, data.served, data.users)
     by_host = {standing.host: standing.families for standing in standings}
     per_node: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for host, kind, job_count, events in data.counts:
@@ -339,7 +352,7 @@ def build_fleet(data: FleetData) -> Fleet:
                 timelines[drain.host].append(TimelineItem(drain.closed_at, "drain", "drain lifted", drain.closed_how))
     return Fleet(data.rule, nodes, lemons,
                  {host: tuple(sorted(items, key=lambda i: (i.at, i.source))) for host, items in timelines.items()},
-                 cleared_nodes(data.rule, standings))
+                 cleared_nodes(data.rule, standings), too_few_users_nodes(data.rule, standings))
 
 
 def _state(row: NodeRow) -> str:

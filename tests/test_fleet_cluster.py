@@ -1,7 +1,9 @@
 """Fleet memory on the dev cluster: three jobs whose gates leave node4 out (its `nvidia-smi
 nvlink -s` replays a V100 with NVLinks 3 and 5 inactive) drop their journals into the site's
-journal directory; `trainctl history ingest` folds them in, the report names node4 a lemon
-with three jobs, and a fourth `submit` from the site, which opts in, excludes node4 before
+journal directory; `trainctl history ingest` folds them in. All three are root's: by the default
+rule (lemon_min_users = 2) one user's jobs make no lemon, and the report says node4 is held back
+for that; the site that opts in counts one user's jobs (lemon_min_users = 1, a single team), its
+report names node4 a lemon with three jobs, and a fourth `submit` from it excludes node4 before
 any gate runs (Slurm's ExcNodeList). That fourth job (`--retries 1`) finds its two nodes bad too
 (every node replays the fault by then), and its successor excludes them and, still, node4 (its
 command-line --exclude replaces the script's #SBATCH one). `drain --lemons` then drains node4
@@ -56,12 +58,13 @@ def test_three_jobs_that_exclude_node4_make_it_a_lemon_the_next_submit_leaves_ou
     (tmp_path / "opting").mkdir()
     changes = {"sweep.db": str(tmp_path / "sweeps.db"), "fleet.journal_dir": str(journals)}
     gating = site_variant(tmp_path / "gating", "local-demo", changes | {"slurm.extra_sbatch": [f"--nodelist={LEMON}"]})
-    opting = site_variant(tmp_path / "opting", "local-demo", changes | {"fleet.submit_excludes_lemons": True})
+    opting = site_variant(tmp_path / "opting", "local-demo", changes | {"fleet.submit_excludes_lemons": True,
+                                                                        "fleet.lemon_min_users": 1})
 
     with staged_nvidia_smi(devcluster, {"node1": HEALTHY_NVLINK, "node2": HEALTHY_NVLINK, "node3": HEALTHY_NVLINK,
                                         LEMON: INACTIVE_LINKS}):
         jobs = three_gated_jobs(devcluster, tmp_path, gating)
-        lemon_reported(devcluster, journals, jobs, opting)
+        lemon_reported(devcluster, journals, jobs, opting, gating)
     with staged_nvidia_smi(devcluster, {node: INACTIVE_LINKS for node in ("node1", "node2", "node3", LEMON)}):
         fourth_job_leaves_the_lemon_out(devcluster, tmp_path, opting)
     lemon_drained_and_kept_drained(devcluster, opting, jobs)
@@ -80,16 +83,24 @@ def three_gated_jobs(devcluster, tmp_path: Path, gating: Path) -> list[str]:
     return jobs
 
 
-def lemon_reported(devcluster, journals: Path, jobs: list[str], opting: Path) -> None:
+def lemon_reported(devcluster, journals: Path, jobs: list[str], opting: Path, gating: Path) -> None:
     assert sorted(path.name for path in journals.iterdir()) == sorted(f"{job}.jsonl" for job in jobs)
     ingest = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(opting)], capture_output=True, text=True,
                             timeout=60, env=devcluster.client_env())
     assert ingest.returncode == 0, ingest.stderr
     assert "folded in 3 job journal(s)" in ingest.stderr
-    report = subprocess.run([TRAINCTL, "report", "--site", str(opting), "--format", "json"], capture_output=True,
-                            text=True, timeout=60)
-    assert report.returncode == 0, report.stderr
-    fleet = json.loads(report.stdout)["fleet"]
+
+    def fleet_report(site: Path) -> dict:
+        report = subprocess.run([TRAINCTL, "report", "--site", str(site), "--format", "json"], capture_output=True,
+                                text=True, timeout=60)
+        assert report.returncode == 0, report.stderr
+        return json.loads(report.stdout)["fleet"]
+
+    one_user = fleet_report(gating)   # the default rule: root's three jobs alone make no lemon
+    assert one_user["lemons"] == [] and [held["host"] for held in one_user["too_few_users"]] == [LEMON], one_user
+    assert [(f["family"], f["users"], f["swept"]) for f in one_user["too_few_users"][0]["families"]] == \
+        [("nvlink", 1, False)]
+    fleet = fleet_report(opting)
     assert [(lemon["host"], sorted(lemon["jobs"])) for lemon in fleet["lemons"]] == \
         [(LEMON, sorted(f"job {job}" for job in jobs))]
     assert all("nvlink.links" in strike["what"] for strike in fleet["lemons"][0]["evidence"])

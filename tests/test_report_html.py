@@ -60,7 +60,8 @@ def test_html_node_timeline_shows_strikes_by_family_service_and_drains_in_chromi
     def job(number: int, at: float, *events: tuple[str, str, str, str]) -> tuple[JobRow, list[JobEventRow]]:
         rows = [JobEventRow(str(number), line, host, kind, at + line, what, detail)
                 for line, (host, kind, what, detail) in enumerate(events, start=2)]
-        return JobRow(str(number), "test", at, at + 60, 0, f"/drop/{number}.jsonl", len(rows) + 1, 100, now), rows
+        return JobRow(str(number), "test", at, at + 60, 0, f"/drop/{number}.jsonl", len(rows) + 1, 100, now,
+                      number), rows   # each job another user's
 
     with History.open(db, write=True) as history:
         # gpu05 keeps failing on its memory; gpu06 did too, then served twelve jobs since its last strike
@@ -75,7 +76,7 @@ def test_html_node_timeline_shows_strikes_by_family_service_and_drains_in_chromi
                              reason_time="", sweep_id=sweep, check="fleet.lemon", drained_at=now - 1800)
     page, dom = report_in_chromium(chromium, tmp_path, db)
     lemon, _, cleared = dom.stdout.partition("Cleared by service")
-    assert '<h3 class="lemon" data-host="gpu05">gpu05: 3 gpu-memory strikes, 3 jobs; served 2 jobs since its last gpu-memory strike' in lemon
+    assert '<h3 class="lemon" data-host="gpu05">gpu05: 3 gpu-memory strikes, 3 jobs of 3 users; served 2 jobs since its last gpu-memory strike' in lemon
     assert lemon.count('<tr data-kind="exclusion" data-family="gpu-memory">') == 3
     assert lemon.count('<tr data-kind="served" data-family="">') == 2
     assert lemon.count('<tr data-kind="drained" data-family="">') == 1 and "3 gpu-memory strikes in 7 days" in lemon

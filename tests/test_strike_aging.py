@@ -1,6 +1,7 @@
 """Strikes by failure family, and service against strikes: a node is a lemon when one family recurs,
 and a family's strikes stop counting once the node has served `forgive_after_jobs` jobs since its
-last strike of it. Histories are written through the history's own writers (`History.record_jobs`,
+last strike of it; job strikes count once the jobs of `lemon_min_users` users struck, or a failed
+sweep of the family agrees. Histories are written through the history's own writers (`History.record_jobs`,
 the sweeps' `night`), and read back as the report and `drain --lemons` read them."""
 
 from __future__ import annotations
@@ -35,23 +36,24 @@ def xid_reason(*numbers: int) -> str:
 
 
 class Jobs:
-    """Jobs written into a history as folding writes them: one `jobs` row each, with its events."""
+    """Jobs written into a history as folding writes them: one `jobs` row each, with its events; each
+    job another user's (uid 1000 + its number), unless `user` names one."""
 
     def __init__(self, history: History):
         self.history, self.count = history, 0
 
-    def add(self, at: float, *events: tuple[str, str, str, str]) -> str:
+    def add(self, at: float, *events: tuple[str, str, str, str], user: int | None = None) -> str:
         """A job at `at` with (host, kind, what, detail) events; returns its id."""
         self.count += 1
         job = str(1000 + self.count)
         rows = [JobEventRow(job, line, host, kind, at + line, what, detail)
                 for line, (host, kind, what, detail) in enumerate(events, start=2)]
         self.history.record_jobs([(JobRow(job, "test", at, at + 60, 0, f"/drop/{job}.jsonl", len(rows) + 1, 100,
-                                          NOW), rows)])
+                                          NOW, 1000 + self.count if user is None else user), rows)])
         return job
 
-    def exclude(self, at: float, host: str, reason: str) -> str:
-        return self.add(at, (host, EXCLUSION, reason.split(": ", 1)[0], reason))
+    def exclude(self, at: float, host: str, reason: str, user: int | None = None) -> str:
+        return self.add(at, (host, EXCLUSION, reason.split(": ", 1)[0], reason), user=user)
 
     def serve(self, at: float, *hosts: str) -> str:
         return self.add(at, *((host, SERVED, "", "") for host in hosts))
@@ -105,9 +107,9 @@ def test_service_counts_jobs_not_steps_and_only_after_the_familys_last_strike(hi
     jobs.exclude(NOW - 3 * DAY + 12 * 3600, "n7", "ib.ports: mlx5_2/1 Down")   # another family, after the service
     _, lemons = standing(history)
     assert "n7" not in lemons
-    _, lemons = standing(history, LemonRule(3, 7, 1, 1, 1, RULE.forgive_after_jobs + 1))
+    _, lemons = standing(history, LemonRule(3, 7, 1, 1, 1, RULE.forgive_after_jobs + 1, 2))
     assert [(f.family, f.served_since) for f in lemons["n7"].families] == [(HANG, RULE.forgive_after_jobs)]
-    _, lemons = standing(history, LemonRule(3, 7, 1, 1, 1, 0))   # 0: service never forgives
+    _, lemons = standing(history, LemonRule(3, 7, 1, 1, 1, 0, 2))   # 0: service never forgives
     assert lemons["n7"].families[0].family == HANG
 
 
@@ -127,11 +129,49 @@ def test_one_strike_in_each_of_three_families_makes_no_lemon_and_the_report_says
     assert "n2  3 gpu-reset strikes, 2 jobs" in text and "[gpu-reset] sweep #1 failed: gpu.smi" in text
     document = json.loads(render.to_json(report))["fleet"]
     assert document["lemons"][0]["families"] == [{"family": "gpu-reset", "strikes": 3.0, "served_since": 0,
-                                                  "forgiven": False}]
+                                                  "forgiven": False, "users": 2, "swept": True}]
     assert lemon_reason(lemons["n2"], RULE).startswith("trainctl: fleet.lemon: 3 gpu-reset strikes in 7 days: job ")
     prom = render.to_prometheus([], [], [], None, report.fleet)
     assert 'trainctl_node_family_strikes{node="n1",family="link"} 1' in prom
     assert 'trainctl_node_family_strikes{node="n2",family="gpu-reset"} 3' in prom
+
+
+# ---------------------------------------------------------------- one user's jobs
+
+def test_one_users_many_strikes_make_no_lemon_until_another_users_job_or_a_failed_sweep_agrees(history):
+    jobs = Jobs(history)
+    for day in (6, 5, 4, 3):
+        jobs.exclude(NOW - day * DAY, "n5", ECC, user=1500)        # one user, four jobs on n5: none counts alone
+        jobs.exclude(NOW - day * DAY, "n6", ECC, user=1500)
+    report, lemons = standing(history)
+    assert lemons == {} and report.fleet.lemons == ()
+    assert [(s.host, [(f.family, f.strikes, f.users) for f in s.too_few_users(RULE)])
+            for s in report.fleet.too_few_users] == [("n5", [("gpu-memory", 4.0, 1)]), ("n6", [("gpu-memory", 4.0, 1)])]
+    assert "NOT LEMONS: TOO FEW USERS (enough strikes of a family, but from fewer than 2 users' jobs" in \
+        render.to_text(report)
+    assert "job strikes count once the jobs of 2 users struck the family" in RULE.describe()
+
+    _, lemons = standing(history, LemonRule.from_site(FleetConfig(lemon_min_users=1)))   # a single-team site
+    assert sorted(lemons) == ["n5", "n6"] and lemons["n5"].users == 1
+
+    jobs.exclude(NOW - 2 * DAY, "n5", xid_reason(48), user=1501)   # another user's job agrees
+    night(history, NOW - DAY, {"n6": {"gpu.ecc": ("fail", ECC)}})   # and on n6, root's own sweep
+    report, lemons = standing(history)
+    assert sorted(lemons) == ["n5", "n6"] and report.fleet.too_few_users == ()
+    assert [(f.family, f.strikes, f.users, f.swept) for f in lemons["n5"].families] == [("gpu-memory", 5.0, 2, False)]
+    assert [(f.family, f.strikes, f.users, f.swept) for f in lemons["n6"].families] == [("gpu-memory", 5.0, 1, True)]
+
+
+def test_a_failed_sweep_agrees_only_with_strikes_of_its_own_family(history):
+    jobs = Jobs(history)
+    for day in (3, 2, 1):
+        jobs.exclude(NOW - day * DAY, "n7", "lost during the gate: fabric test: left after 12 s", user=1500)
+    night(history, NOW - DAY / 2, {"n7": {"ib.ports": ("fail", "mlx5_2/1 Down")}})
+    report, lemons = standing(history)
+    assert lemons == {}
+    assert [[(f.family, f.users, f.swept) for f in s.too_few_users(RULE)] for s in report.fleet.too_few_users] == \
+        [[(HANG, 1, False)]]
+    assert [(f.family, f.strikes) for f in report.fleet.nodes[0].families] == [(HANG, 3.0), (LINK, 1.0)]
 
 
 # ---------------------------------------------------------------- families (pure)

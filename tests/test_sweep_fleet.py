@@ -19,7 +19,7 @@ from trainctl.errors import UsageError
 from trainctl.site import FleetConfig
 from trainctl.slurm import NodeState
 from trainctl.sweep import render
-from trainctl.sweep.db import BASE_TABLES, FLEET_TABLES, TABLES, History
+from trainctl.sweep.db import BASE_TABLES, FLEET_TABLES, SCHEMA_VERSION, TABLES, History
 from trainctl.sweep.drain import (DRAIN, LEMON_CHECK, RECHECK, SKIP, Action, keep_lemons_drained,
                                   plan_lemon_drains)
 from trainctl.sweep.fleet import (DETECTION, EXCLUSION, SERVED, JournalRefused, LemonRule, current_lemons,
@@ -28,6 +28,9 @@ from trainctl.sweep.report import build_report, load_report_data
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
 RULE = LemonRule.from_site(FleetConfig())
+# The journals these tests write are all the test's user's files, so Slurm vouches for each job as that
+# user's: one user, as at a single-team site (the rule for many users: tests/test_strike_aging.py)
+ONE_TEAM = LemonRule.from_site(FleetConfig(lemon_min_users=1))
 NOW = time.time()
 
 
@@ -186,13 +189,37 @@ def test_a_version_1_history_is_read_without_job_rows_and_gains_the_tables_at_it
         report = build_report(load_report_data(history, NOW - 7 * DAY, RULE, NOW), NOW, NOW - 7 * DAY)
         assert report.fleet.lemons == ()
     with History.open(db, write=True) as history:
-        assert history.version == 2
+        assert history.version == SCHEMA_VERSION
         journal = write_journal(tmp_path / "7.jsonl", journal_lines("7", NOW - 60))
         fold_journals(history, [str(journal)], site="test", now=NOW, ask=slurm_vouching_for([journal]))
     assert counts(db)[-1] == ("n3", EXCLUSION, 1)
 
 
+def test_a_version_2_history_is_read_with_its_jobs_users_unknown_and_gains_them_at_its_first_write(tmp_path):
+    db = tmp_path / "old.db"
+    paths = [str(write_journal(tmp_path / f"{job}.jsonl", journal_lines(job, NOW - DAY * day)))
+             for job, day in (("101", 3), ("102", 2))]
+    with History.open(db, write=True) as history:
+        fold_journals(history, paths[:1], site="test", now=NOW, ask=slurm_vouching_for(paths))
+    with sqlite3.connect(db) as conn:   # back to what trainctl wrote before it kept the jobs' users
+        conn.executescript("ALTER TABLE jobs DROP COLUMN uid; UPDATE schema_version SET version = 2;")
+    with History.open(db) as history:
+        assert history.version == 2 and history.folded_jobs()["101"].uid is None
+        assert history.job_users(["101"]) == {"101": None}
+        report = build_report(load_report_data(history, NOW - 7 * DAY, RULE, NOW), NOW, NOW - 7 * DAY)
+        assert [n.host for n in report.fleet.nodes] == ["n1", "n2", "n3"]
+    with History.open(db, write=True) as history:
+        assert history.version == SCHEMA_VERSION
+        fold_journals(history, paths, site="test", now=NOW, ask=slurm_vouching_for(paths))
+        assert history.job_users(["101", "102"]) == {"101": None, "102": os.getuid()}
+    with sqlite3.connect(db) as conn:
+        assert [row[1] for row in conn.execute("PRAGMA table_info(jobs)")][-1] == "uid"
+    History.open(db, write=True).close()   # the upgraded file passes a writer's verdict as a new one would
+
+
 @pytest.mark.parametrize("sql, message", [
+    ("UPDATE jobs SET uid = 'root'", "job '7': uid 'root' is not a user id"),
+    ("UPDATE jobs SET uid = -1", "job '7': uid '-1' is not a user id"),
     ("UPDATE job_events SET kind = 'sabotage' WHERE host = 'n3'", "kind 'sabotage' unknown"),
     ("UPDATE job_events SET host = 'n[1-9]' WHERE host = 'n3'", "host 'n[1-9]' is not a node name"),
     ("UPDATE jobs SET started_at = 'yesterday'", "is not a time"),
@@ -238,16 +265,25 @@ def history_with_three_jobs_and_a_sweep(tmp_path) -> Path:
 def test_three_jobs_that_left_a_node_out_make_it_a_lemon_with_its_evidence(tmp_path):
     db = history_with_three_jobs_and_a_sweep(tmp_path)
     with History.open(db) as history:
-        lemons = current_lemons(history, RULE, NOW)
-        report = build_report(load_report_data(history, NOW - 7 * DAY, RULE, NOW), NOW, NOW - 7 * DAY)
+        lemons = current_lemons(history, ONE_TEAM, NOW)
+        report = build_report(load_report_data(history, NOW - 7 * DAY, ONE_TEAM, NOW), NOW, NOW - 7 * DAY)
+        assert history.job_users(["101", "102", "103", "104"]) == dict.fromkeys(["101", "102", "103"], os.getuid())
+        one_user = build_report(load_report_data(history, NOW - 7 * DAY, RULE, NOW), NOW, NOW - 7 * DAY)
+        assert current_lemons(history, RULE, NOW) == []   # by default, one user's jobs make no lemon
     assert [(lemon.host, lemon.strikes, lemon.jobs) for lemon in lemons] == [("n3", 3.0, ("job 101", "job 102",
                                                                                          "job 103"))]
+    assert [s.host for s in one_user.fleet.too_few_users] == ["n3"] and one_user.fleet.lemons == ()
+    assert ("n3  nvlink 3 from the jobs of 1 user (job 101, job 102, job 103); a lemon once the jobs of 2 users "
+            "strike a family, or a failed sweep agrees") in render.to_text(one_user)
+    held = json.loads(render.to_json(one_user))["fleet"]["too_few_users"]
+    assert [(h["host"], h["families"][0]["users"], h["families"][0]["swept"]) for h in held] == [("n3", 1, False)]
+    assert '<h3 class="too-few-users" data-host="n3">' in render.to_html(one_user)
     nodes = {n.host: n for n in report.fleet.nodes}
     assert (nodes["n3"].jobs_excluded, nodes["n3"].jobs_served) == (3, 0)
     assert (nodes["n2"].detections, nodes["n2"].jobs_served) == (1, 2)
     assert (nodes["n1"].jobs_served, nodes["n4"].sweeps_failed) == (3, 1)
     text = render.to_text(report)
-    assert "LEMONS (3 strikes of one failure family in 7 days" in text and "n3  3 nvlink strikes, 3 jobs" in text
+    assert "LEMONS (3 strikes of one failure family in 7 days" in text and "n3  3 nvlink strikes, 3 jobs of 1 user" in text
     assert "job 102 gate left it out: nvlink.links: GPU 3 link 5 inactive" in text
     document = json.loads(render.to_json(report))["fleet"]
     assert document["lemons"][0]["host"] == "n3" and len(document["lemons"][0]["evidence"]) == 3
@@ -263,16 +299,19 @@ def test_strikes_are_weighted_by_kind_and_a_job_strikes_a_node_once_per_kind_and
 
     events = [JobEventRow("1", line, "n9", EXCLUSION, 100.0 + line, "lost during the gate", "") for line in (2, 9)]
     events.append(JobEventRow("2", 3, "n9", DETECTION, 200.0, "hung", "no step for 600 s"))   # a hang, as the gate's
-    heavy = LemonRule(strikes=3, days=7, exclusion=1, detection=2, sweep=0.5, forgive_after_jobs=0)
-    assert [(lemon.strikes, lemon.families[0].family) for lemon in find_lemons(heavy, events, [])] == [(3.0, "hang")]
-    assert find_lemons(LemonRule(3, 7, 1, 1, 1, 0), events, []) == []
+    heavy = LemonRule(strikes=3, days=7, exclusion=1, detection=2, sweep=0.5, forgive_after_jobs=0, min_users=2)
+    users = {"1": 1001, "2": 1002}
+    assert [(lemon.strikes, lemon.families[0].family) for lemon in find_lemons(heavy, events, [], (), users)] == \
+        [(3.0, "hang")]
+    assert find_lemons(LemonRule(3, 7, 1, 1, 1, 0, 2), events, [], (), users) == []
     xid_79 = "gpu.xid: Xid 79 (GPU has fallen off the bus) on GPU 3 (PCI 0000:9b:00.0): 1 event(s)"
     off_the_bus = [JobEventRow("1", 2, "n9", EXCLUSION, 100.0, "gpu.xid", xid_79)]
-    assert [lemon.strikes for lemon in find_lemons(heavy, off_the_bus, [("n9", 4, 300.0, xid_79)] * 4)] == [3.0]
+    assert [lemon.strikes for lemon in find_lemons(heavy, off_the_bus, [("n9", 4, 300.0, xid_79)] * 4, (), users)] \
+        == [3.0]
 
 
 def test_drain_plans_lemons_like_sweep_failures_and_resume_keeps_a_lemon_drained():
-    db_lemons = find_lemons(RULE, [], [(host, n, 1.0, "x") for host in ("n1", "n2", "n3") for n in range(3)])
+    db_lemons = find_lemons(RULE, [], [(host, n, 1.0, "x") for host in ("n1", "n2", "n3") for n in range(3)], (), {})
     states = {"n1": NodeState("n1", "n1", "idle", "", "", "", ""),
               "n2": NodeState("n2", "n2", "drained", "", "maintenance", "root", "2026-11-27T10:00:00")}
     actions = {a.host: a for a in plan_lemon_drains(db_lemons, RULE, states, [])}
@@ -313,7 +352,7 @@ def test_history_ingest_folds_the_sites_journal_dir_once_and_says_what_it_refuse
 
 def test_submit_leaves_the_lemons_out_where_the_site_opts_in_and_keeps_them_on_request(tmp_path):
     db = history_with_three_jobs_and_a_sweep(tmp_path)
-    site = site_file(tmp_path, db, submit_excludes_lemons=True)
+    site = site_file(tmp_path, db, submit_excludes_lemons=True, lemon_min_users=1)
     (tmp_path / "train.py").write_text("print('hi')\n")
     probe = ("import sys; from trainctl.cli import main; code = main(sys.argv[1:]); "
              "print('sqlite3 imported' if 'sqlite3' in sys.modules else 'no sqlite3', file=sys.stderr)")
@@ -336,7 +375,7 @@ def test_submit_reads_the_published_lemons_file_and_never_the_history(tmp_path):
     db = history_with_three_jobs_and_a_sweep(tmp_path)
     lemons = tmp_path / "shared" / "lemons.json"
     lemons.parent.mkdir()
-    site = site_file(tmp_path, db, lemons_file=str(lemons), submit_excludes_lemons=True)
+    site = site_file(tmp_path, db, lemons_file=str(lemons), submit_excludes_lemons=True, lemon_min_users=1)
     out = subprocess.run([TRAINCTL, "history", "ingest", "--site", str(site)], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "1 lemon(s) written to" in out.stderr, out.stderr

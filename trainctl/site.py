@@ -133,6 +133,11 @@ class FleetConfig:
     forgive_after_jobs: int = doc(
         "a node's strikes of one failure family stop counting once it has served this many jobs since that "
         "family's last strike; a new strike of the family counts them all again (0: only lemon_days ages them)", 10)
+    lemon_min_users: int = doc(
+        "a family's job strikes make a node a lemon only when the jobs of at least this many distinct users struck "
+        "it (or a failed sweep of the node agrees): one user's jobs, which that user may have failed or forged "
+        "themselves, never make the fleet shun a node for everyone (1: one user's jobs are enough, for a "
+        "single-team site)", 2)
     lemons_file: str = doc(
         "the lemons, as JSON, rewritten by every sweep and `trainctl history ingest`: what submit reads "
         "(on a shared filesystem; SQLite's history is not to be read over one) (empty: submit reads sweep.db)",
