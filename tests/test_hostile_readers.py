@@ -141,6 +141,7 @@ def test_fleet_memory_folds_no_journal_linked_out_of_the_directory_it_is_found_i
     """The site's journal directory is everyone's to drop journals in: a link there (or at a job
     directory's journal.jsonl) to another user's journal is refused in one line, never read."""
     from trainctl.sweep.db import History
+    from support.slurm_records import slurm_vouching_for
     from trainctl.sweep.fleet import fold_journals, journal_paths
 
     theirs = tmp_path / "theirs" / "9.jsonl"
@@ -156,7 +157,9 @@ def test_fleet_memory_folds_no_journal_linked_out_of_the_directory_it_is_found_i
     os.symlink(theirs, link)
     said: list[str] = []
     with History.open(tmp_path / "h.db", write=True) as history:
-        result = fold_journals(history, journal_paths(str(drop)), site="", now=200.0, say=said.append)
+        # Slurm's accounting vouches for job 9 (its own file): the link is refused before it is read
+        result = fold_journals(history, journal_paths(str(drop)), site="", now=200.0, say=said.append,
+                               ask=slurm_vouching_for([theirs]))
         assert result.folded == 0 and history.job_events(0.0, ("exclusion",)) == []
     assert said == [f"journal {link}: a link out of {link.parent}, not read; skipped"]
 
