@@ -614,7 +614,7 @@ class LemonRule:
     @classmethod
     def from_site(cls, fleet) -> LemonRule:
         return cls(fleet.lemon_strikes, fleet.lemon_days, fleet.exclusion_strike, fleet.detection_strike,
-                   fleet.sweep_strike, fleet.forgive_after_jobs, max(1, fleet.lemon_min_users))
+                   fleet.sweep_strike, fleet.forgive_after_jobs, fleet.lemon_min_users)
 
     def weight(self, kind: str) -> float:
         return {EXCLUSION: self.exclusion, DETECTION: self.detection, SWEEP_FAILED: self.sweep}[kind]
