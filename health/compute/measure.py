@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 DEFAULT_BUDGET_S = 1.5           # per GPU, warm-up included; the GPUs of a node run at once
 MATMUL_SHARE = 0.6               # of the budget; the rest times the copy
+MIN_TIMED_STEPS = 3              # timed steps of each loop, however slow a step is
 GPU_MATMUL_N = 8192              # 1.1 TFLOP per product: ~1-2 ms on an H100, long enough to time
 GPU_COPY_BYTES = 1 << 30
 CPU_MATMUL_N = 512
@@ -103,7 +104,8 @@ def _timed_loop(device: torch.device, step, budget_s: float) -> tuple[float, int
     timed_s = budget_s * (1 - WARMUP_SHARE)
     cuda = device.type == "cuda"
     chunks = CHUNKS if cuda else max(1, min(CHUNKS, int(timed_s / CPU_MIN_CHUNK_S)))
-    chunk_steps = max(1, int(timed_s / chunks / per_step))
+    # at least MIN_TIMED_STEPS, past the budget if need be: a figure from one or two steps is noise
+    chunk_steps = max(-(-MIN_TIMED_STEPS // chunks), int(timed_s / chunks / per_step))
     chunk_seconds = []
     for _ in range(chunks):
         with _Timer(device) as chunk:
