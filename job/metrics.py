@@ -39,6 +39,10 @@ from trainctl.text import prometheus_label
 
 PREFIX = "trainctl_job_"
 PHASES = ("gate", "training", "stopping", "restarting", "successor", "ended")
+# each of the machine's phases (`trainctl.job.machine.Phase`) as the metrics show it: asking for a
+# checkpoint and awaiting the save are part of stopping the step
+METRIC_PHASE = {"start": "gate", "gate": "gate", "release": "gate", "train": "training", "asking": "stopping",
+                "awaiting": "stopping", "stopping": "stopping", "retry": "successor", "end": "ended"}
 DETECTION_KINDS = tuple(kind.value for kind in DetectionKind)
 
 # name (after PREFIX) -> (type, help); rendered in this order
@@ -101,8 +105,7 @@ class Sample(NamedTuple):
 
 def live_state(state: JobState, window_s: float, now: float) -> Live:
     """The machine's state as the metrics show it; `window_s`: the watch's slow_window_s."""
-    phase = {"start": "gate", "gate": "gate", "release": "gate", "train": "training", "stopping": "stopping",
-             "retry": "successor", "end": "ended"}[state.phase]
+    phase = METRIC_PHASE[state.phase]
     if phase == "gate" and state.restarts:
         phase = "restarting"
     watch = state.watch

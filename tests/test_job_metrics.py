@@ -190,3 +190,13 @@ def test_what_another_user_placed_at_the_jobs_name_is_refused_never_waited_on_or
             metrics.publish(str(shared), job_id, "trainctl_job_attempt 1\n")
     assert victim.read_text() == "theirs\n"
     assert stat.S_ISFIFO(os.lstat(metrics.textfile_path(str(shared), "42")).st_mode)
+
+
+def test_every_phase_of_the_machine_shows_as_one_of_the_metrics_phases():
+    """A phase the machine gains must be given its metrics phase, not end the job with a KeyError."""
+    from typing import get_args
+
+    assert set(get_args(machine.Phase)) == set(metrics.METRIC_PHASE)
+    assert set(metrics.METRIC_PHASE.values()) <= set(metrics.PHASES)
+    for phase in get_args(machine.Phase):
+        assert metrics.live_state(machine.JobState(phase=phase), 10.0, 0.0).phase in metrics.PHASES
