@@ -7,6 +7,7 @@ quoting, the steps, the hand-over to the real rank-exec, and the program's view 
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -169,7 +170,7 @@ def test_remote_submit_runs_the_job(devcluster, login_node, tmp_path):
     program = write_dump_program(scripted / "dump.py", scripted / "dumps")
     (scripted / "job.sbatch").write_text('#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --job-name=remote-job-script\n'
                                          'export GREETING="set by the job script"\n'
-                                         f'srun python3 {program.name} "$GREETING" "$@"\n')
+                                         f'srun {shlex.quote(sys.executable)} {program.name} "$GREETING" "$@"\n')
     result = remote(devcluster, scripted, login_node, "--site", str(site), "--spare", "2", "--chdir", str(scripted),
                     "--json", "job.sbatch", "c d")
     assert result.returncode == 0, result.stderr
