@@ -37,13 +37,12 @@ import shutil
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_scale import generate, run_measured  # noqa: E402
-from timing import interleaved  # noqa: E402
+from timing import interleaved, work_dir  # noqa: E402
 
 from trainctl.sweep.db import History  # noqa: E402
 from trainctl.slurm import SACCT_FIELDS  # noqa: E402
@@ -139,13 +138,8 @@ def main() -> int:
     parser.add_argument("--dir", help="work here and keep the files (default: a temporary directory)")
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} CPUs; interpreter {sys.executable}")
-    work = Path(args.dir or tempfile.mkdtemp(prefix="trainctl-fleet-scale-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with work_dir(args.dir, "trainctl-fleet-scale-") as work:
         return run(args, work)
-    finally:
-        if not args.dir:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def run(args, work: Path) -> int:

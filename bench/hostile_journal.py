@@ -21,18 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fleet_scale import write_sacct  # noqa: E402
 from report_scale import run_measured  # noqa: E402
-from timing import interleaved  # noqa: E402
+from timing import interleaved, work_dir  # noqa: E402
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
 
@@ -62,13 +60,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", help="work here and keep the files (default: a temporary directory)")
     args = parser.parse_args()
-    work = Path(args.dir or tempfile.mkdtemp(prefix="trainctl-hostile-journal-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with work_dir(args.dir, "trainctl-hostile-journal-") as work:
         return run(args, work)
-    finally:
-        if not args.dir:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def run(args, work: Path) -> int:

@@ -11,12 +11,14 @@ import contextlib
 import itertools
 import os
 import random
+import shutil
 import socket
 import statistics
 import subprocess
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 
 def time_once(argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 120.0) -> float:
@@ -162,3 +164,15 @@ def fresh_step_id() -> str:
     """A SLURM_STEP_ID no other rank of this bench has had: each process of rank 0 that a bench
     starts is then a rank's first process, which claims the rank and reports, as in a job."""
     return f"bench-{os.getpid()}-{next(_step_ids)}"
+
+
+@contextlib.contextmanager
+def work_dir(kept: str | None, prefix: str):
+    """The bench's folder: `kept` (made if missing, left afterwards), else a temporary one, removed."""
+    work = Path(kept or tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        yield work
+    finally:
+        if not kept:
+            shutil.rmtree(work, ignore_errors=True)

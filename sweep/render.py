@@ -389,21 +389,21 @@ def fleet_html(fleet: Fleet, tz: datetime.tzinfo | None = None) -> list[str]:
     for lemon in fleet.lemons:
         parts.append(f'<h3 class="lemon" data-host="{escape(lemon.host)}">{escape(lemon.host)}: {escape(lemon_text(lemon))}</h3>')
         parts += node_timeline_html(lemon.host, fleet.timelines.get(lemon.host, ()), tz)
-    if fleet.cleared:
-        parts += [f"<h2>Cleared by service ({len(fleet.cleared)})</h2>",
-                  f"<p>Enough strikes of a family to be lemons, but {fleet.rule.forgive_after_jobs} jobs or more "
-                  "served since its last strike: those strikes no longer count.</p>"]
-        for standing in fleet.cleared:
-            parts.append(f'<h3 class="cleared" data-host="{escape(standing.host)}">{escape(standing.host)}: '
-                         f"{escape(families_text(standing.cleared(fleet.rule)))}</h3>")
-            parts += node_timeline_html(standing.host, fleet.timelines.get(standing.host, ()), tz)
-    if fleet.too_few_users:
-        parts += [f"<h2>Not lemons: too few users ({len(fleet.too_few_users)})</h2>",
-                  f"<p>Enough strikes of a family to be lemons, but from fewer than {fleet.rule.min_users} users' "
-                  "jobs, and no failed sweep agrees: one user's jobs never make a node a lemon for everyone.</p>"]
-        for standing in fleet.too_few_users:
-            parts.append(f'<h3 class="too-few-users" data-host="{escape(standing.host)}">{escape(standing.host)}: '
-                         f"{escape(too_few_users_text(standing, fleet.rule))}</h3>")
+    held_back = (
+        ("Cleared by service", "cleared", fleet.cleared,
+         f"{fleet.rule.forgive_after_jobs} jobs or more served since its last strike: those strikes no longer count",
+         lambda standing: families_text(standing.cleared(fleet.rule))),
+        ("Not lemons: too few users", "too-few-users", fleet.too_few_users,
+         f"from fewer than {fleet.rule.min_users} users' jobs, and no failed sweep agrees: one user's jobs never "
+         "make a node a lemon for everyone", lambda standing: too_few_users_text(standing, fleet.rule)))
+    for title, css, standings, why, text in held_back:
+        if not standings:
+            continue
+        parts += [f"<h2>{title} ({len(standings)})</h2>",
+                  f"<p>Enough strikes of a family to be lemons, but {why}.</p>"]
+        for standing in standings:
+            parts.append(f'<h3 class="{css}" data-host="{escape(standing.host)}">{escape(standing.host)}: '
+                         f"{escape(text(standing))}</h3>")
             parts += node_timeline_html(standing.host, fleet.timelines.get(standing.host, ()), tz)
     return parts
 
