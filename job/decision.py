@@ -49,6 +49,7 @@ class Decision:
     wanted: int
     minimum: int
     unknown: tuple[str, ...] = ()   # unknown checks of nodes kept under `unknown = "keep"`
+    master_addr: str = ""           # where rank 0 listens: the first chosen node's NodeAddr ("" when none chosen)
 
     @property
     def ok(self) -> bool:
@@ -96,7 +97,7 @@ class Decision:
                 "chosen": list(self.chosen), "wanted": self.wanted, "minimum": self.minimum,
                 "excluded": [{"host": e.host, "status": e.status, "reasons": [str(r) for r in e.reasons],
                               "lost": any(r.cause == LOST for r in e.reasons)} for e in self.excluded],
-                "warnings": list(self.warnings), "unknown": list(self.unknown)}
+                "warnings": list(self.warnings), "unknown": list(self.unknown), "master_addr": self.master_addr}
 
     @classmethod
     def from_json(cls, data: Any) -> Decision:
@@ -115,6 +116,9 @@ class Decision:
 
         if not isinstance(data, dict) or not isinstance(data.get("excluded", []), list):
             raise ValueError("not a decision")
+        master_addr = data.get("master_addr", "")
+        if not isinstance(master_addr, str) or not master_addr.isprintable() or len(master_addr) > 255:
+            raise ValueError("master_addr: not an address")
         excluded = []
         for item in data.get("excluded", []):
             reasons = item.get("reasons", []) if isinstance(item, dict) else None
@@ -125,7 +129,7 @@ class Decision:
                                                           else Reason(reason, "") for reason in reasons),
                                       "unknown" if item.get("status") == "unknown" else "fail"))
         return cls(names("allocated"), names("healthy"), names("chosen"), tuple(excluded), names("warnings"),
-                   count("wanted"), count("minimum"), names("unknown"))
+                   count("wanted"), count("minimum"), names("unknown"), master_addr)
 
 
 def _short_hostlist(hosts: list[str]) -> str:

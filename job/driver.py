@@ -229,7 +229,7 @@ class JobDriver:
         watcher.join(GATE_STEP_GRACE_S)
         if watcher.is_alive():   # a lost node's task never returns: end what is left of the step
             slurm_actions.cancel_steps(self.job_id, machine.GATE_STEP, self.env)
-        decision = self._read_decision()
+        decision = jobdir.read_decision(self.paths)   # the gate's result, read once
         self._journal_verdicts(decision)
         gate_named = gate_bad_nodes(decision)
         if not result.ok:
@@ -243,19 +243,17 @@ class JobDriver:
                 say(f"trainctl: not starting the job: gate decide exited with status {status} "
                     f"(report: {self.gate_dir}/report.txt)", err=True)
             return machine.GateRefused(status, gate_named=gate_named)
-        decided = machine.parse_decision(result.stdout)
-        if decided is None:
-            self.journal.add(Kind.GATE_END, status=2, why="no nodes and MASTER_ADDR printed")
-            say(f"trainctl: gate decide did not print the nodes and MASTER_ADDR: {result.stdout!r}", err=True)
+        if decision is None or not decision.ok or not decision.chosen or not decision.master_addr:
+            why = f"{self.paths.decision} names no chosen nodes and MASTER_ADDR"
+            self.journal.add(Kind.GATE_END, status=2, why=why)
+            say(f"trainctl: gate decide exited 0, but {why}", err=True)
             return machine.GateRefused(2, retryable=False, gate_named=gate_named)
-        job_nodes, master_addr = decided
-        chosen = tuple(expand_hostlist(job_nodes))
-        self.journal.add(Kind.GATE_END, status=0, chosen=list(chosen), master_addr=master_addr)
-        say(f"trainctl: running on {job_nodes}, MASTER_ADDR {master_addr} (gate report: {self.gate_dir}/report.txt)")
-        return machine.GateDecided(job_nodes, chosen, master_addr, healthy_unused(decision, chosen), gate_named)
-
-    def _read_decision(self) -> Decision | None:
-        return jobdir.read_decision(self.paths)
+        job_nodes = machine.fold_hostlist(list(decision.chosen))
+        self.journal.add(Kind.GATE_END, status=0, chosen=list(decision.chosen), master_addr=decision.master_addr)
+        say(f"trainctl: running on {job_nodes}, MASTER_ADDR {decision.master_addr} "
+            f"(gate report: {self.gate_dir}/report.txt)")
+        return machine.GateDecided(job_nodes, decision.chosen, decision.master_addr,
+                                   healthy_unused(decision, decision.chosen), gate_named)
 
     def _drain(self, effect: machine.Drain) -> None:
         """Drain the nodes the detection named itself, where the site's `[gate] drain_on` asks

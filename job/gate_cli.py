@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -157,9 +158,9 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
     margins); a node with no report by then is "lost during the gate: no report within N s",
     and the decision is made with what arrived.
 
-    Writes DIR/decision.json and DIR/report.txt. On success it prints the report on stderr
-    and two lines on stdout: the folded hostlist of the chosen nodes and the address of the
-    first one (for MASTER_ADDR). With fewer than --min-nodes healthy nodes it exits 2 with
+    Writes DIR/decision.json (what the job's supervisor reads) and DIR/report.txt. On success
+    it prints the report on stderr and two lines on stdout: the folded hostlist of the chosen
+    nodes and the address of the first one (for MASTER_ADDR; also decision.json's master_addr). With fewer than --min-nodes healthy nodes it exits 2 with
     one line (nodes folded by cause, at most 300 characters); the detail is in report.txt.
     """
     from trainctl.errors import GateFailed, UsageError
@@ -202,6 +203,8 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
         text = f"site {site}{f' partition {partition}' if partition else ''}\n" + text
     from trainctl.job.gate_drain import drain_excluded  # the site's [gate] drain_on; never fails the gate
 
+    if decision.ok:   # the one place rank 0's address is asked of Slurm; the driver reads it from decision.json
+        decision = dataclasses.replace(decision, master_addr=node_address(decision.chosen[0]))
     drains = drain_excluded(site, policy.config, decision, node_reports, fabric, os.environ)
     text += "".join(f"{line}\n" for line in drains.lines())
     jobdir.write_json(paths.decision, decision.to_json() | {"drains": [d.to_json() for d in drains.drains],
@@ -215,7 +218,7 @@ def decide_command(site, partition, gate_dir, wanted, minimum, allocated, wait, 
         raise GateFailed(decision.failure_line())  # the one line; the detail is in report.txt
     click.echo(text, err=True, nl=False)
     click.echo(fold_hostlist(list(decision.chosen)))
-    click.echo(node_address(decision.chosen[0]))
+    click.echo(decision.master_addr)
     return 0
 
 

@@ -718,14 +718,6 @@ def checkpoint_signal(sbatch_signal: str) -> int | None:
 
 # ---------------------------------------------------------------- what comes back (parsers, pure)
 
-def parse_decision(stdout: str) -> tuple[str, str] | None:
-    """`gate decide`'s two lines: (hostlist of the chosen nodes, MASTER_ADDR); None if not that."""
-    lines = stdout.splitlines()
-    if len(lines) < 2 or not lines[0].strip() or not lines[1].strip():
-        return None
-    return lines[0].strip(), lines[1].strip()
-
-
 def parse_resize_script(text: str) -> tuple[dict[str, str], tuple[str, ...]]:
     """scontrol's slurm_job_<id>_resize.sh -> (variables it exports, variables it unsets).
 

@@ -44,3 +44,6 @@ def test_decide_over_generated_reports_names_every_planted_fault_folded(tmp_path
     chosen = bench.run_decide(tmp_path / "gate", hostlist, 60, tmp_path / "bin")
     assert chosen["rc"] == 0, chosen["stderr"]
     assert chosen["stdout"].splitlines() == [fold_hostlist(planted["healthy"]), "gpu0001"]
+    # what the job's supervisor reads: the same nodes and address, in decision.json
+    decision = json.loads((tmp_path / "gate" / "decision.json").read_text())
+    assert (fold_hostlist(decision["chosen"]), decision["master_addr"]) == (fold_hostlist(planted["healthy"]), "gpu0001")

@@ -44,11 +44,12 @@ def test_a_field_of_another_type_is_dropped_or_with_strict_makes_the_line_no_eve
 def test_the_decision_reads_back_as_gate_decide_wrote_it_and_anything_else_is_unknown(tmp_path):
     decision = Decision(("node1", "node2", "node3"), ("node1", "node3"), ("node1",),
                         (Exclusion("node2", (Reason("nvlink.links", "NVLink 3 inactive"), Reason("lost during the gate", ""))),),
-                        ("node3: slower",), 1, 1)
+                        ("node3: slower",), 1, 1, master_addr="10.0.0.1")
     paths = JobPaths(tmp_path)
     jobdir.write_json(paths.decision, decision.to_json() | {"drains": []})
     assert jobdir.read_decision(paths) == decision
-    for bad in ('{"allocated": "node1"}', '{"allocated": [], "excluded": [{"host": 3}]}', "[]", "{"):
+    for bad in ('{"allocated": "node1"}', '{"allocated": [], "excluded": [{"host": 3}]}', "[]", "{",
+                '{"wanted": 1, "minimum": 1, "master_addr": 7}', '{"wanted": 1, "minimum": 1, "master_addr": "a\\nb"}'):
         paths.decision.write_text(bad)
         assert jobdir.read_decision(paths) is None, bad
 

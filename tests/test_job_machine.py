@@ -748,12 +748,6 @@ def test_the_plan_travels_through_the_script_unchanged():
         JobPlan.from_document({"format": 99})
 
 
-@pytest.mark.parametrize("stdout, decided", [("node[1-2]\n10.0.0.1\n", ("node[1-2]", "10.0.0.1")),
-                                             ("node1\n", None), ("", None), ("\n10.0.0.1\n", None)])
-def test_gate_decides_two_lines_or_nothing(stdout, decided):
-    assert machine.parse_decision(stdout) == decided
-
-
 def test_the_resize_script_is_read_as_words_never_run():
     text = ('export SLURM_NODELIST="node[1,4]"\nexport SLURM_JOB_NODELIST="node[1,4]"\nexport SLURM_NNODES=2\n'
             'export SLURM_JOB_CPUS_PER_NODE="1(x2)"\nunset SLURM_NPROCS\nunset SLURM_TASKS_PER_NODE\n'

@@ -265,9 +265,12 @@ def test_the_job_is_shrunk_to_the_chosen_nodes_and_later_steps_see_the_new_size(
     _, job_step = srun_steps(tmp_path)
     assert job_step[:2] == ["--nodelist=node[1,4-5]", "--nodes=3"]
     journal = [json.loads(line) for line in (tmp_path / "trainctl-gate-81" / "journal.jsonl").read_text().splitlines()]
-    assert [event["event"] for event in journal] == ["job_start", "gate_start", "gate_end", "released",
-                                                     "training_start", "step_end", "job_end"]
-    assert journal[3]["holds"] == "node[1,4-5]" and journal[5]["status"] == 0
+    assert [event["event"] for event in journal] == ["job_start", "gate_start", *["node_verdict"] * 5, "gate_end",
+                                                     "released", "training_start", "step_end", "job_end"]
+    assert [(event["node"], event["verdict"]) for event in journal[2:7]] == [
+        ("node1", "chosen"), ("node2", "excluded"), ("node3", "excluded"), ("node4", "chosen"), ("node5", "chosen")]
+    assert journal[7]["chosen"] == ["node1", "node4", "node5"] and journal[7]["master_addr"] == "10.0.0.1"
+    assert journal[8]["holds"] == "node[1,4-5]" and journal[10]["status"] == 0
     assert all(a["t"] <= b["t"] for a, b in zip(journal, journal[1:]))
 
 
@@ -324,7 +327,7 @@ def test_a_decision_without_master_address_stops_the_script(tmp_path):
     request = SubmitRequest(site_ref="local-demo", program=("/bin/echo", "PROGRAM RAN"), nodes=1)
     _, result = run_with_standins(tmp_path, request, "79", decision="node1")
     assert result.returncode == 2
-    assert "did not print the nodes and MASTER_ADDR" in result.stderr
+    assert "decision.json names no chosen nodes and MASTER_ADDR" in result.stderr
     assert "PROGRAM RAN" not in result.stdout
 
 

@@ -99,10 +99,25 @@ def write_trainctl(path: Path, *, log: Path, decision: str = "", failure: str = 
     """`trainctl` whose `gate node`/`gate decide` answer as told; `job run` and `rank-exec` are the real ones.
 
     Every gate call appends a line to `log` (the node's name and the arguments). `gate decide`
-    prints `decision` (nodes, newline, master address), or, if `failure` is set, prints that
-    on stderr and exits 2. The answers are written into the script, so a job started over SSH
-    (whose environment comes from sshd, not from the test) gets them too.
+    answers `decision` (nodes, newline, master address) as the real one does: decision.json in
+    its --dir (the chosen nodes, the job's others left out, `master_addr`; what the supervisor
+    reads) and the two lines on stdout; or, if `failure` is set, prints that on stderr and
+    exits 2. The answers are written into the script, so a job started over SSH (whose
+    environment comes from sshd, not from the test) gets them too.
     """
+    writer = _write(path.with_name("write-decision.py"), f"""#!{sys.executable}
+import os, sys
+from pathlib import Path
+from trainctl.job import jobdir
+from trainctl.job.decision import Decision, Exclusion, Reason
+from trainctl.slurm import expand_hostlist
+gate_dir, nodes, master_addr = sys.argv[1:]
+chosen = tuple(expand_hostlist(nodes))
+allocated = tuple(expand_hostlist(os.environ["SLURM_JOB_NODELIST"]))
+left_out = tuple(Exclusion(host, (Reason("stand-in gate", "not chosen"),)) for host in allocated if host not in chosen)
+decision = Decision(allocated, chosen, chosen, left_out, (), len(chosen), len(chosen), master_addr=master_addr)
+jobdir.write_json(jobdir.JobPaths(Path(gate_dir)).decision, decision.to_json())
+""")
     return _write(path, f"""#!/bin/bash
 set -euo pipefail
 log={shlex.quote(str(log))}
@@ -118,6 +133,9 @@ case "${{1:-}} ${{2:-}}" in
         echo "$failure" >&2
         exit 2
     fi
+    dir=""; previous=""
+    for word in "$@"; do [[ "$previous" == --dir ]] && dir="$word"; previous="$word"; done
+    {shlex.quote(str(writer))} "$dir" {" ".join(shlex.quote(part) for part in decision.partition(chr(10))[::2])}
     printf '%s\\n' {shlex.quote(decision)};;
   "rank-exec "*|"job run")
     exec {shlex.quote(REAL_TRAINCTL)} "$@";;
