@@ -2,7 +2,7 @@
 
 Three parts:
 
-- `follow_view` (pure): the chain's jobs, each job's journal events, the training nodes' agent
+- `follow_view` (pure): the chain's jobs, each job's journal folded so far (`JobSoFar`), the training nodes' agent
   files now and at the last redraw, and the clock, in; a `FollowView` out: the phase, each
   node's agent and step time against the job's own baseline, the last checkpoint's age and the
   goodput so far.
@@ -27,16 +27,17 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TextIO
 
 from trainctl.errors import EXIT_UNKNOWN, ExternalCommandError, TrainctlError
 from trainctl.job import jobdir
-from trainctl.job.goodput import LOST_KINDS, Goodput, goodput
+from trainctl.job.goodput import COUNTED_KINDS, LOST_KINDS, Goodput, goodput
 from trainctl.job.jobdir import JobPaths, Kind, NodeReading
-from trainctl.job.journal import event_lines, hms
+from trainctl.job.journal import SHOW_KEPT_MAX, event_lines, hms
 from trainctl.job.show import LocalFiles, attempt_paths, collect_chain
 from trainctl.site import WatchConfig, load_site
 from trainctl.slurm import fold_hostlist
@@ -44,6 +45,8 @@ from trainctl.text import printable
 
 NODE_ROWS = 12          # nodes drawn on a terminal: the odd ones out first; the rest are counted
 RECENT_EVENTS = 8       # the chain's latest events drawn on a terminal
+READ_CHUNK_BYTES = 4 << 20   # of a journal, parsed at a time: what a redraw holds of it at once
+QUEUED = ("queued", "waits in Slurm's queue")
 HTML_COMMAND = "trainctl job show --html chain-{job}.html {job}"
 
 
@@ -74,6 +77,7 @@ class FollowView:
     recent: tuple[str, ...]          # the latest events' lines
     now: float
     status: int | None = None        # the chain's end: the last job's exit status
+    goodput_unknown: str | None = None   # why goodput is not told (the journals hold too many events)
 
     @property
     def ended(self) -> bool:
@@ -82,45 +86,83 @@ class FollowView:
 
 # ---------------------------------------------------------------- pure: events and files -> a view
 
-def job_phase(events: list[dict]) -> tuple[str, str]:
+def next_phase(phase: tuple[str, str], event: dict) -> tuple[str, str]:
+    """A job's phase and what it is about, after one more event of its journal."""
+    kind = event["event"]
+    if kind in (Kind.JOB_START, Kind.GATE_START):
+        return "gate", "checking the nodes" + (" again after a detection" if event.get("evidence") else "")
+    if kind == Kind.GATE_END and event.get("status", 0) != 0:
+        return "gate", f"refused the nodes: {event.get('why', 'status ' + str(event.get('status')))}"
+    if kind == Kind.TRAINING_START:
+        return "training", f"restart {event['restart']}" if event.get("restart") else ""
+    if kind == Kind.DETECTION and not event.get("note"):
+        suspects = ", ".join(event.get("suspects") or []) or "no node named yet"
+        return "stopping", f"after a detection: {event.get('kind')} ({suspects})"
+    if kind == Kind.WEIGHED and event.get("action") == "gate":
+        return "stopping", "for the gate: a slowdown no node is named for"
+    if kind == Kind.STEP_END:
+        return ("restarting", f"the training step ended with status {event.get('status')}") \
+            if event.get("status", 0) else ("ending", "the training step ended well")
+    if kind == Kind.RETRY and event.get("successor"):
+        return "successor", f"job {event['successor']} submitted"
+    if kind == Kind.JOB_END:
+        return phase if phase[0] == "successor" else ("ended", f"status {event.get('status')}")
+    return phase
+
+
+def job_phase(events: Iterable[dict]) -> tuple[str, str]:
     """A job's phase and what it is about, from its journal's events in order."""
-    phase, detail = "queued", "waits in Slurm's queue"
-    for event in events:
-        kind = event["event"]
-        if kind in (Kind.JOB_START, Kind.GATE_START):
-            phase, detail = "gate", "checking the nodes" + (" again after a detection" if event.get("evidence") else "")
-        elif kind == Kind.GATE_END and event.get("status", 0) != 0:
-            phase, detail = "gate", f"refused the nodes: {event.get('why', 'status ' + str(event.get('status')))}"
-        elif kind == Kind.TRAINING_START:
-            phase, detail = "training", f"restart {event['restart']}" if event.get("restart") else ""
-        elif kind == Kind.DETECTION and not event.get("note"):
-            suspects = ", ".join(event.get("suspects") or []) or "no node named yet"
-            phase, detail = "stopping", f"after a detection: {event.get('kind')} ({suspects})"
-        elif kind == Kind.WEIGHED and event.get("action") == "gate":
-            phase, detail = "stopping", "for the gate: a slowdown no node is named for"
-        elif kind == Kind.STEP_END:
-            phase, detail = ("restarting", f"the training step ended with status {event.get('status')}") \
-                if event.get("status", 0) else ("ending", "the training step ended well")
-        elif kind == Kind.RETRY and event.get("successor"):
-            phase, detail = "successor", f"job {event['successor']} submitted"
-        elif kind == Kind.JOB_END:
-            phase, detail = ("successor", detail) if phase == "successor" else ("ended", f"status {event.get('status')}")
-    return phase, detail
+    return functools.reduce(next_phase, events, QUEUED)
 
 
-def training_nodes(events: list[dict]) -> tuple[str, ...]:
-    """The nodes the job trains on now (the last gate's choice), while a training step runs."""
-    chosen: tuple[str, ...] = ()
-    training = False
-    for event in events:
+@dataclass
+class JobSoFar:
+    """What the view needs of one job's journal, folded in one event at a time, so that a journal
+    of any length costs the same memory: the phase, the nodes it trains on, the newest
+    checkpoint, its end, the lines of its latest events, and the events goodput counts (those
+    only while the chain's stay within SHOW_KEPT_MAX, as `job show` keeps them)."""
+
+    job_id: str
+    phase: tuple[str, str] = QUEUED
+    chosen: tuple[str, ...] = ()        # the last gate's choice
+    training: bool = False              # a training step runs
+    saved_t: float | None = None        # the newest checkpoint the journal names
+    status: object = None               # its job_end's status
+    counted: list[dict] = field(default_factory=list)
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))   # each a list of lines
+
+    def add(self, event: dict, count: bool) -> list[str]:
+        """Fold one event in (into `counted` too where `count`); the lines printed for it."""
         kind = event["event"]
+        self.phase = next_phase(self.phase, event)
         if kind == Kind.GATE_END and event.get("status", 0) == 0:
-            chosen = tuple(event.get("chosen") or ())
-        elif kind == Kind.TRAINING_START:
-            training = True
+            self.chosen = tuple(event.get("chosen") or ())
+        if kind == Kind.TRAINING_START:
+            self.training = True
         elif kind in (Kind.STEP_END, Kind.GATE_START, Kind.JOB_END):
-            training = False
-    return chosen if training else ()
+            self.training = False
+        if kind == Kind.CHECKPOINT and isinstance(event.get("checkpoint_t"), (int, float)):
+            self.saved_t = max(event["checkpoint_t"], self.saved_t or event["checkpoint_t"])
+        if kind == Kind.JOB_END:
+            self.status = event.get("status")
+        if count and kind in COUNTED_KINDS:
+            self.counted.append(event)
+        lines = event_line_list(self.job_id, event)
+        if lines:
+            self.recent.append(lines)
+        return lines
+
+    @property
+    def training_nodes(self) -> tuple[str, ...]:
+        """The nodes the job trains on now (the last gate's choice), while a training step runs."""
+        return self.chosen if self.training else ()
+
+    @classmethod
+    def of(cls, job_id: str, events: Iterable[dict]) -> JobSoFar:
+        so_far = cls(job_id)
+        for event in events:
+            so_far.add(event, True)
+        return so_far
 
 
 def mean_step_s(ranks, before: Mapping[int, tuple[int, float]] | None = None) -> float | None:
@@ -155,21 +197,23 @@ def node_view(node: str, reading: NodeReading | None, before: NodeReading | None
     return NodeView(node, agent, steps, step_s, rate, ratio)
 
 
-def newest_checkpoint(events: list[dict], readings: Mapping[str, NodeReading | None]) -> float | None:
-    """The newest save the journal or a rank's report (progress.checkpoint()) holds."""
-    times = [event["checkpoint_t"] for event in events
-             if event["event"] == Kind.CHECKPOINT and isinstance(event.get("checkpoint_t"), (int, float))]
-    times += [save.t for save in jobdir.rank_saves(readings.values())]
+def newest_checkpoint(so_far: JobSoFar, readings: Mapping[str, NodeReading | None]) -> float | None:
+    """The newest save the journal or the ranks' files name (a time), or None."""
+    times = [save.t for save in jobdir.rank_saves(readings.values())]
+    if so_far.saved_t is not None:
+        times.append(so_far.saved_t)
     return max(times, default=None)
 
 
-def follow_view(jobs: tuple[str, ...], journals: Mapping[str, list[dict]], readings: Mapping[str, NodeReading | None],
-                previous: Mapping[str, NodeReading | None], now: float, watch: WatchConfig) -> FollowView:
-    """The chain now: `journals` holds each job's events so far, `readings` the current job's
-    training nodes' agent files, `previous` those of the last redraw (none on the first)."""
-    current = journals.get(jobs[-1], [])
-    phase, detail = job_phase(current)
-    if not current and len(jobs) > 1:
+def follow_view(jobs: tuple[str, ...], so_far: Mapping[str, JobSoFar], readings: Mapping[str, NodeReading | None],
+                previous: Mapping[str, NodeReading | None], now: float, watch: WatchConfig,
+                goodput_unknown: str | None = None) -> FollowView:
+    """The chain now: `so_far` holds each job's journal folded so far, `readings` the current
+    job's training nodes' agent files, `previous` those of the last redraw (none on the first);
+    `goodput_unknown`: why goodput cannot be told from what was kept (None: it can)."""
+    current = so_far.get(jobs[-1]) or JobSoFar(jobs[-1])
+    phase, detail = current.phase
+    if (phase, detail) == QUEUED and len(jobs) > 1:
         phase, detail = "successor", f"job {jobs[-1]} waits in Slurm's queue"
     means = [mean for reading in readings.values() if reading and (mean := mean_step_s(reading.ranks)) is not None]
     baseline = statistics.median(means) if means else None
@@ -177,18 +221,18 @@ def follow_view(jobs: tuple[str, ...], journals: Mapping[str, list[dict]], readi
                   for node, reading in readings.items())
     steps_now = [node.step_s for node in nodes if node.step_s is not None]
     saved = newest_checkpoint(current, readings)
-    attempts = [journals.get(job, []) for job in jobs]
+    attempts = [so_far[job].counted if job in so_far else [] for job in jobs]
     recent: list[str] = []
     for job in reversed(jobs):               # from the newest event back, as far as is shown
-        for event in reversed(journals.get(job, [])):
+        for lines in reversed(so_far[job].recent if job in so_far else ()):
             if len(recent) >= RECENT_EVENTS:
                 break
-            recent[:0] = event_line_list(job, event)
-    status = next((event.get("status") for event in reversed(current) if event["event"] == Kind.JOB_END), None)
+            recent[:0] = lines
+    counted = goodput(attempts, now) if goodput_unknown is None and any(attempts) else None
     return FollowView(jobs, phase, detail, nodes, baseline, statistics.median(steps_now) if steps_now else None,
-                      None if saved is None else max(0.0, now - saved), goodput(attempts, now) if any(attempts) else None,
+                      None if saved is None else max(0.0, now - saved), counted,
                       tuple(recent[-RECENT_EVENTS:]), now,
-                      status if phase == "ended" else None)
+                      current.status if phase == "ended" else None, goodput_unknown)
 
 
 # ---------------------------------------------------------------- pure: a view -> lines
@@ -221,7 +265,9 @@ def _seconds(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
 
 
-def goodput_line(result: Goodput | None) -> str:
+def goodput_line(result: Goodput | None, unknown: str | None = None) -> str:
+    if unknown is not None:
+        return f"goodput: not computed: {unknown}"
     if result is None or result.ratio is None:
         return "goodput: not yet (no time since the first submit)"
     lost = ", ".join(f"{kind.replace('_', ' ')} {hms(result.lost_s.get(kind, 0.0))}" for kind in LOST_KINDS)
@@ -233,7 +279,7 @@ def view_lines(view: FollowView, rows: int = NODE_ROWS) -> list[str]:
     """What a terminal shows, redrawn at each poll."""
     chain = f" (chain {' > '.join(view.jobs)})" if len(view.jobs) > 1 else ""
     lines = [f"job {view.jobs[-1]}{chain}: {view.phase}{': ' + view.detail if view.detail else ''}  "
-             f"[{clock(view.now)}]", goodput_line(view.goodput)]
+             f"[{clock(view.now)}]", goodput_line(view.goodput, view.goodput_unknown)]
     age = "none seen" if view.checkpoint_age_s is None else f"{hms(view.checkpoint_age_s)} ago"
     lines.append(f"last checkpoint: {age}; step time {_seconds(view.step_s)} s, the job's baseline "
                  f"{_seconds(view.baseline_s)} s")
@@ -281,42 +327,71 @@ def exit_status(view: FollowView) -> int:
 # ---------------------------------------------------------------- the loop
 
 class Follower:
-    """Reads the chain's files at each redraw: the journals' new lines only, the chain's links,
-    and the current job's node files while it trains."""
+    """Reads the chain's files at each redraw: the journals' new lines only (folded into each
+    job's `JobSoFar` a chunk at a time, so that neither a long journal nor a long follow grows
+    its memory), the chain's links, and the current job's node files while it trains."""
 
     def __init__(self, gate_dir: str, job_id: str, load_watch: Callable[[str], WatchConfig]):
         self.gate_dir, self.job_id, self.load_watch = gate_dir, job_id, load_watch
         self.files = LocalFiles()
-        self.journals: dict[str, list[dict]] = {}
+        self.so_far: dict[str, JobSoFar] = {}
         self.offsets: dict[str, int] = {}
+        self.counted = 0                                    # goodput's events kept, the chain's in all
         self.previous: dict[str, NodeReading | None] = {}
         self.node_files: jobdir.NodeFiles | None = None     # the current job's, kept between redraws
         self.watch: WatchConfig | None = None
+        self.site: str | None = None
 
     def paths(self, job: str) -> JobPaths:
         return attempt_paths(self.gate_dir, self.job_id, job)
 
-    def read(self, now: float) -> FollowView:
+    def read(self, now: float, on_lines: Callable[[list[str]], None] = lambda lines: None) -> FollowView:
+        """The chain now; `on_lines` gets each new event's lines, in the journal's order."""
         jobs = tuple(link["job_id"] for link in collect_chain(self.files, self.gate_dir, self.job_id))
         for job in jobs:
-            paths = self.paths(job)
-            try:
-                new, offset = jobdir.read_journal_since(paths.journal, self.offsets.get(job, 0), paths.root)
-            except OSError as exc:
-                raise ExternalCommandError(f"cannot read {paths.journal}: {exc.strerror or exc}") from None
-            if offset < self.offsets.get(job, 0):   # replaced: read again from its start
-                self.journals[job] = []
-            self.offsets[job] = offset
-            self.journals.setdefault(job, []).extend(new)
+            self._read_journal(job, on_lines, first=job == jobs[0])
         watch = self.watch_config(jobs)
-        nodes = training_nodes(self.journals[jobs[-1]])
+        nodes = self.so_far[jobs[-1]].training_nodes
         paths = self.paths(jobs[-1])
         if self.node_files is None or self.node_files.paths != paths:
             self.node_files = jobdir.NodeFiles(paths)
         readings = self._read_node_files(nodes)
-        view = follow_view(jobs, self.journals, readings, self.previous, now, watch)
+        unknown = (f"the journals hold more than {SHOW_KEPT_MAX:,} events that it counts"
+                   if self.counted > SHOW_KEPT_MAX else None)
+        view = follow_view(jobs, self.so_far, readings, self.previous, now, watch, unknown)
         self.previous = readings
         return view
+
+    def _read_journal(self, job: str, on_lines: Callable[[list[str]], None], first: bool) -> None:
+        """The journal's lines added since the last read, READ_CHUNK_BYTES at a time (the chain's
+        first journal names the site)."""
+        paths = self.paths(job)
+        so_far = self.so_far.setdefault(job, JobSoFar(job))
+        while True:
+            offset = self.offsets.get(job, 0)
+            try:
+                new, after = jobdir.read_journal_since(paths.journal, offset, paths.root, cap=READ_CHUNK_BYTES)
+            except OSError as exc:
+                raise ExternalCommandError(f"cannot read {paths.journal}: {exc.strerror or exc}") from None
+            if after < offset:   # replaced: read again from its start
+                self.counted -= len(so_far.counted)
+                so_far = self.so_far[job] = JobSoFar(job)
+            self.offsets[job] = after
+            for event in new:
+                counting = event["event"] in COUNTED_KINDS and self.counted <= SHOW_KEPT_MAX
+                if counting:
+                    self.counted += 1
+                    if self.counted > SHOW_KEPT_MAX:   # goodput cannot be told: what was kept for it goes
+                        for each in self.so_far.values():
+                            each.counted.clear()
+                        counting = False
+                if first and self.site is None and event["event"] == Kind.JOB_START:
+                    self.site = event.get("site") or ""
+                lines = so_far.add(event, counting)
+                if lines:
+                    on_lines(lines)
+            if after - offset < READ_CHUNK_BYTES // 2:   # caught up (a full chunk ends within a line of it)
+                return
 
     def _read_node_files(self, nodes: tuple[str, ...]) -> dict[str, NodeReading | None]:
         """The training nodes' files, with Python's cyclic garbage collector paused: parsing 4,096
@@ -336,11 +411,9 @@ class Follower:
         """The site's `[watch]`, as the first job's journal names the site (the model's defaults
         until it starts, or where that site cannot be read here)."""
         if self.watch is None:
-            site = next((event.get("site") for event in self.journals.get(jobs[0], [])
-                         if event["event"] == Kind.JOB_START), None)
-            if site is None:
+            if self.site is None:
                 return WatchConfig()
-            self.watch = self.load_watch(site)
+            self.watch = self.load_watch(self.site)
         return self.watch
 
 
@@ -370,17 +443,15 @@ def follow(follower: Follower, out: TextIO, *, tty: bool, clock_now: Callable[[]
            sleep: Callable[[float], None] = time.sleep) -> int:
     """Redraw (a terminal) or print each new event (anything else) until the chain ends; its status."""
     screen = Screen(out) if tty else None
-    printed: dict[str, int] = {}
+
+    def print_lines(lines: list[str]) -> None:
+        out.write("".join(printable(line) + "\n" for line in lines))
+
     while True:
-        view = follower.read(clock_now())
+        view = follower.read(clock_now(), on_lines=print_lines if screen is None else lambda lines: None)
         if screen is not None:
             screen.draw(view_lines(view))
         else:
-            for job in view.jobs:
-                events = follower.journals[job]
-                for event in events[printed.get(job, 0):]:
-                    out.write("".join(printable(line) + "\n" for line in event_line_list(job, event)))
-                printed[job] = len(events)
             out.flush()
         if view.ended:
             out.write(printable(end_line(view)) + "\n")

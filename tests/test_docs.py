@@ -603,7 +603,7 @@ def _follow_terminal(tmp_path: Path) -> str:
     follower = Follower(str(job.paths.root), "7", site_watch)
     follower.read(job.clock.t)
     readings = jobdir.read_node_files(job.paths, ("node1", "node3"))
-    view = follow_view(("7",), follower.journals, readings, before, job.clock.t + 1, site_watch("local-demo"))
+    view = follow_view(("7",), follower.so_far, readings, before, job.clock.t + 1, site_watch("local-demo"))
     return "\n".join(view_lines(view)) + "\n"
 
 

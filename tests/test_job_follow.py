@@ -24,7 +24,7 @@ import pytest
 
 from support.chromium import chromium, page_dom, screenshot  # noqa: F401 (chromium: the fixture)
 from trainctl.job import jobdir
-from trainctl.job.follow import follow_view, job_phase, view_lines
+from trainctl.job.follow import READ_CHUNK_BYTES, Follower, JobSoFar, follow_view, job_phase, site_watch, view_lines
 from trainctl.job.jobdir import JobPaths, Journal, Kind, NodeReading, RankProgress
 from trainctl.job.watch_io import archive_gate_round, prepare_watch_dir
 from trainctl.site import WatchConfig
@@ -147,7 +147,8 @@ def test_each_node_against_the_jobs_own_baseline_the_odd_ones_out_first(tmp_path
     # node2 now takes 1 s a step, node3's agent fell silent 60 s ago with an Xid
     job.agents(110, {"node1": 0.5, "node2": (50 + 10) / 110})
     job.agents(100, {"node3": 0.5}, written=950.0, failed={"node3": (("gpu.xid", "Xid 79"),)})
-    view = follow_view(("7",), {"7": jobdir.read_journal(job.paths.journal)}, jobdir.read_node_files(job.paths, NODES),
+    view = follow_view(("7",), {"7": JobSoFar.of("7", jobdir.read_journal(job.paths.journal))},
+                       jobdir.read_node_files(job.paths, NODES),
                        before, 1010.0, WatchConfig())
     nodes = {node.node: node for node in view.nodes}
     assert view.phase == "training" and view.baseline_s == pytest.approx(0.5, rel=0.01)
@@ -200,6 +201,35 @@ def test_a_node_file_is_read_again_only_where_it_changed_and_never_through_a_fif
     node1.unlink()
     node1.write_text('{"format": 1, "node": "node1"}')      # not an agent's file
     assert files.read(NODES)["node1"] is None
+
+
+def test_a_journal_of_any_length_is_followed_in_bounded_memory_each_event_printed_once(tmp_path):
+    """A journal far past what goodput may count (SHOW_KEPT_MAX), over several read chunks: the
+    view keeps no list of its events, says goodput is not computed and why, and each event's line
+    comes out once, in order."""
+    from trainctl.job.journal import SHOW_KEPT_MAX
+
+    job = JobFiles(tmp_path, "7", clock=lambda: 1000.0)
+    job.start("local-demo")
+    restarts, pad = SHOW_KEPT_MAX + 500, "x" * 400
+    with open(job.paths.journal, "a") as journal:   # each restart: a step's end and a training start, counted
+        for n in range(1, restarts + 1):
+            journal.write(f'{{"t": {1000 + n}, "event": "step_end", "status": 1, "cause": "{pad}crash {n}"}}\n'
+                          f'{{"t": {1000 + n}, "event": "training_start", "nodes": "node1", "restart": {n}}}\n')
+    assert job.paths.journal.stat().st_size > 2 * READ_CHUNK_BYTES
+    follower = Follower(str(job.paths.root), "7", site_watch)
+    printed: list[str] = []
+    view = follower.read(1000.0 + restarts, on_lines=printed.extend)
+    assert sum(len(so_far.counted) for so_far in follower.so_far.values()) == 0
+    assert view.goodput is None and view.goodput_unknown == f"the journals hold more than {SHOW_KEPT_MAX:,} events that it counts"
+    assert (view.phase, view.detail) == ("training", f"restart {restarts}")
+    assert len(view.recent) == 8 and view.recent[-1].endswith(f"restart {restarts}")
+    crashes = [line for line in printed if "crash" in line]
+    assert len(crashes) == restarts and crashes[-1].endswith(f"crash {restarts}")
+    assert f"goodput: not computed: the journals hold more than {SHOW_KEPT_MAX:,}" in "\n".join(view_lines(view))
+    job.add(Kind.JOB_END, status=0)
+    again: list[str] = []
+    assert follower.read(1000.0 + restarts, on_lines=again.extend).ended and len(again) == 1   # only the new line
 
 
 # ---------------------------------------------------------------- a real trainctl, while the job runs
