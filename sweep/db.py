@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import TrainctlError, UsageError
+from trainctl.files import open_regular, read_fd
 from trainctl.text import printable
 from trainctl.validate import check_node_name
 from trainctl.sweep.db_rows import (JOB_EVENT_KINDS, check_every_row, damaged, drain_row, node_name_of, job_event_row,
@@ -616,9 +617,14 @@ def inspect_file(path: Path, *, thorough: bool, judged: tuple[str, ...] = TABLES
         raise UsageError(f"{path}: cannot read sweep history: {exc.strerror}") from exc
     if not stat.S_ISREG(mode):  # a FIFO would block the open below forever; a device is not a history
         raise UsageError(f"{path} is not a regular file, so not a sweep history; left untouched")
-    try:
-        with open(path, "rb") as handle:
-            header = handle.read(HEADER_BYTES)
+    try:   # never blocks: a FIFO swapped in since the stat is refused as the FIFO above is
+        fd = open_regular(path)
+        if fd is None:
+            raise UsageError(f"{path} is not a regular file, so not a sweep history; left untouched")
+        try:
+            header = read_fd(fd, HEADER_BYTES)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read sweep history: {exc.strerror}") from exc
     if not header.startswith(SQLITE_MAGIC) or len(header) < HEADER_BYTES:

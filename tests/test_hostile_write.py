@@ -383,3 +383,15 @@ def test_printable_escapes_every_bidi_control_and_line_separator():
         shown = printable(f"a{char}b")
         assert char not in shown and shown.startswith("a\\") and shown.endswith("b")
     assert printable("café ✓") == "café ✓"
+
+
+def test_a_fifo_or_a_link_to_one_as_the_history_is_refused_in_one_line_and_never_opened(tmp_path):
+    """`report --db` on a FIFO: refused before any open (an open would wait for a writer forever)."""
+    fifo = tmp_path / "sweeps.db"
+    os.mkfifo(fifo)
+    (tmp_path / "link.db").symlink_to(fifo)
+    for path in (fifo, tmp_path / "link.db"):
+        out = trainctl("report", "--db", path, "--out", tmp_path / "report.txt")
+        assert out.returncode == 2
+        assert one_line(out.stderr).endswith("is not a regular file, so not a sweep history; left untouched")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and not (tmp_path / "report.txt").exists()
