@@ -62,7 +62,7 @@ class Evidence:
     phase: Literal["gate", "step"]
     status: int                                   # gate decide's or the training srun's exit status
     nodes: tuple[str, ...]                        # the step's nodes (gate: the allocated nodes)
-    gate_bad: dict[str, str] = field(default_factory=dict)    # gate: node -> why the gate left it out
+    gate_bad: dict[str, str] = field(default_factory=dict)    # node -> why this job's gate left it out
     in_job: tuple[str, ...] | None = None         # the job's nodes now (None: unknown)
     states: dict[str, str] = field(default_factory=dict)      # node -> Slurm state with flags
     answered: tuple[str, ...] | None = None       # nodes where the probe started a task (None: no probe)
@@ -117,7 +117,9 @@ def decide_retry(attempt: Attempt, evidence: Evidence) -> RetryDecision:
             return RetryDecision(False, f"the program exited with status {evidence.status} on healthy nodes "
                                         "(every node still answers): not retried")
         what = "a node was lost during training" if lost else "the watch named a bad node during training"
-    exclude = tuple(sorted(set(attempt.kept_out) | set(attempt.excluded) | set(bad)))
+    # after a step's failure too, the nodes this job's own gate left out stay out: the successor's
+    # spares are optional (`--nodes=N-(N+spare)`), so its gate could otherwise meet them again
+    exclude = tuple(sorted(set(attempt.kept_out) | set(attempt.excluded) | set(bad) | set(evidence.gate_bad)))
     if attempt.number > attempt.retries:
         return RetryDecision(False, f"{what}, but this was attempt {attempt.number} of {attempt.retries + 1}: "
                                     "no retries left", bad, exclude)
@@ -230,7 +232,7 @@ def collect_evidence(phase: str, status: int, nodes: list[str], gate_dir: str, e
     # does not start there (this very script's node) says nothing about the others
     probed = reachable + ([batch_host] if reachable and batch_host and batch_host not in reachable else [])
     answered = probe_nodes(probed, gate_dir, jobdir.PROBE_PREFIX, env) if probed else ()
-    return Evidence("step", status, tuple(nodes), {}, in_job, states, answered, batch_host)
+    return Evidence("step", status, tuple(nodes), gate_bad_nodes(decision), in_job, states, answered, batch_host)
 
 
 def retry_around_bad_nodes(gate_dir: str, phase: str, status: int, nodes: list[str], retries: int,

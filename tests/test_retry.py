@@ -47,6 +47,18 @@ def test_slurm_saying_a_node_is_gone_makes_it_lost(evidence):
     assert decision.retry and list(decision.bad_nodes) == ["node3"]
 
 
+def test_after_a_lost_node_in_training_the_successor_also_excludes_the_nodes_this_jobs_gate_left_out():
+    """node2 failed this job's gate (the job ran on its spare); node3 is lost in training: the
+    successor excludes both, though only node3 is why it retries."""
+    evidence = Evidence("step", 1, NODES, {"node2": "nvlink.links: NVLink 3 inactive"}, ("node1",),
+                        {node: "mixed" for node in NODES}, NODES, "node1")
+    decision = decide_retry(FIRST, evidence)
+    assert decision.retry and list(decision.bad_nodes) == ["node3"]
+    assert decision.exclude == ("node2", "node3")
+    assert not decide_retry(FIRST, Evidence("step", 1, NODES, {"node2": "gpu.ecc: 3 errors"}, NODES,
+                                            {node: "mixed" for node in NODES}, NODES, "node1")).retry
+
+
 def test_a_drained_node_that_still_answers_is_not_lost():
     decision = decide_retry(FIRST, step_end(states={"node1": "mixed", "node3": "draining"}))
     assert not decision.retry
