@@ -202,7 +202,8 @@ def test_a_version_2_history_is_read_with_its_jobs_users_unknown_and_gains_them_
     with History.open(db, write=True) as history:
         fold_journals(history, paths[:1], site="test", now=NOW, ask=slurm_vouching_for(paths))
     with sqlite3.connect(db) as conn:   # back to what trainctl wrote before it kept the jobs' users
-        conn.executescript("ALTER TABLE jobs DROP COLUMN uid; UPDATE schema_version SET version = 2;")
+        conn.executescript("ALTER TABLE jobs DROP COLUMN uid; ALTER TABLE job_events DROP COLUMN families; "
+                           "UPDATE schema_version SET version = 2;")
     with History.open(db) as history:
         assert history.version == 2 and history.folded_jobs()["101"].uid is None
         assert history.job_users(["101"]) == {"101": None}
@@ -295,23 +296,27 @@ def test_three_jobs_that_left_a_node_out_make_it_a_lemon_with_its_evidence(tmp_p
 
 
 def test_strikes_are_weighted_by_kind_and_a_job_strikes_a_node_once_per_kind_and_family():
-    from trainctl.sweep.model import JobEventRow
+    from trainctl.sweep.model import JobEventRow, SweepFailure
 
-    events = [JobEventRow("1", line, "n9", EXCLUSION, 100.0 + line, "lost during the gate", "") for line in (2, 9)]
-    events.append(JobEventRow("2", 3, "n9", DETECTION, 200.0, "hung", "no step for 600 s"))   # a hang, as the gate's
+    events = [JobEventRow("1", line, "n9", EXCLUSION, 100.0 + line, "lost during the gate", "", ("hang",))
+              for line in (2, 9)]
+    events.append(JobEventRow("2", 3, "n9", DETECTION, 200.0, "hung", "no step for 600 s", ("hang",)))   # as the gate's
     heavy = LemonRule(strikes=3, days=7, exclusion=1, detection=2, sweep=0.5, forgive_after_jobs=0, min_users=2)
     users = {"1": 1001, "2": 1002}
     assert [(lemon.strikes, lemon.families[0].family) for lemon in find_lemons(heavy, events, [], (), users)] == \
         [(3.0, "hang")]
     assert find_lemons(LemonRule(3, 7, 1, 1, 1, 0, 2), events, [], (), users) == []
-    xid_79 = "gpu.xid: Xid 79 (GPU has fallen off the bus) on GPU 3 (PCI 0000:9b:00.0): 1 event(s)"
-    off_the_bus = [JobEventRow("1", 2, "n9", EXCLUSION, 100.0, "gpu.xid", xid_79)]
-    assert [lemon.strikes for lemon in find_lemons(heavy, off_the_bus, [("n9", 4, 300.0, xid_79)] * 4, (), users)] \
-        == [3.0]
+    xid_79 = "Xid 79 (GPU has fallen off the bus) on GPU 3 (PCI 0000:9b:00.0): 1 event(s)"
+    off_the_bus = [JobEventRow("1", 2, "n9", EXCLUSION, 100.0, "gpu.xid", f"gpu.xid: {xid_79}", ("gpu-reset",))]
+    sweeps = [SweepFailure("n9", 4, 300.0, (("gpu.xid", xid_79),))] * 4
+    assert [lemon.strikes for lemon in find_lemons(heavy, off_the_bus, sweeps, (), users)] == [3.0]
 
 
 def test_drain_plans_lemons_like_sweep_failures_and_resume_keeps_a_lemon_drained():
-    db_lemons = find_lemons(RULE, [], [(host, n, 1.0, "x") for host in ("n1", "n2", "n3") for n in range(3)], (), {})
+    from trainctl.sweep.model import SweepFailure
+
+    db_lemons = find_lemons(RULE, [], [SweepFailure(host, n, 1.0, ()) for host in ("n1", "n2", "n3") for n in range(3)],
+                            (), {})
     states = {"n1": NodeState("n1", "n1", "idle", "", "", "", ""),
               "n2": NodeState("n2", "n2", "drained", "", "maintenance", "root", "2026-11-27T10:00:00")}
     actions = {a.host: a for a in plan_lemon_drains(db_lemons, RULE, states, [])}
