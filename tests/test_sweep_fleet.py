@@ -218,10 +218,90 @@ def test_a_version_2_history_is_read_with_its_jobs_users_unknown_and_gains_them_
     History.open(db, write=True).close()   # the upgraded file passes a writer's verdict as a new one would
 
 
+# A slow detection as the watch journals it (trainctl.job.watch): its evidence says the rule in words, its
+# details name it; a sick one's evidence lists "node: check: reason", its details the failed checks.
+LINK_WAIT_SLOW = {"kind": "slow", "suspects": ["n2"], "details": {"step_s": 2.0, "baseline_s": 1.0, "named_by": "link-wait"},
+                  "evidence": "step 2.0 s, 2x the 1.0 s baseline; n2 (rule link-wait: ib0 waits 450x its peers per MB)"}
+SICK_ECC = {"kind": "sick", "suspects": ["n2"], "evidence": "n2: gpu.ecc: 4 uncorrectable ECC errors",
+            "details": {"failed": [{"node": "n2", "check": "gpu.ecc", "reason": "4 uncorrectable ECC errors"}]}}
+HUNG = {"kind": "hung", "suspects": ["n2"], "evidence": "no rank finished a step for 600 s", "details": {"silent": ["n2"]}}
+
+
+def with_detection(events: list[dict], detection: dict) -> list[dict]:
+    """`events` (journal_lines) with `detection` ending its step."""
+    t = events[3]["t"]
+    return events[:4] + [{"t": t + 1, "event": "detection", **detection},
+                         {"t": t + 2, "event": "step_end", "status": 143, "detection": detection["kind"]}] + events[5:]
+
+
+def test_a_detection_strikes_by_its_typed_details_never_by_its_evidence_text():
+    def families(detection: dict) -> tuple[str, ...]:
+        rows = parsed(with_detection(journal_lines("7", NOW - 100), detection)).events
+        return next(row.families for row in rows if row.kind == DETECTION)
+
+    # the evidence is garbage, or names another rule, node or check: the details decide
+    assert families(dict(SICK_ECC, evidence="n2: ib.ports: x; ;; n9: gpu.smi: y")) == ("gpu-memory",)
+    assert families(dict(LINK_WAIT_SLOW, evidence="n2 (rule own-time: its own CPU time rose)")) == ("link",)
+    assert families(dict(LINK_WAIT_SLOW, details={"named_by": "own-time"})) == ("compute",)
+    assert families(dict(SICK_ECC, details={"failed": [{"node": "n9", "check": "gpu.ecc", "reason": "x"}]})) == \
+        ("other",)                                   # n2 failed no check the details name
+    assert families(dict(HUNG, evidence="")) == ("hang",)
+    exclusion = next(row for row in parsed(journal_lines("7", NOW - 100)).events if row.kind == EXCLUSION)
+    assert exclusion.families == ("nvlink",)        # nvlink.links, and gpu.xid's Xid 74 read from its own reason
+
+
+def test_a_version_3_history_gains_its_events_families_at_its_upgrade_the_same_as_a_fold_finds_them(tmp_path):
+    db = tmp_path / "old.db"
+    paths = [str(write_journal(tmp_path / f"{job}.jsonl", with_detection(journal_lines(job, NOW - DAY * day), found)))
+             for job, day, found in (("101", 3, LINK_WAIT_SLOW), ("102", 2, SICK_ECC), ("103", 1, HUNG),
+                                     ("104", 1, LINK_WAIT_SLOW), ("105", 1, LINK_WAIT_SLOW))]
+    with History.open(db, write=True) as history:
+        fold_journals(history, paths, site="test", now=NOW, ask=slurm_vouching_for(paths))
+        night(history, NOW - DAY / 2, {"n1": "ok", "n4": {"gpu.xid": ("fail", "Xid 79 (GPU has fallen off the bus)")}})
+        folded, lemons = history.job_events(0, (EXCLUSION, DETECTION, SERVED)), current_lemons(history, ONE_TEAM, NOW)
+    assert {(row.host, row.what, row.families) for row in folded if row.kind == DETECTION} == \
+        {("n2", "slow", ("link",)), ("n2", "sick", ("gpu-memory",)), ("n2", "hung", ("hang",))}
+    assert [(lemon.host, [f.family for f in lemon.families]) for lemon in lemons] == [("n3", ["nvlink"]),
+                                                                                      ("n2", ["link"])]
+    with sqlite3.connect(db) as conn:   # back to what trainctl wrote before the rows kept their families
+        conn.executescript("ALTER TABLE job_events DROP COLUMN families; UPDATE schema_version SET version = 3;")
+    with History.open(db) as history:   # read as it is: the families found from the text the rows kept
+        assert history.version == 3
+        assert history.job_events(0, (EXCLUSION, DETECTION, SERVED)) == folded
+        assert current_lemons(history, ONE_TEAM, NOW) == lemons
+    with History.open(db, write=True) as history:
+        assert history.version == SCHEMA_VERSION
+        assert history.job_events(0, (EXCLUSION, DETECTION, SERVED)) == folded
+        assert current_lemons(history, ONE_TEAM, NOW) == lemons
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM job_events WHERE families IS NULL").fetchone() == (0,)
+    History.open(db, write=True).close()   # the upgraded file passes a writer's verdict as a new one would
+
+
+def test_a_failed_sweep_gives_its_checks_as_recorded_and_a_reason_that_reads_like_another_check_stays_its_own(
+        tmp_path):
+    from trainctl.sweep.families import failed_check_families
+    from trainctl.sweep.model import SweepFailure
+
+    db = tmp_path / "h.db"
+    reason = "mlx5_2/1 Down; gpu.ecc: 4 uncorrectable ECC errors"   # words of a port's state, not a second check
+    with History.open(db, write=True) as history:
+        sweep = night(history, NOW - DAY, {"n4": {"ib.ports": ("fail", reason), "host.memory": ("fail", "2 GiB")},
+                                           "n5": {"ib.ports": ("warn", "x")}, "n6": "ok"})
+    with History.open(db) as history:
+        failures = history.sweep_failures(0)
+    assert failures == [SweepFailure("n4", sweep, NOW - DAY, (("host.memory", "2 GiB"), ("ib.ports", reason)))]
+    assert failed_check_families(failures[0].failed) == ("host", "link")
+    assert failures[0].text == f"host.memory: 2 GiB; ib.ports: {reason}"
+
+
 @pytest.mark.parametrize("sql, message", [
     ("UPDATE jobs SET uid = 'root'", "job '7': uid 'root' is not a user id"),
     ("UPDATE jobs SET uid = -1", "job '7': uid '-1' is not a user id"),
     ("UPDATE job_events SET kind = 'sabotage' WHERE host = 'n3'", "kind 'sabotage' unknown"),
+    ("""UPDATE job_events SET families = '["sabotage"]' WHERE host = 'n3'""", "are not a list of failure families"),
+    ("UPDATE job_events SET families = NULL WHERE host = 'n3'", "families 'None' are not a list"),
+    ("UPDATE job_events SET families = 'nvlink' WHERE host = 'n3'", "families 'nvlink' are not a list"),
     ("UPDATE job_events SET host = 'n[1-9]' WHERE host = 'n3'", "host 'n[1-9]' is not a node name"),
     ("UPDATE jobs SET started_at = 'yesterday'", "is not a time"),
     ("DELETE FROM jobs", "event of job '7'"),
