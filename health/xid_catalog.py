@@ -8,7 +8,7 @@ the usual cause is the application or the event is informational. An Xid missing
 from this table is a WARN with "unknown Xid": it is reported, never hidden.
 
 Each FAIL Xid also names the failure family fleet memory counts its strikes in
-(`trainctl.sweep.fleet`), by the cause the catalogue gives: GPU memory (ECC errors,
+(`trainctl.sweep.families`), by the cause the catalogue gives: GPU memory (ECC errors,
 row remapping, contained and uncontained memory errors), a GPU that fell off the bus,
 stopped answering or asks for a reset (GSP and micro-controller errors included),
 NVLink and C2C links, and the GPU's other hardware. A WARN Xid has no family: it
