@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from trainctl.detections import LINK_WAIT, OWN_TIME, DetectionKind, Details, read_details
+from trainctl.detections import LINK_WAIT, OWN_TIME, DetectionKind, SickDetails, SlowDetails, read_details
 from trainctl.gate_reasons import Reason
 from trainctl.health.xid_catalog import GPU, GPU_MEMORY, GPU_RESET, NVLINK, xid_info, xids_named
 
@@ -75,16 +75,16 @@ def exclusion_families(reasons: Iterable[Reason]) -> tuple[str, ...]:
     return failed_check_families((reason.cause, reason.detail) for reason in reasons)
 
 
-def _slow(details: Details, node: str) -> tuple[str, ...]:
-    return {LINK_WAIT: (LINK,), OWN_TIME: (COMPUTE,)}.get(getattr(details, "named_by", ""), (OTHER,))
+def _slow(details: SlowDetails, node: str) -> tuple[str, ...]:
+    return {LINK_WAIT: (LINK,), OWN_TIME: (COMPUTE,)}.get(details.named_by, (OTHER,))
 
 
-def _sick(details: Details, node: str) -> tuple[str, ...]:
-    return failed_check_families((f.check, f.reason) for f in getattr(details, "failed", ()) if f.node == node)
+def _sick(details: SickDetails, node: str) -> tuple[str, ...]:
+    return failed_check_families((f.check, f.reason) for f in details.failed if f.node == node)
 
 
-# Each detection kind's families for each node it names, from its typed details
-DETECTION_FAMILIES: Mapping[DetectionKind, Callable[[Details, str], tuple[str, ...]]] = {
+# Each detection kind's families for each node it names, from its details (the kind's class, RULES)
+DETECTION_FAMILIES: Mapping[DetectionKind, Callable[[Any, str], tuple[str, ...]]] = {
     DetectionKind.HUNG: lambda details, node: (HANG,),
     DetectionKind.SLOW: _slow,    # by the rule that named the node: its link held it back, or its own time
     DetectionKind.SICK: _sick,    # by the node's own failed checks

@@ -22,11 +22,12 @@ journal with a line the supervisor never writes is damaged, and nothing of it is
 
 Each strike's failure families are found as its event is folded in, from the event's typed
 fields (`trainctl.sweep.families`), and kept in its row; the lemon rule counts the strikes by
-them: a node is a lemon when one family recurs, and a family's strikes stop counting once the node has served enough jobs since its
-last strike of that family. A family recurs only when the jobs of `lemon_min_users` distinct
-users struck the node, or a failed sweep of it agrees: a user can fail their own jobs on a node
-(a bug in their program) or, having run on it, write a journal Slurm vouches for, but cannot on
-their own make the fleet shun the node for everyone; sweeps run as root and no user writes them.
+them: a node is a lemon when one family recurs, and a family's strikes stop counting once the
+node has served enough jobs since its last strike of that family. A family recurs only when the
+jobs of `lemon_min_users` distinct users struck the node, or a failed sweep of it agrees: a user
+can fail their own jobs on a node (a bug in their program) or, having run on it, write a journal
+Slurm vouches for, but cannot on their own make the fleet shun the node for everyone; sweeps run
+as root and no user writes them.
 """
 
 from __future__ import annotations
