@@ -67,10 +67,11 @@ ROW_SUSPECTS = {
                    f"WHERE kind NOT IN ({_quoted(JOB_EVENT_KINDS)}) OR typeof(line) != 'integer' OR line < 1 "
                    f"OR {_not_text('job_id', 'host', 'what', 'detail')} OR {_TIME_SQL.format('at')}"),
     # since version 4 (`families`): each event's failure families, a JSON list of their names
+    # (most are a served row's none; CASE, as SQLite's OR may read json_each of text that is no JSON)
     "job_events.families": ("SELECT job_id, line, families FROM job_events WHERE typeof(families) != 'text' "
-                            "OR NOT json_valid(families) OR json_type(families) != 'array' OR EXISTS (SELECT 1 "
-                            "FROM json_each(families) WHERE typeof(value) != 'text' OR value NOT IN "
-                            f"({_quoted(FAMILIES)}))"),
+                            "OR (families != '[]' AND CASE WHEN json_valid(families) AND json_type(families) = "
+                            "'array' THEN EXISTS (SELECT 1 FROM json_each(families) WHERE typeof(value) != 'text' "
+                            f"OR value NOT IN ({_quoted(FAMILIES)})) ELSE 1 END)"),
 }
 
 
