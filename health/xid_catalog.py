@@ -8,7 +8,7 @@ the usual cause is the application or the event is informational. An Xid missing
 from this table is a WARN with "unknown Xid": it is reported, never hidden.
 
 Each FAIL Xid also names the failure family fleet memory counts its strikes in
-(`trainctl.sweep.fleet`), by the cause the catalogue gives: GPU memory (ECC errors,
+(`trainctl.sweep.families`), by the cause the catalogue gives: GPU memory (ECC errors,
 row remapping, contained and uncontained memory errors), a GPU that fell off the bus,
 stopped answering or asks for a reset (GSP and micro-controller errors included),
 NVLink and C2C links, and the GPU's other hardware. A WARN Xid has no family: it
@@ -17,6 +17,7 @@ never strikes a node.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from trainctl.health.status import Status
@@ -94,3 +95,19 @@ XID_CATALOG: dict[int, XidInfo] = {
 def xid_info(xid: int) -> XidInfo:
     return XID_CATALOG.get(xid, XidInfo(f"unknown Xid {xid} (not in trainctl's catalogue)",
                                         Status.WARN))
+
+
+# gpu.xid's reason names each Xid as "Xid N (meaning) on GPU ...", one issue per Xid and GPU
+# (`xid_issue`, written by trainctl.health.checks.kernel); `xids_named` reads the numbers back
+# (the fleet history files a gate's or a sweep's gpu.xid failure by them).
+_XID_NAMED = re.compile(r"\bXid (\d+)\b")
+
+
+def xid_issue(xid: int, where: str, count: int, last: str) -> str:
+    """One Xid's issue in gpu.xid's reason: its number, meaning, GPU, events and the last one."""
+    return f"Xid {xid} ({xid_info(xid).meaning}) on {where}: {count} event(s), last: {last}"
+
+
+def xids_named(reason: str) -> frozenset[int]:
+    """The Xid numbers a gpu.xid reason names (`xid_issue`); none where it was cut before any."""
+    return frozenset(int(number) for number in _XID_NAMED.findall(reason))

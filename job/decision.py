@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainctl.gate_reasons import Reason
 from trainctl.slurm import fold_hostlist
 
 LOST = "lost during the gate"
@@ -16,17 +17,6 @@ LOST = "lost during the gate"
 # within 300 characters; every detail is in report.txt.
 FAILURE_LINE_MAX = 300 - len("trainctl: error: ")
 HOSTLIST_MAX = 60  # one cause's folded nodes in that line; longer lists are shortened
-
-
-@dataclass(frozen=True)
-class Reason:
-    """Why a node is left out: `cause` folds nodes together (a check name, "fabric: straggler",
-    "lost during the gate"); `detail` is this node's own evidence."""
-    cause: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.cause}: {self.detail}" if self.detail else self.cause
 
 
 @dataclass(frozen=True)
@@ -125,8 +115,7 @@ class Decision:
             if (not isinstance(item, dict) or not isinstance(item.get("host"), str) or not isinstance(reasons, list)
                     or not all(isinstance(reason, str) for reason in reasons)):
                 raise ValueError("excluded: not a list of nodes with reasons")
-            excluded.append(Exclusion(item["host"], tuple(Reason(*reason.split(": ", 1)) if ": " in reason
-                                                          else Reason(reason, "") for reason in reasons),
+            excluded.append(Exclusion(item["host"], tuple(Reason.read(reason) for reason in reasons),
                                       "unknown" if item.get("status") == "unknown" else "fail"))
         return cls(names("allocated"), names("healthy"), names("chosen"), tuple(excluded), names("warnings"),
                    count("wanted"), count("minimum"), names("unknown"), master_addr)

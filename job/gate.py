@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from trainctl.health.compute.judge import GpuVerdict
-from trainctl.job.decision import LOST, Decision, Exclusion, Reason, _one_line, _short_hostlist
+from trainctl.gate_reasons import Reason
+from trainctl.job.decision import LOST, Decision, Exclusion, _one_line, _short_hostlist
 from trainctl.health.fabric.report import NOT_JUDGED, FabricReport
 from trainctl.health.versions import odd_nodes_out, versions_from_reports
 from trainctl.slurm import fold_hostlist

@@ -5,8 +5,10 @@ Tables: `sweeps` (one row per sweep; `finished_at` stays NULL when a sweep is ki
 state), `results` (one row per node, check and sweep), `drains` (what trainctl drained, with
 the exact reason it set), `jobs` and `job_events` (the jobs' verdicts on their nodes, folded in
 from their journals by `trainctl.sweep.fleet`; version 2; since version 3 each job with its user,
-`jobs.uid`), and `schema_version`. A version-1 history is read as one without job rows, and a
-version-2 one as one whose jobs' users are unknown; each is upgraded at its first write. The file carries SQLite's application_id, so
+`jobs.uid`; since version 4 each event with its failure families, `job_events.families`), and
+`schema_version`. A version-1 history is read as one without job rows, a version-2 one as one
+whose jobs' users are unknown, a version-2 or 3 one with its events' families found from their
+text (`trainctl.sweep.db_rows.job_event_row_before_v4`); each is upgraded at its first write. The file carries SQLite's application_id, so
 a database of another program is recognised from its header and never written to.
 
 Every open goes through one verdict, `inspect_file`, on a read-only connection: the header and
@@ -23,6 +25,7 @@ started together both find either nothing or a complete history.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -39,13 +42,16 @@ from trainctl.files import open_regular, read_fd
 from trainctl.text import printable
 from trainctl.validate import check_node_name
 from trainctl.sweep.db_rows import (JOB_EVENT_KINDS, check_every_row, damaged, drain_row, node_name_of, job_event_row,
-                                    job_row, node_row, result_row, sweep_row, text_of, time_of, user_of)
-from trainctl.sweep.model import CHECKED, DrainRow, JobEventRow, JobRow, NodeOutcome, NodeRow, ResultRow, SweepRow
+                                    job_event_row_before_v4, job_row, node_row, result_row, sweep_row, text_of,
+                                    time_of, user_of)
+from trainctl.sweep.model import (CHECKED, DrainRow, JobEventRow, JobRow, NodeOutcome, NodeRow, ResultRow,
+                                  SweepFailure, SweepRow)
 
 APPLICATION_ID = 0x74635377      # "tcSw", in the header at offset 68
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 FLEET_VERSION = 2            # the first version with jobs and job_events
 USERS_VERSION = 3            # the first with jobs.uid (last of its columns: ALTER TABLE adds it there)
+FAMILIES_VERSION = 4         # the first with job_events.families (last of its columns, likewise)
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_BYTES = 100
 BUSY_TIMEOUT_S = 30.0            # a report may run while a sweep writes; WAL keeps both going
@@ -77,6 +83,7 @@ CREATE TABLE job_events (
     at REAL NOT NULL,
     what TEXT NOT NULL,
     detail TEXT NOT NULL,
+    families TEXT,
     PRIMARY KEY (job_id, line, host)
 ) WITHOUT ROWID;
 CREATE INDEX job_events_by_time ON job_events (at, kind, host, job_id);
@@ -147,6 +154,7 @@ REFUSED_CLOSE = "not drained: "
 
 # One encoder for every row (json.dumps builds one per call); compact, keys sorted.
 _DETAILS_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+_FAMILIES_JSON = json.JSONEncoder(separators=(",", ":")).encode
 BASE_TABLES = ("schema_version", "sweeps", "nodes", "results", "drains")
 TABLES = BASE_TABLES + FLEET_TABLES
 # SQLite's extended result codes that mean "you may not" or "not now", never "the file is bad".
@@ -215,14 +223,20 @@ class History:
 
     def _upgrade(self) -> None:
         """To this version in one transaction (a reader sees the old schema or the new one): version 1
-        gains the job tables, version 2 the jobs' users (unknown, NULL, for the jobs it already holds)."""
+        gains the job tables, version 2 the jobs' users (unknown, NULL, for the jobs it already holds),
+        versions 2 and 3 their events' families, found from the text the events kept."""
         with self.transaction():
             if self.version < FLEET_VERSION:
                 for statement in FLEET_SCHEMA.split(";"):
                     if statement.strip():
                         self._execute(statement)
             else:
-                self._execute("ALTER TABLE jobs ADD COLUMN uid INTEGER")
+                if self.version < USERS_VERSION:
+                    self._execute("ALTER TABLE jobs ADD COLUMN uid INTEGER")
+                events = self.job_events(0.0, JOB_EVENT_KINDS)
+                self._execute("ALTER TABLE job_events ADD COLUMN families TEXT")
+                self._execute("UPDATE job_events SET families = ? WHERE job_id = ? AND line = ? AND host = ?",
+                              [(_FAMILIES_JSON(list(e.families)), e.job_id, e.line, e.host) for e in events], many=True)
             self._execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
         self.version = SCHEMA_VERSION
 
@@ -494,10 +508,10 @@ class History:
                           [(job.job_id, job.site, job.started_at, job.ended_at, job.status, job.source, job.lines,
                             job.size, job.ingested_at, job.uid) for job, _ in jobs], many=True)
             before = self._conn.total_changes
-            self._execute("INSERT OR IGNORE INTO job_events (job_id, line, host, kind, at, what, detail) "
-                          "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                          ((e.job_id, e.line, e.host, e.kind, e.at, e.what, e.detail) for _, events in jobs
-                           for e in events), many=True)
+            self._execute("INSERT OR IGNORE INTO job_events (job_id, line, host, kind, at, what, detail, families) "
+                          "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                          ((e.job_id, e.line, e.host, e.kind, e.at, e.what, e.detail, _FAMILIES_JSON(list(e.families)))
+                           for _, events in jobs for e in events), many=True)
             added = self._conn.total_changes - before
         return Recorded(tuple(job.job_id for job, _ in jobs), added)
 
@@ -524,13 +538,15 @@ class History:
         if self.version < FLEET_VERSION:
             return []
         kinds = sorted(set(kinds))
-        sql = ("SELECT job_id, line, host, kind, at, what, detail FROM job_events WHERE at >= ? "
-               "AND kind IN (SELECT value FROM json_each(?))")
+        stored = self.version >= FAMILIES_VERSION
+        sql = (f"SELECT job_id, line, host, kind, at, what, detail{', families' if stored else ''} FROM job_events "
+               "WHERE at >= ? AND kind IN (SELECT value FROM json_each(?))")
         params: tuple = (since, json.dumps(kinds))
         if hosts is not None:
             sql += " AND host IN (SELECT value FROM json_each(?))"
             params += (json.dumps(sorted(set(hosts))),)
-        return [job_event_row(self.path, row) for row in self._rows(sql + " ORDER BY at, job_id, line", params)]
+        read = job_event_row if stored else job_event_row_before_v4
+        return [read(self.path, row) for row in self._rows(sql + " ORDER BY at, job_id, line", params)]
 
     def served_jobs(self, since: float, hosts: Iterable[str]) -> list[tuple[str, str, float]]:
         """(host, job, when it last served that job) for every job `hosts` served from `since` on."""
@@ -542,21 +558,28 @@ class History:
         return [(node_name_of(self.path, host), text_of(self.path, job_id, "job_events.job_id"),
                  time_of(self.path, at, f"job {job_id} served_at")) for host, job_id, at in rows]
 
-    def sweep_failures(self, since: float, hosts: Iterable[str] | None = None) -> list[tuple[str, int, float, str]]:
-        """(host, sweep, its start, failing checks) for every full sweep from `since` on that a node failed."""
-        sql = ("SELECT n.host, n.sweep_id, s.started_at, "
-               "(SELECT group_concat(r.check_name || ': ' || r.reason, '; ') FROM results r "
-               " WHERE r.host = n.host AND r.sweep_id = n.sweep_id AND r.status = 'fail') "
+    def sweep_failures(self, since: float, hosts: Iterable[str] | None = None) -> list[SweepFailure]:
+        """Every full sweep from `since` on that a node failed, with the checks it failed (a row each,
+        grouped here: the reasons are never joined into one text to be split again), oldest first."""
+        sql = ("SELECT n.host, n.sweep_id, s.started_at, r.check_name, r.reason "
                "FROM nodes n JOIN sweeps s ON s.id = n.sweep_id "
+               "LEFT JOIN results r ON r.host = n.host AND r.sweep_id = n.sweep_id AND r.status = 'fail' "
                "WHERE s.kind = 'sweep' AND s.started_at >= ? AND n.outcome = 'checked' AND n.status = 'fail'")
         params: tuple = (since,)
         if hosts is not None:
             sql += " AND n.host IN (SELECT value FROM json_each(?))"
             params += (json.dumps(sorted(set(hosts))),)
-        rows = self._rows(sql + " ORDER BY s.started_at", params)
-        return [(node_name_of(self.path, host), sweep_id, time_of(self.path, at, f"sweep #{sweep_id} started_at"),
-                 checks if isinstance(checks, str) else "")
-                for host, sweep_id, at, checks in rows]
+        failures: dict[tuple[str, int], SweepFailure] = {}
+        for host, sweep_id, at, check, reason in self._rows(sql + " ORDER BY s.started_at, n.sweep_id, n.host, "
+                                                            "r.check_name", params):
+            failure = failures.get((host, sweep_id)) or SweepFailure(
+                node_name_of(self.path, host), sweep_id, time_of(self.path, at, f"sweep #{sweep_id} started_at"), ())
+            if check is not None:
+                where = f"check of {host!r} in sweep #{sweep_id}"
+                failure = dataclasses.replace(failure, failed=failure.failed + (
+                    (text_of(self.path, check, where), text_of(self.path, reason, where)),))
+            failures[host, sweep_id] = failure
+        return list(failures.values())
 
     def sweep_passes(self, since: float, hosts: Iterable[str]) -> list[tuple[str, int, float]]:
         """(host, sweep, its start) for every full sweep from `since` on that `hosts` passed (ok or warn)."""
@@ -673,8 +696,10 @@ def _look_inside(uri: str, path: Path, thorough: bool, judged: tuple[str, ...] =
                              f"(on {objects[foreign[0]]!r}); left untouched",
                              hint="drop it, or move the file aside and restore a backup")
         version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
-        # Version 1 has exactly the base tables; versions 2 and 3 all of them (2 without jobs.uid).
-        if (version, expected_tables) not in ((1, BASE_TABLES), (FLEET_VERSION, TABLES), (SCHEMA_VERSION, TABLES)):
+        # Version 1 has exactly the base tables; versions 2 to 4 all of them (2 without jobs.uid, 2 and 3
+        # without job_events.families).
+        if (version, expected_tables) not in ((1, BASE_TABLES), (FLEET_VERSION, TABLES), (USERS_VERSION, TABLES),
+                                              (SCHEMA_VERSION, TABLES)):
             raise UsageError(f"{path}: sweep history schema version {version}; this trainctl reads versions "
                              f"1 to {SCHEMA_VERSION}", hint="use the trainctl that wrote it")
         for table in expected_tables:
@@ -687,7 +712,8 @@ def _look_inside(uri: str, path: Path, thorough: bool, judged: tuple[str, ...] =
         if problems != ["ok"]:
             raise damaged(path, "; ".join(problems[:3]))
         if thorough:
-            check_every_row(conn, path, tuple(t for t in expected_tables if t in judged), users=version >= USERS_VERSION)
+            check_every_row(conn, path, tuple(t for t in expected_tables if t in judged), users=version >= USERS_VERSION,
+                            families=version >= FAMILIES_VERSION)
         return version
     finally:
         conn.close()
@@ -709,11 +735,14 @@ def _expected_objects(tables: tuple[str, ...] = TABLES) -> dict[tuple[str, str],
 
 @functools.cache
 def _expected_columns(version: int = SCHEMA_VERSION) -> dict[str, list[str]]:
-    """Each table's columns in a history of `version` (before USERS_VERSION, jobs has no uid)."""
+    """Each table's columns in a history of `version` (before USERS_VERSION, jobs has no uid; before
+    FAMILIES_VERSION, job_events has no families)."""
     columns = {table: [row[1] for row in _schema_in_memory().execute(f"PRAGMA table_info({table})")]
                for table in TABLES}
     if version < USERS_VERSION:
         columns["jobs"].remove("uid")
+    if version < FAMILIES_VERSION:
+        columns["job_events"].remove("families")
     return columns
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from trainctl.errors import UsageError
 from trainctl.text import printable
 from trainctl.validate import check_node_name
+from trainctl.sweep.families import FAMILIES, families_from_text_before_v4
 from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, STATUSES, TIMEOUT, DrainRow, JobEventRow, JobRow,
                                    NodeRow, ResultRow, SweepRow)
 
@@ -65,15 +66,23 @@ ROW_SUSPECTS = {
     "job_events": ("SELECT job_id, line, host, kind, at, what, detail FROM job_events "
                    f"WHERE kind NOT IN ({_quoted(JOB_EVENT_KINDS)}) OR typeof(line) != 'integer' OR line < 1 "
                    f"OR {_not_text('job_id', 'host', 'what', 'detail')} OR {_TIME_SQL.format('at')}"),
+    # since version 4 (`families`): each event's failure families, a JSON list of their names
+    # (most are a served row's none; CASE, as SQLite's OR may read json_each of text that is no JSON)
+    "job_events.families": ("SELECT job_id, line, families FROM job_events WHERE typeof(families) != 'text' "
+                            "OR (families != '[]' AND CASE WHEN json_valid(families) AND json_type(families) = "
+                            "'array' THEN EXISTS (SELECT 1 FROM json_each(families) WHERE typeof(value) != 'text' "
+                            f"OR value NOT IN ({_quoted(FAMILIES)})) ELSE 1 END)"),
 }
 
 
-def check_every_row(conn: sqlite3.Connection, path: Path, tables: tuple[str, ...], *, users: bool) -> None:
+def check_every_row(conn: sqlite3.Connection, path: Path, tables: tuple[str, ...], *, users: bool,
+                    families: bool) -> None:
     """Every row judged as a reader judges the rows it reads (the same functions, so the same
     message): the first one no trainctl could have written raises UsageError. `users`: the jobs
-    table has its users' column (version 3 on)."""
+    table has its users' column (version 3 on); `families`: the job events theirs (version 4 on)."""
     for table, sql in ROW_SUSPECTS.items():
-        if table.split(".")[0] not in tables or (table == "jobs.uid" and not users):
+        if table.split(".")[0] not in tables or (table == "jobs.uid" and not users) or \
+                (table == "job_events.families" and not families):
             continue
         cursor = conn.execute(sql)
         while rows := cursor.fetchmany(1000):  # a UnicodeDecodeError here: the caller calls it damage
@@ -92,8 +101,10 @@ def check_every_row(conn: sqlite3.Connection, path: Path, tables: tuple[str, ...
                     job_row(path, (*row, None))
                 elif table == "jobs.uid":
                     user_of(path, *row)
+                elif table == "job_events.families":
+                    families_of(path, *row)
                 else:
-                    job_event_row(path, row)
+                    job_event_fields(path, row)
     if "job_events" in tables:   # every event belongs to a job folded in (the key folding is idempotent by)
         orphan = conn.execute("SELECT job_id, line FROM job_events WHERE job_id NOT IN (SELECT job_id FROM jobs) "
                               "LIMIT 1").fetchone()
@@ -224,7 +235,20 @@ def job_row(path: Path, row: tuple) -> JobRow:
                   time_of(path, ingested, f"{where} ingested_at"), user_of(path, job_id, uid))
 
 
-def job_event_row(path: Path, row: tuple) -> JobEventRow:
+def families_of(path: Path, job_id: object, line: object, value: object) -> tuple[str, ...]:
+    """A job event's failure families: a JSON list of known family names, as the fold writes them."""
+    try:
+        families = json.loads(value, parse_constant=_no_constant) if isinstance(value, str) else None
+    except (ValueError, RecursionError):
+        families = None
+    if isinstance(families, list) and all(isinstance(name, str) and name in FAMILIES for name in families):
+        return tuple(families)
+    raise damaged(path, f"event of job {printable(str(job_id)[:40])!r} line {str(line)[:20]}: families "
+                        f"{printable(str(value)[:60])!r} are not a list of failure families")
+
+
+def job_event_fields(path: Path, row: tuple) -> tuple[str, int, str, str, float, str, str]:
+    """A job event's columns but its families, judged: (job, line, host, kind, at, what, detail)."""
     job_id, line, host, kind, at, what, detail = row
     where = f"event of job {printable(str(job_id)[:40])!r} line {str(line)[:20]}"
     if kind not in JOB_EVENT_KINDS:
@@ -233,5 +257,18 @@ def job_event_row(path: Path, row: tuple) -> JobEventRow:
         raise damaged(path, f"{where}: not a journal line number")
     if not isinstance(job_id, str):
         raise damaged(path, f"{where}: job id is not text")
-    return JobEventRow(job_id, line, node_name_of(path, host), kind, time_of(path, at, f"{where} at"),
-                       text_of(path, what, where), text_of(path, detail, where))
+    return (job_id, line, node_name_of(path, host), kind, time_of(path, at, f"{where} at"), text_of(path, what, where),
+            text_of(path, detail, where))
+
+
+def job_event_row(path: Path, row: tuple) -> JobEventRow:
+    """A job event with its families as the row keeps them (version 4 on)."""
+    return JobEventRow(*job_event_fields(path, row[:7]), families_of(path, row[0], row[1], row[7]))
+
+
+def job_event_row_before_v4(path: Path, row: tuple) -> JobEventRow:
+    """A job event of a history written before rows kept their families (version 2 or 3): found from
+    its text (`families_from_text_before_v4`), for its upgrade to store, and for a reader of it."""
+    job_id, line, host, kind, at, what, detail = job_event_fields(path, row)
+    return JobEventRow(job_id, line, host, kind, at, what, detail,
+                       families_from_text_before_v4(kind, what, detail, host))

@@ -20,13 +20,14 @@ Where `job show` skips a bad line and shows the rest, folding refuses the whole 
 (`parse_journal_bytes`): its rows are keyed by line number and count what the events say, so a
 journal with a line the supervisor never writes is damaged, and nothing of it is counted.
 
-The lemon rule reads the strikes back by failure family (`strike_families`: the one place a
-strike's cause is named, from the rows the history keeps): a node is a lemon when one family
-recurs, and a family's strikes stop counting once the node has served enough jobs since its
-last strike of that family. A family recurs only when the jobs of `lemon_min_users` distinct
-users struck the node, or a failed sweep of it agrees: a user can fail their own jobs on a node
-(a bug in their program) or, having run on it, write a journal Slurm vouches for, but cannot on
-their own make the fleet shun the node for everyone; sweeps run as root and no user writes them.
+Each strike's failure families are found as its event is folded in, from the event's typed
+fields (`trainctl.sweep.families`), and kept in its row; the lemon rule counts the strikes by
+them: a node is a lemon when one family recurs, and a family's strikes stop counting once the
+node has served enough jobs since its last strike of that family. A family recurs only when the
+jobs of `lemon_min_users` distinct users struck the node, or a failed sweep of it agrees: a user
+can fail their own jobs on a node (a bug in their program) or, having run on it, write a journal
+Slurm vouches for, but cannot on their own make the fleet shun the node for everyone; sweeps run
+as root and no user writes them.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import errno
 import glob
 import itertools
 import os
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set as AbstractSet
 from dataclasses import dataclass, field
@@ -46,9 +46,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainctl.detections import DetectionKind
-from trainctl.health.xid_catalog import GPU, GPU_MEMORY, GPU_RESET, NVLINK, xid_info
+from trainctl.gate_reasons import Reason
 from trainctl.jobdir_names import DIR_PREFIX, JobPaths
-from trainctl.sweep.model import JobEventRow, JobRow
+from trainctl.sweep.families import detection_families, exclusion_families, failed_check_families
+from trainctl.sweep.model import JobEventRow, JobRow, SweepFailure
 from trainctl.text import printable
 from trainctl.validate import JOB_ID, MAX_NODES
 
@@ -193,17 +194,21 @@ class _Verdicts:
         if kind == Kind.NODE_VERDICT and event.get("verdict") == Verdict.EXCLUDED:
             if not event.get("node"):
                 raise UsageError(f"line {line}: an exclusion names no node")
-            reasons = event.get("reasons") or []
-            checks = ", ".join(sorted({r.split(": ", 1)[0] for r in reasons}) or ["excluded by the gate"])
+            texts = event.get("reasons") or []
+            reasons = [Reason.read(text) for text in texts]
+            checks = ", ".join(sorted({reason.cause for reason in reasons}) or ["excluded by the gate"])
+            families = exclusion_families(reasons)
             return self._strike(JobEventRow(self.job_id, line, event["node"], EXCLUSION, when, checks[:WHAT_MAX],
-                                            "; ".join(reasons)[:DETAIL_MAX]), [event["node"]])
+                                            "; ".join(texts)[:DETAIL_MAX], ()), [event["node"]],
+                                lambda node: families)
         if kind == Kind.DETECTION:
             named = list(dict.fromkeys(event.get("suspects") or []))
             self.suspects.update(named)
             # a detection with a note was only recorded (trainctl.job.machine): the step went on
             self.stopped = self.stopped or not event.get("note")
             return self._strike(JobEventRow(self.job_id, line, "", DETECTION, when, (event.get("kind") or "")[:WHAT_MAX],
-                                            (event.get("evidence") or "")[:DETAIL_MAX]), named)
+                                            (event.get("evidence") or "")[:DETAIL_MAX], ()), named,
+                                detection_families(event.get("kind"), event.get("details"), tuple(named)))
         if kind == Kind.TRAINING_START:
             self.step_hostlist, self.suspects, self.stopped = event.get("nodes") or "", set(), False
             return self._count(line, self.step_hostlist)
@@ -229,18 +234,19 @@ class _Verdicts:
             self.named.add(node)
         return True
 
-    def _strike(self, row: JobEventRow, nodes: list[str]) -> bool:
-        """`row` for each of `nodes` that it strikes in a kind and family not kept for it yet (an Xid
-        that strikes nobody counts as a family of its own: the row says the gate left the node out)."""
-        families = event_families(row.kind, row.what, row.detail)
+    def _strike(self, row: JobEventRow, nodes: list[str], families_of: Callable[[str], tuple[str, ...]]) -> bool:
+        """`row` for each of `nodes` that it strikes in a kind and family not kept for it yet, with the
+        node's families (an Xid that strikes nobody counts as a family of its own: the row says the
+        gate left the node out)."""
         for node in nodes:
             if not self._named(node):
                 return False
             kept = self.struck[node, row.kind]
-            new = families(node) or ("",)
+            families = families_of(node)
+            new = families or ("",)
             if not kept.issuperset(new):
                 kept.update(new)
-                self.strikes.append(dataclasses.replace(row, host=node))
+                self.strikes.append(dataclasses.replace(row, host=node, families=families))
         return True
 
     def _count(self, line: int, hostlist: str) -> bool:
@@ -275,7 +281,7 @@ class _Verdicts:
             waiting = unplaced[hostlist]
             for node in [node for node in waiting if node in served or node not in suspects]:
                 waiting.discard(node)
-                served.setdefault(node, JobEventRow(self.job_id, line, node, SERVED, when, "", ""))
+                served.setdefault(node, JobEventRow(self.job_id, line, node, SERVED, when, "", "", ()))
         return tuple(sorted(self.strikes + list(served.values()), key=lambda row: (row.line, row.kind != SERVED)))
 
 
@@ -491,114 +497,6 @@ def _owner(path: str) -> int | None:
         return None
 
 
-# ------------------------------------------------------------------ failure families (pure)
-
-# A strike's family is the cause it points at. The Xid families are the catalogue's
-# (trainctl.health.xid_catalog: by the cause NVIDIA's Xid catalogue gives); the checks that look
-# at the same part join them (gpu.ecc beside Xid 48). An Xid the catalogue puts on the
-# application, or calls informational, has no family and strikes nobody.
-LINK, FABRIC, COMPUTE, HANG, HOST, OTHER = "link", "fabric", "compute", "hang", "host", "other"
-FAMILIES: dict[str, str] = {   # family -> what strikes in it (the report's legend)
-    GPU_MEMORY: "GPU memory: ECC errors, row remapping (Xid 48, 57, 58, 63, 64, 92, 94, 95, 140; gpu.ecc, "
-                "gpu.row_remap)",
-    GPU_RESET: "a GPU off the bus, not answering or asking for a reset (Xid 79, 119, 120, 154 ...; gpu.smi, "
-               "gpu.visible, gpu.count, gpu.reset)",
-    NVLINK: "NVLink, NVSwitch and C2C (Xid 74, 121, 144-150; nvlink.*, nvswitch.sxid, gpu.fabric)",
-    GPU: "the GPU's other faults (Xid 44, 80, 81, 110, 122-125; dcgm.diag, pcie.links, other gpu.* checks)",
-    LINK: "the node's network links (ib.*, net.*; the watch's link-wait rule)",
-    FABRIC: "the gate's fabric test (pairwise all_reduce: a straggler, a slow intra-node figure)",
-    COMPUTE: "slow compute (the gate's compute test, gpu.clock_events; the watch's own-time rule)",
-    HANG: "stopped answering (the watch's hang; lost during the gate, no health report)",
-    HOST: "the host's state (host.*, node.versions, topo.affinity, gpu.processes, gpu.persistence)",
-    OTHER: "anything else (a cause this trainctl does not know; a slowdown whose evidence names no rule)",
-}
-CHECK_FAMILIES = {
-    "gpu.ecc": GPU_MEMORY, "gpu.row_remap": GPU_MEMORY,
-    "gpu.smi": GPU_RESET, "gpu.visible": GPU_RESET, "gpu.count": GPU_RESET, "gpu.reset": GPU_RESET,
-    "gpu.fabric": NVLINK, "nvswitch.sxid": NVLINK,
-    "gpu.clock_events": COMPUTE, "compute": COMPUTE, "compute fail-slow": COMPUTE,
-    "gpu.processes": HOST, "gpu.persistence": HOST,
-    "fabric": FABRIC,
-    "lost during the gate": HANG, "no health report": HANG,   # the gate's causes (trainctl.job.gate)
-}
-CHECK_PREFIX_FAMILIES = {"gpu": GPU, "dcgm": GPU, "pcie": GPU, "nvlink": NVLINK, "ib": LINK, "net": LINK,
-                         "host": HOST, "node": HOST, "topo": HOST}
-# The watch's slow detection names nodes by one of two rules, and says which (trainctl.job.watch).
-OWN_TIME_RULE, LINK_WAIT_RULE = "(rule own-time:", "(rule link-wait:"
-_XID_NUMBER = re.compile(r"\bXid (\d+)\b")
-_CHECK_AT = re.compile(r"(?:^|; )([a-z][a-z0-9_]*\.[a-z0-9_]+): ")          # a sweep's "check: reason; ..."
-_NODE_CHECK_AT = re.compile(r"(?:^|; )([^\s:;]+): ([a-z][a-z0-9_]*\.[a-z0-9_]+): ")  # the watch's "node: check: ..."
-
-
-def strike_families(kind: str, what: str, detail: str, host: str) -> tuple[str, ...]:
-    """The failure families one strike of `host` counts in, from what the history keeps of it:
-    an exclusion's checks and reasons, a detection's kind and evidence, a failed sweep's "check:
-    reason" list. Empty only where every cause is an Xid that strikes nobody."""
-    return event_families(kind, what, detail)(host)
-
-
-def event_families(kind: str, what: str, detail: str) -> Callable[[str], tuple[str, ...]]:
-    """`strike_families` of one event, for each node it names: its text is read once."""
-    if kind == EXCLUSION:
-        found = [check_families(check, detail) for check in what.split(", ") if check]
-    elif kind == DETECTION:
-        detected = DetectionKind.read(what)
-        if detected is not None:
-            return DETECTION_FAMILIES[detected](detail)
-        found = []
-    elif kind == SWEEP_FAILED:
-        found = [check_families(check, text) for check, text in _segments(_CHECK_AT, detail)]
-    else:
-        found = []
-    families = _joined(found)
-    return lambda host: families
-
-
-def _joined(found: list[tuple[str, ...]]) -> tuple[str, ...]:
-    """The families of a strike's causes together; none at all counts as OTHER."""
-    return tuple(sorted({family for families in found for family in families})) if found else (OTHER,)
-
-
-def _slow_families(evidence: str) -> Callable[[str], tuple[str, ...]]:
-    families = (LINK,) if LINK_WAIT_RULE in evidence else (COMPUTE,) if OWN_TIME_RULE in evidence else (OTHER,)
-    return lambda host: families
-
-
-def _sick_families(evidence: str) -> Callable[[str], tuple[str, ...]]:
-    by_node: dict[str, list[tuple[str, ...]]] = defaultdict(list)
-    for node, check, text in _segments(_NODE_CHECK_AT, evidence):
-        by_node[node].append(check_families(check, text))
-    joined = {node: _joined(found) for node, found in by_node.items()}
-    return lambda host: joined.get(host, (OTHER,))
-
-
-# Each detection kind's families, from what the history keeps of it (its kind and evidence): the
-# families of each node it names
-DETECTION_FAMILIES: Mapping[DetectionKind, Callable[[str], Callable[[str], tuple[str, ...]]]] = {
-    DetectionKind.HUNG: lambda evidence: lambda host: (HANG,),
-    DetectionKind.SLOW: _slow_families,
-    DetectionKind.SICK: _sick_families,
-}
-
-
-def check_families(check: str, text: str) -> tuple[str, ...]:
-    """A check's (or a gate cause's) family; gpu.xid's are its Xids' (the catalogue's), the GPU's
-    other faults where no Xid can be read, none where every Xid is the application's."""
-    if check == "gpu.xid":
-        numbers = {int(n) for n in _XID_NUMBER.findall(text)}
-        if not numbers:
-            return (GPU,)
-        return tuple(sorted({xid_info(n).family for n in numbers} - {None}))
-    return (CHECK_FAMILIES.get(check) or CHECK_PREFIX_FAMILIES.get(check.split(".", 1)[0]) or OTHER,)
-
-
-def _segments(pattern: re.Pattern, text: str) -> list[tuple[str, ...]]:
-    """Each match's groups, with the text up to the next match: "a.b: x; c.d: y" -> (a.b, x), (c.d, y)."""
-    matches = list(pattern.finditer(text))
-    return [(*match.groups(), text[match.end():after.start() if after else len(text)])
-            for match, after in zip(matches, matches[1:] + [None])]
-
-
 # ------------------------------------------------------------------ the lemon rule (pure)
 
 @dataclass(frozen=True)
@@ -720,8 +618,7 @@ class Lemon:
         return len({s.user for s in self.evidence if s.kind != SWEEP_FAILED})
 
 
-def judge_nodes(rule: LemonRule, job_events: Iterable[JobEventRow],
-                sweep_failures: Iterable[tuple[str, int, float, str]],
+def judge_nodes(rule: LemonRule, job_events: Iterable[JobEventRow], sweep_failures: Iterable[SweepFailure],
                 served: Iterable[tuple[str, str, float]], users: Mapping[str, int | None]) -> list[Standing]:
     """Every struck node's standing in the rule's window (the rows given are that window's).
 
@@ -735,18 +632,18 @@ def judge_nodes(rule: LemonRule, job_events: Iterable[JobEventRow],
     for event in sorted(job_events, key=lambda e: (e.at, e.job_id, e.line)):
         if event.kind not in (EXCLUSION, DETECTION):
             continue
-        families = strike_families(event.kind, event.what, event.detail, event.host)
         strike = Strike(event.host, event.at, event.kind, f"job {event.job_id}", event.what, event.detail,
-                        rule.weight(event.kind), families, users.get(event.job_id))
-        for family in families:
+                        rule.weight(event.kind), event.families, users.get(event.job_id))
+        for family in event.families:
             if (event.host, event.job_id, event.kind, family) not in seen:
                 seen.add((event.host, event.job_id, event.kind, family))
                 strikes[event.host][family].append(strike)
-    for host, sweep_id, at, checks in sorted(sweep_failures, key=lambda row: row[2]):
-        families = strike_families(SWEEP_FAILED, "sweep", checks, host)
-        strike = Strike(host, at, SWEEP_FAILED, f"sweep #{sweep_id}", "sweep", checks, rule.sweep, families)
+    for failure in sorted(sweep_failures, key=lambda failure: failure.at):
+        families = failed_check_families(failure.failed)
+        strike = Strike(failure.host, failure.at, SWEEP_FAILED, f"sweep #{failure.sweep_id}", "sweep", failure.text,
+                        rule.sweep, families)
         for family in families:
-            strikes[host][family].append(strike)
+            strikes[failure.host][family].append(strike)
     last_served: dict[str, dict[str, float]] = defaultdict(dict)
     for host, job, at in served:
         if host in strikes:
@@ -770,8 +667,7 @@ def lemons_of(rule: LemonRule, standings: Iterable[Standing]) -> list[Lemon]:
     return sorted(lemons, key=lambda lemon: (-lemon.strikes, lemon.host))
 
 
-def find_lemons(rule: LemonRule, job_events: Iterable[JobEventRow],
-                sweep_failures: Iterable[tuple[str, int, float, str]],
+def find_lemons(rule: LemonRule, job_events: Iterable[JobEventRow], sweep_failures: Iterable[SweepFailure],
                 served: Iterable[tuple[str, str, float]], users: Mapping[str, int | None]) -> list[Lemon]:
     return lemons_of(rule, judge_nodes(rule, job_events, sweep_failures, served, users))
 
@@ -781,7 +677,7 @@ def current_lemons(history, rule: LemonRule, now: float) -> list[Lemon]:
     and the jobs the struck nodes served in it."""
     since = now - rule.days * 86400
     events, failures = history.job_events(since, (EXCLUSION, DETECTION)), history.sweep_failures(since)
-    struck = {event.host for event in events} | {row[0] for row in failures}
+    struck = {event.host for event in events} | {failure.host for failure in failures}
     served = history.served_jobs(since, struck) if struck and rule.forgive_after_jobs else []
     users = history.job_users({event.job_id for event in events}) if events and rule.min_users > 1 else {}
     return find_lemons(rule, events, failures, served, users)

@@ -150,3 +150,19 @@ class JobEventRow:
     at: float
     what: str                  # exclusion: the checks; detection: its kind; served: ""
     detail: str                # exclusion: the reasons; detection: the evidence
+    families: tuple[str, ...]  # the failure families it strikes the node in (trainctl.sweep.families), found
+                               # when it was folded in; served: none
+
+
+@dataclass(frozen=True)
+class SweepFailure:
+    """A full sweep that a node failed, and the checks it failed, each as the sweep recorded it."""
+    host: str
+    sweep_id: int
+    at: float                  # the sweep's start
+    failed: tuple[tuple[str, str], ...]   # (check, reason) of each failed check, by check name
+
+    @property
+    def text(self) -> str:
+        """The failed checks in one line, for a report: "check: reason; check: reason"."""
+        return "; ".join(f"{check}: {reason}" for check, reason in self.failed)

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from trainctl.html_page import escape, legend, page_head
 from trainctl.slurm import fold_hostlist
 from trainctl.sweep.model import STATUS_CODE, DrainRow, NodeRow, ResultRow, SweepRow
-from trainctl.sweep.fleet import FAMILIES, FamilyStrikes, Lemon, LemonRule, Standing
+from trainctl.sweep.families import FAMILIES
+from trainctl.sweep.fleet import FamilyStrikes, Lemon, LemonRule, Standing
 from trainctl.sweep.report import Fleet, Group, NodeFleet, Report
 from trainctl.text import printable, prometheus_label as _label
 

@@ -39,9 +39,11 @@ from dataclasses import dataclass, field
 
 from trainctl.slurm import fold_hostlist
 from trainctl.sweep.db import History
-from trainctl.sweep.fleet import (DETECTION, EXCLUSION, SERVED, SWEEP_FAILED, FamilyStrikes, Lemon, LemonRule,
-                                  Standing, judge_nodes, lemons_of, strike_families)
-from trainctl.sweep.model import CHECKED, ERROR, NOT_SWEPT, TIMEOUT, DrainRow, JobEventRow, NodeRow, ResultRow, SweepRow
+from trainctl.sweep.families import failed_check_families
+from trainctl.sweep.fleet import (DETECTION, EXCLUSION, SERVED, FamilyStrikes, Lemon, LemonRule, Standing, judge_nodes,
+                                  lemons_of)
+from trainctl.sweep.model import (CHECKED, ERROR, NOT_SWEPT, TIMEOUT, DrainRow, JobEventRow, NodeRow, ResultRow,
+                                  SweepFailure, SweepRow)
 
 GRID_MAX_ROWS = 200
 LEMON_TIMELINES = 50      # lemons (and as many cleared nodes) whose timeline the HTML report draws
@@ -70,9 +72,9 @@ class FleetData:
     """The rows fleet memory needs: the window's counts, and the lemon rule's window."""
     rule: LemonRule
     counts: list[tuple[str, str, int, int]]             # (host, kind, jobs, events) in the report's window
-    failed_sweeps: list[tuple[str, int, float, str]]    # in the report's window
+    failed_sweeps: list[SweepFailure]                   # in the report's window
     strikes: list[JobEventRow]                          # exclusions and detections in the rule's window
-    strike_sweeps: list[tuple[str, int, float, str]]    # failed sweeps in the rule's window
+    strike_sweeps: list[SweepFailure]                   # failed sweeps in the rule's window
     served: list[tuple[str, str, float]]                # (host, job, when) the struck nodes served, rule's window
     users: dict[str, int | None]                        # the user of each job in `strikes`
     timeline_events: list[JobEventRow]                  # every job event of the timelines' nodes, both windows
@@ -101,12 +103,12 @@ def load_fleet_data(history: History, since: float, rule: LemonRule, now: float 
     both = min(since, rule_since)
     failed = history.sweep_failures(both)   # one pass over the node rows for both windows
     strikes = history.job_events(rule_since, (EXCLUSION, DETECTION))
-    strike_sweeps = [row for row in failed if row[2] >= rule_since]
-    struck = {event.host for event in strikes} | {row[0] for row in strike_sweeps}
+    strike_sweeps = [failure for failure in failed if failure.at >= rule_since]
+    struck = {event.host for event in strikes} | {failure.host for failure in strike_sweeps}
     served = history.served_jobs(rule_since, struck) if struck and rule.forgive_after_jobs else []
     users = history.job_users({event.job_id for event in strikes}) if strikes else {}
     shown = timeline_hosts(rule, judge_nodes(rule, strikes, strike_sweeps, served, users))
-    return FleetData(rule, history.job_counts(since), [row for row in failed if row[2] >= since], strikes,
+    return FleetData(rule, history.job_counts(since), [failure for failure in failed if failure.at >= since], strikes,
                      strike_sweeps, served, users,
                      history.job_events(both, (EXCLUSION, DETECTION, SERVED), shown) if shown else [],
                      history.sweep_passes(both, shown) if shown else [],
@@ -323,8 +325,8 @@ def build_fleet(data: FleetData) -> Fleet:
     per_node: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for host, kind, job_count, events in data.counts:
         per_node[host][kind] = events if kind == DETECTION else job_count
-    for host, *_ in data.failed_sweeps:
-        per_node[host]["sweep"] += 1
+    for failure in data.failed_sweeps:
+        per_node[failure.host]["sweep"] += 1
     nodes = tuple(NodeFleet(host, c[EXCLUSION], c[DETECTION], c["sweep"], c[SERVED], by_host.get(host, ()))
                   for host in _natural(per_node) for c in (per_node[host],))
     lemons = tuple(lemons_of(data.rule, standings))
@@ -334,14 +336,13 @@ def build_fleet(data: FleetData) -> Fleet:
         if event.host in shown:
             text = {EXCLUSION: f"gate left it out: {event.detail or event.what}",
                     DETECTION: f"watch: {event.what}: {event.detail}", SERVED: "trained fine"}[event.kind]
-            families = () if event.kind == SERVED else strike_families(event.kind, event.what, event.detail,
-                                                                        event.host)
-            timelines[event.host].append(TimelineItem(event.at, f"job {event.job_id}", event.kind, text, families))
-    failed = {(host, sweep_id): (at, checks) for host, sweep_id, at, checks in data.strike_sweeps + data.failed_sweeps}
-    for (host, sweep_id), (at, checks) in failed.items():
-        if host in shown:
-            timelines[host].append(TimelineItem(at, f"sweep #{sweep_id}", "sweep failed", checks,
-                                                strike_families(SWEEP_FAILED, "sweep", checks, host)))
+            timelines[event.host].append(TimelineItem(event.at, f"job {event.job_id}", event.kind, text,
+                                                      event.families))
+    failed = {(failure.host, failure.sweep_id): failure for failure in data.strike_sweeps + data.failed_sweeps}
+    for failure in failed.values():
+        if failure.host in shown:
+            timelines[failure.host].append(TimelineItem(failure.at, f"sweep #{failure.sweep_id}", "sweep failed",
+                                                        failure.text, failed_check_families(failure.failed)))
     for host, sweep_id, at in data.timeline_passes:
         if host in shown:
             timelines[host].append(TimelineItem(at, f"sweep #{sweep_id}", "sweep passed", ""))

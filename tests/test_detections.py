@@ -15,7 +15,8 @@ from trainctl.job import machine
 from trainctl.job.gate_drain import plan_watch_drains
 from trainctl.job.goodput import goodput, watch_account
 from trainctl.job.watch import Detection, WatchLimits, confirm, start
-from trainctl.sweep.fleet import DETECTION, DETECTION_FAMILIES, FAMILIES, parse_journal_bytes, strike_families
+from trainctl.sweep.families import DETECTION_FAMILIES, FAMILIES
+from trainctl.sweep.fleet import DETECTION, parse_journal_bytes
 
 LIMITS = WatchLimits(slow_factor=1.5, slow_window_s=10.0, baseline_window_s=120.0, warmup_s=0.0, hang_floor_s=20.0,
                      hang_steps=20.0, agent_silence_s=10.0)
@@ -126,7 +127,7 @@ def test_the_fleet_folds_each_kind_and_counts_its_strikes_in_a_family(kind):
     rows = {(row.host, row.kind) for row in parsed.events}
     assert rows == {("node2", DETECTION), ("node1", "served")}
     what = next(row for row in parsed.events if row.kind == DETECTION)
-    assert set(strike_families(DETECTION, what.what, what.detail, "node2")) <= set(FAMILIES)
+    assert what.families and set(what.families) <= set(FAMILIES)
 
 
 def test_a_step_ended_by_the_watch_in_a_journal_from_before_its_detection_field_still_served_its_other_nodes():

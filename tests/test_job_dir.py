@@ -7,7 +7,8 @@ import json
 
 from trainctl import journal_events
 from trainctl.job import jobdir
-from trainctl.job.decision import Decision, Exclusion, Reason
+from trainctl.gate_reasons import Reason
+from trainctl.job.decision import Decision, Exclusion
 from trainctl.job.jobdir import AttemptRecord, JobPaths, Kind, RetryRecord
 from trainctl.job.journal import describe
 

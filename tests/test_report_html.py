@@ -58,7 +58,9 @@ def test_html_node_timeline_shows_strikes_by_family_service_and_drains_in_chromi
     ecc = "gpu.ecc: GPU 2 (PCI 0000:3b:00.0): 4 uncorrectable (double-bit) ECC errors, volatile"
 
     def job(number: int, at: float, *events: tuple[str, str, str, str]) -> tuple[JobRow, list[JobEventRow]]:
-        rows = [JobEventRow(str(number), line, host, kind, at + line, what, detail)
+        # each event with the families the fold finds for it: an ECC error's, or none for a job served
+        rows = [JobEventRow(str(number), line, host, kind, at + line, what, detail,
+                            ("gpu-memory",) if kind == "exclusion" else ())
                 for line, (host, kind, what, detail) in enumerate(events, start=2)]
         return JobRow(str(number), "test", at, at + 60, 0, f"/drop/{number}.jsonl", len(rows) + 1, 100, now,
                       number), rows   # each job another user's

@@ -14,13 +14,15 @@ import pytest
 from support.sweeps import DAY, night
 from trainctl.health.check_names import CHECK_NAMES
 from trainctl.health.status import Status
-from trainctl.health.xid_catalog import XID_CATALOG
+from trainctl.gate_reasons import Reason
+from trainctl.health.xid_catalog import XID_CATALOG, xid_issue
 from trainctl.site import FleetConfig
 from trainctl.sweep import render
 from trainctl.sweep.db import History
 from trainctl.sweep.drain import lemon_reason
-from trainctl.sweep.fleet import (COMPUTE, DETECTION, EXCLUSION, FABRIC, FAMILIES, HANG, LINK, OTHER, SERVED,
-                                  SWEEP_FAILED, LemonRule, current_lemons, strike_families)
+from trainctl.sweep.families import (COMPUTE, FABRIC, FAMILIES, HANG, LINK, OTHER, detection_families,
+                                     exclusion_families, failed_check_families)
+from trainctl.sweep.fleet import DETECTION, EXCLUSION, SERVED, LemonRule, current_lemons
 from trainctl.sweep.model import JobEventRow, JobRow
 from trainctl.sweep.report import build_report, load_report_data
 
@@ -30,9 +32,9 @@ ECC = "gpu.ecc: GPU 2 (PCI 0000:3b:00.0): 4 uncorrectable (double-bit) ECC error
 
 
 def xid_reason(*numbers: int) -> str:
-    """gpu.xid's reason as the check words it (trainctl.health.checks.kernel)."""
-    return "gpu.xid: " + "; ".join(f"Xid {n} ({XID_CATALOG[n].meaning}) on GPU 3 (PCI 0000:9b:00.0): 1 event(s), "
-                                   f"last: NVRM: Xid (PCI:0000:9b:00): {n}, pid=1234" for n in numbers)
+    """gpu.xid's exclusion reason as the check words it (trainctl.health.checks.kernel)."""
+    return "gpu.xid: " + "; ".join(xid_issue(n, "GPU 3 (PCI 0000:9b:00.0)", 1, f"NVRM: Xid (PCI:0000:9b:00): {n}")
+                                   for n in numbers)
 
 
 class Jobs:
@@ -43,10 +45,15 @@ class Jobs:
         self.history, self.count = history, 0
 
     def add(self, at: float, *events: tuple[str, str, str, str], user: int | None = None) -> str:
-        """A job at `at` with (host, kind, what, detail) events; returns its id."""
+        """A job at `at` with (host, kind, what, detail) events, each with the families the fold finds
+        for it (an exclusion's from its one reason, `detail`; a detection's from its kind, no details);
+        returns its id."""
         self.count += 1
         job = str(1000 + self.count)
-        rows = [JobEventRow(job, line, host, kind, at + line, what, detail)
+        families = {EXCLUSION: lambda host, what, detail: exclusion_families([Reason.read(detail)]),
+                    DETECTION: lambda host, what, detail: detection_families(what, {}, (host,))(host),
+                    SERVED: lambda host, what, detail: ()}
+        rows = [JobEventRow(job, line, host, kind, at + line, what, detail, families[kind](host, what, detail))
                 for line, (host, kind, what, detail) in enumerate(events, start=2)]
         self.history.record_jobs([(JobRow(job, "test", at, at + 60, 0, f"/drop/{job}.jsonl", len(rows) + 1, 100,
                                           NOW, 1000 + self.count if user is None else user), rows)])
@@ -176,16 +183,21 @@ def test_a_failed_sweep_agrees_only_with_strikes_of_its_own_family(history):
 
 # ---------------------------------------------------------------- families (pure)
 
+def excluded_for(*reasons: str) -> tuple[str, ...]:
+    """An exclusion's families, from its reasons as the journal holds them."""
+    return exclusion_families([Reason.read(reason) for reason in reasons])
+
+
 def test_xids_strike_in_the_catalogues_families_and_the_applications_strike_nobody():
     def families(*numbers):
-        return strike_families(EXCLUSION, "gpu.xid", xid_reason(*numbers), "n1")
+        return excluded_for(xid_reason(*numbers))
 
     assert families(48) == families(63, 64) == families(92, 94, 95, 140) == ("gpu-memory",)
     assert families(79) == families(119, 120) == families(154) == ("gpu-reset",)
     assert families(74) == families(144, 150) == ("nvlink",)
     assert families(79, 48, 13) == ("gpu-memory", "gpu-reset")
     assert families(13, 31, 43) == ()                       # the application's: no strike
-    assert strike_families(EXCLUSION, "gpu.xid", "gpu.xid: cut", "n1") == ("gpu",)   # an Xid the gate failed on
+    assert excluded_for("gpu.xid: cut") == ("gpu",)         # an Xid the gate failed on, its numbers cut off
 
 
 def test_every_xid_that_fails_a_node_has_a_family_and_no_other_does():
@@ -198,33 +210,40 @@ def test_every_check_and_every_gate_cause_has_a_family_of_its_own():
     from trainctl.job.decision import LOST
 
     for check in CHECK_NAMES - {"gpu.xid"}:
-        assert strike_families(EXCLUSION, check, f"{check}: failed", "n1") != (OTHER,), check
-    assert strike_families(EXCLUSION, LOST, f"{LOST}: fabric test: left", "n1") == (HANG,)
-    assert strike_families(EXCLUSION, "no health report", "", "n1") == (HANG,)
-    assert strike_families(EXCLUSION, "fabric", "fabric: straggler: best busbw 61 GB/s", "n1") == (FABRIC,)
-    assert strike_families(EXCLUSION, "compute fail-slow", "compute fail-slow: GPU 5 0.6x", "n1") == (COMPUTE,)
-    assert strike_families(EXCLUSION, "excluded by the gate", "", "n1") == (OTHER,)
+        assert excluded_for(f"{check}: failed") != (OTHER,), check
+    assert excluded_for(f"{LOST}: fabric test: left") == excluded_for("no health report") == (HANG,)
+    assert excluded_for("fabric: straggler: best busbw 61 GB/s") == (FABRIC,)
+    assert excluded_for("compute fail-slow: GPU 5 0.6x") == (COMPUTE,)
+    assert excluded_for() == (OTHER,)                       # excluded by the gate, no reason given
+    assert excluded_for(f"{LOST}: fabric test: left", ECC) == ("gpu-memory", HANG)   # one strike in both
 
 
-def test_a_slow_detection_strikes_by_the_rule_that_named_the_node_as_the_watch_words_it():
+def test_a_slow_detection_strikes_by_the_rule_that_named_the_node_whatever_its_evidence_says():
     from trainctl.job.watch import LinkWait, OwnTime, link_wait_verdict, own_time_verdict
 
     own = [OwnTime("n1", 0, (0.1, 0.0), (0.9, 0.0))] + [OwnTime(f"n{i}", 0, (0.1, 0.0), (0.1, 0.0)) for i in (2, 3)]
-    named, note, _ = own_time_verdict(own, 0.8)
-    assert named == ("n1",) and strike_families(DETECTION, "slow", f"step 2x; {note}", "n1") == (COMPUTE,)
+    named, _, own_fields = own_time_verdict(own, 0.8)
+    assert named == ("n1",) and detection_families("slow", {"named_by": "own-time"}, named)("n1") == (COMPUTE,)
     links = [LinkWait("n1", "ib0", "ib", (1.0, 900.0), (1e9, 1e9))] + \
         [LinkWait(f"n{i}", "ib0", "ib", (1.0, 2.0), (1e9, 1e9)) for i in (2, 3)]
-    named, note, _ = link_wait_verdict(links, ("n1", "n2", "n3"))
-    assert named == ("n1",) and strike_families(DETECTION, "slow", f"step 2x; {note}", "n1") == (LINK,)
-    assert strike_families(DETECTION, "slow", "n2 steps 2.1x slower", "n2") == (OTHER,)
+    named, _, link_fields = link_wait_verdict(links, ("n1", "n2", "n3"))
+    assert named == ("n1",) and detection_families("slow", {"named_by": "link-wait"}, named)("n1") == (LINK,)
+    # a journal from before `named_by`: the rule is the one whose fields it holds
+    assert detection_families("slow", {"links": list(link_fields)}, named)("n1") == (LINK,)
+    assert detection_families("slow", {"own": list(own_fields)}, named)("n1") == (COMPUTE,)
+    assert detection_families("slow", {}, ("n2",))("n2") == (OTHER,)     # no rule named it
+    assert detection_families("a-kind-of-a-later-trainctl", {}, ("n2",))("n2") == (OTHER,)
 
 
 def test_a_sick_detection_and_a_failed_sweep_strike_by_their_own_checks():
-    evidence = f"n1: {xid_reason(79)}; n2: ib.ports: mlx5_2/1 Down; n1: host.memory: 2 GiB available"
-    assert strike_families(DETECTION, "sick", evidence, "n1") == ("gpu-reset", "host")
-    assert strike_families(DETECTION, "sick", evidence, "n2") == (LINK,)
-    checks = f"{xid_reason(95, 13)}; nvlink.links: GPU 3 link 5 inactive"
-    assert strike_families(SWEEP_FAILED, "sweep", checks, "n1") == ("gpu-memory", "nvlink")
+    failed = [{"node": "n1", "check": "gpu.xid", "reason": xid_reason(79)[len("gpu.xid: "):]},
+              {"node": "n2", "check": "ib.ports", "reason": "mlx5_2/1 Down"},
+              {"node": "n1", "check": "host.memory", "reason": "2 GiB available"}]
+    sick = detection_families("sick", {"failed": failed}, ("n1", "n2", "n3"))
+    assert (sick("n1"), sick("n2"), sick("n3")) == (("gpu-reset", "host"), (LINK,), (OTHER,))
+    checks = [("gpu.xid", xid_reason(95, 13)[len("gpu.xid: "):]), ("nvlink.links", "GPU 3 link 5 inactive")]
+    assert failed_check_families(checks) == ("gpu-memory", "nvlink")
+    assert failed_check_families([]) == (OTHER,)
 
 
 def test_the_admin_guides_family_table_names_each_xid_in_its_catalogue_family():

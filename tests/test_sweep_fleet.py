@@ -202,7 +202,8 @@ def test_a_version_2_history_is_read_with_its_jobs_users_unknown_and_gains_them_
     with History.open(db, write=True) as history:
         fold_journals(history, paths[:1], site="test", now=NOW, ask=slurm_vouching_for(paths))
     with sqlite3.connect(db) as conn:   # back to what trainctl wrote before it kept the jobs' users
-        conn.executescript("ALTER TABLE jobs DROP COLUMN uid; UPDATE schema_version SET version = 2;")
+        conn.executescript("ALTER TABLE jobs DROP COLUMN uid; ALTER TABLE job_events DROP COLUMN families; "
+                           "UPDATE schema_version SET version = 2;")
     with History.open(db) as history:
         assert history.version == 2 and history.folded_jobs()["101"].uid is None
         assert history.job_users(["101"]) == {"101": None}
@@ -217,10 +218,90 @@ def test_a_version_2_history_is_read_with_its_jobs_users_unknown_and_gains_them_
     History.open(db, write=True).close()   # the upgraded file passes a writer's verdict as a new one would
 
 
+# A slow detection as the watch journals it (trainctl.job.watch): its evidence says the rule in words, its
+# details name it; a sick one's evidence lists "node: check: reason", its details the failed checks.
+LINK_WAIT_SLOW = {"kind": "slow", "suspects": ["n2"], "details": {"step_s": 2.0, "baseline_s": 1.0, "named_by": "link-wait"},
+                  "evidence": "step 2.0 s, 2x the 1.0 s baseline; n2 (rule link-wait: ib0 waits 450x its peers per MB)"}
+SICK_ECC = {"kind": "sick", "suspects": ["n2"], "evidence": "n2: gpu.ecc: 4 uncorrectable ECC errors",
+            "details": {"failed": [{"node": "n2", "check": "gpu.ecc", "reason": "4 uncorrectable ECC errors"}]}}
+HUNG = {"kind": "hung", "suspects": ["n2"], "evidence": "no rank finished a step for 600 s", "details": {"silent": ["n2"]}}
+
+
+def with_detection(events: list[dict], detection: dict) -> list[dict]:
+    """`events` (journal_lines) with `detection` ending its step."""
+    t = events[3]["t"]
+    return events[:4] + [{"t": t + 1, "event": "detection", **detection},
+                         {"t": t + 2, "event": "step_end", "status": 143, "detection": detection["kind"]}] + events[5:]
+
+
+def test_a_detection_strikes_by_its_typed_details_never_by_its_evidence_text():
+    def families(detection: dict) -> tuple[str, ...]:
+        rows = parsed(with_detection(journal_lines("7", NOW - 100), detection)).events
+        return next(row.families for row in rows if row.kind == DETECTION)
+
+    # the evidence is garbage, or names another rule, node or check: the details decide
+    assert families(dict(SICK_ECC, evidence="n2: ib.ports: x; ;; n9: gpu.smi: y")) == ("gpu-memory",)
+    assert families(dict(LINK_WAIT_SLOW, evidence="n2 (rule own-time: its own CPU time rose)")) == ("link",)
+    assert families(dict(LINK_WAIT_SLOW, details={"named_by": "own-time"})) == ("compute",)
+    assert families(dict(SICK_ECC, details={"failed": [{"node": "n9", "check": "gpu.ecc", "reason": "x"}]})) == \
+        ("other",)                                   # n2 failed no check the details name
+    assert families(dict(HUNG, evidence="")) == ("hang",)
+    exclusion = next(row for row in parsed(journal_lines("7", NOW - 100)).events if row.kind == EXCLUSION)
+    assert exclusion.families == ("nvlink",)        # nvlink.links, and gpu.xid's Xid 74 read from its own reason
+
+
+def test_a_version_3_history_gains_its_events_families_at_its_upgrade_the_same_as_a_fold_finds_them(tmp_path):
+    db = tmp_path / "old.db"
+    paths = [str(write_journal(tmp_path / f"{job}.jsonl", with_detection(journal_lines(job, NOW - DAY * day), found)))
+             for job, day, found in (("101", 3, LINK_WAIT_SLOW), ("102", 2, SICK_ECC), ("103", 1, HUNG),
+                                     ("104", 1, LINK_WAIT_SLOW), ("105", 1, LINK_WAIT_SLOW))]
+    with History.open(db, write=True) as history:
+        fold_journals(history, paths, site="test", now=NOW, ask=slurm_vouching_for(paths))
+        night(history, NOW - DAY / 2, {"n1": "ok", "n4": {"gpu.xid": ("fail", "Xid 79 (GPU has fallen off the bus)")}})
+        folded, lemons = history.job_events(0, (EXCLUSION, DETECTION, SERVED)), current_lemons(history, ONE_TEAM, NOW)
+    assert {(row.host, row.what, row.families) for row in folded if row.kind == DETECTION} == \
+        {("n2", "slow", ("link",)), ("n2", "sick", ("gpu-memory",)), ("n2", "hung", ("hang",))}
+    assert [(lemon.host, [f.family for f in lemon.families]) for lemon in lemons] == [("n3", ["nvlink"]),
+                                                                                      ("n2", ["link"])]
+    with sqlite3.connect(db) as conn:   # back to what trainctl wrote before the rows kept their families
+        conn.executescript("ALTER TABLE job_events DROP COLUMN families; UPDATE schema_version SET version = 3;")
+    with History.open(db) as history:   # read as it is: the families found from the text the rows kept
+        assert history.version == 3
+        assert history.job_events(0, (EXCLUSION, DETECTION, SERVED)) == folded
+        assert current_lemons(history, ONE_TEAM, NOW) == lemons
+    with History.open(db, write=True) as history:
+        assert history.version == SCHEMA_VERSION
+        assert history.job_events(0, (EXCLUSION, DETECTION, SERVED)) == folded
+        assert current_lemons(history, ONE_TEAM, NOW) == lemons
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM job_events WHERE families IS NULL").fetchone() == (0,)
+    History.open(db, write=True).close()   # the upgraded file passes a writer's verdict as a new one would
+
+
+def test_a_failed_sweep_gives_its_checks_as_recorded_and_a_reason_that_reads_like_another_check_stays_its_own(
+        tmp_path):
+    from trainctl.sweep.families import failed_check_families
+    from trainctl.sweep.model import SweepFailure
+
+    db = tmp_path / "h.db"
+    reason = "mlx5_2/1 Down; gpu.ecc: 4 uncorrectable ECC errors"   # words of a port's state, not a second check
+    with History.open(db, write=True) as history:
+        sweep = night(history, NOW - DAY, {"n4": {"ib.ports": ("fail", reason), "host.memory": ("fail", "2 GiB")},
+                                           "n5": {"ib.ports": ("warn", "x")}, "n6": "ok"})
+    with History.open(db) as history:
+        failures = history.sweep_failures(0)
+    assert failures == [SweepFailure("n4", sweep, NOW - DAY, (("host.memory", "2 GiB"), ("ib.ports", reason)))]
+    assert failed_check_families(failures[0].failed) == ("host", "link")
+    assert failures[0].text == f"host.memory: 2 GiB; ib.ports: {reason}"
+
+
 @pytest.mark.parametrize("sql, message", [
     ("UPDATE jobs SET uid = 'root'", "job '7': uid 'root' is not a user id"),
     ("UPDATE jobs SET uid = -1", "job '7': uid '-1' is not a user id"),
     ("UPDATE job_events SET kind = 'sabotage' WHERE host = 'n3'", "kind 'sabotage' unknown"),
+    ("""UPDATE job_events SET families = '["sabotage"]' WHERE host = 'n3'""", "are not a list of failure families"),
+    ("UPDATE job_events SET families = NULL WHERE host = 'n3'", "families 'None' are not a list"),
+    ("UPDATE job_events SET families = 'nvlink' WHERE host = 'n3'", "families 'nvlink' are not a list"),
     ("UPDATE job_events SET host = 'n[1-9]' WHERE host = 'n3'", "host 'n[1-9]' is not a node name"),
     ("UPDATE jobs SET started_at = 'yesterday'", "is not a time"),
     ("DELETE FROM jobs", "event of job '7'"),
@@ -295,23 +376,27 @@ def test_three_jobs_that_left_a_node_out_make_it_a_lemon_with_its_evidence(tmp_p
 
 
 def test_strikes_are_weighted_by_kind_and_a_job_strikes_a_node_once_per_kind_and_family():
-    from trainctl.sweep.model import JobEventRow
+    from trainctl.sweep.model import JobEventRow, SweepFailure
 
-    events = [JobEventRow("1", line, "n9", EXCLUSION, 100.0 + line, "lost during the gate", "") for line in (2, 9)]
-    events.append(JobEventRow("2", 3, "n9", DETECTION, 200.0, "hung", "no step for 600 s"))   # a hang, as the gate's
+    events = [JobEventRow("1", line, "n9", EXCLUSION, 100.0 + line, "lost during the gate", "", ("hang",))
+              for line in (2, 9)]
+    events.append(JobEventRow("2", 3, "n9", DETECTION, 200.0, "hung", "no step for 600 s", ("hang",)))   # as the gate's
     heavy = LemonRule(strikes=3, days=7, exclusion=1, detection=2, sweep=0.5, forgive_after_jobs=0, min_users=2)
     users = {"1": 1001, "2": 1002}
     assert [(lemon.strikes, lemon.families[0].family) for lemon in find_lemons(heavy, events, [], (), users)] == \
         [(3.0, "hang")]
     assert find_lemons(LemonRule(3, 7, 1, 1, 1, 0, 2), events, [], (), users) == []
-    xid_79 = "gpu.xid: Xid 79 (GPU has fallen off the bus) on GPU 3 (PCI 0000:9b:00.0): 1 event(s)"
-    off_the_bus = [JobEventRow("1", 2, "n9", EXCLUSION, 100.0, "gpu.xid", xid_79)]
-    assert [lemon.strikes for lemon in find_lemons(heavy, off_the_bus, [("n9", 4, 300.0, xid_79)] * 4, (), users)] \
-        == [3.0]
+    xid_79 = "Xid 79 (GPU has fallen off the bus) on GPU 3 (PCI 0000:9b:00.0): 1 event(s)"
+    off_the_bus = [JobEventRow("1", 2, "n9", EXCLUSION, 100.0, "gpu.xid", f"gpu.xid: {xid_79}", ("gpu-reset",))]
+    sweeps = [SweepFailure("n9", 4, 300.0, (("gpu.xid", xid_79),))] * 4
+    assert [lemon.strikes for lemon in find_lemons(heavy, off_the_bus, sweeps, (), users)] == [3.0]
 
 
 def test_drain_plans_lemons_like_sweep_failures_and_resume_keeps_a_lemon_drained():
-    db_lemons = find_lemons(RULE, [], [(host, n, 1.0, "x") for host in ("n1", "n2", "n3") for n in range(3)], (), {})
+    from trainctl.sweep.model import SweepFailure
+
+    db_lemons = find_lemons(RULE, [], [SweepFailure(host, n, 1.0, ()) for host in ("n1", "n2", "n3") for n in range(3)],
+                            (), {})
     states = {"n1": NodeState("n1", "n1", "idle", "", "", "", ""),
               "n2": NodeState("n2", "n2", "drained", "", "maintenance", "root", "2026-11-27T10:00:00")}
     actions = {a.host: a for a in plan_lemon_drains(db_lemons, RULE, states, [])}

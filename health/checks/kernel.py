@@ -11,7 +11,7 @@ from trainctl.health.parse.smi_query import SmiQuery
 from trainctl.health.parse.snapshot_files import HostInfo, SnapshotMeta
 from trainctl.health.registry import check
 from trainctl.health.status import Finding, Status, summarize
-from trainctl.health.xid_catalog import xid_info
+from trainctl.health.xid_catalog import xid_info, xid_issue
 
 _PROCESS_PREFIX = re.compile(r"pid=[^,]*, (?:name=[^,]*, )?")
 
@@ -32,8 +32,7 @@ def gpu_xid(log: KernelLog, smi: SmiQuery | None, meta: SnapshotMeta | None,
         index = gpu_index.get(_pci_key(pci))
         gpu = f"GPU {index} (PCI {pci})" if index is not None else f"the GPU at PCI {pci}"
         last = _PROCESS_PREFIX.sub("", events[-1].message, count=1)
-        issues.append((info.status, f"Xid {xid} ({info.meaning}) on {gpu}: {len(events)} "
-                                    f"event(s), last: {last}"))
+        issues.append((info.status, xid_issue(xid, gpu, len(events), last)))
         summary.append({"xid": xid, "meaning": info.meaning, "severity": info.status.label,
                         "pci": pci, "gpu": index, "count": len(events),
                         "first_line": events[0].line, "last_line": events[-1].line,

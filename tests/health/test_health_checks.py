@@ -13,6 +13,7 @@ from trainctl.health.checks.gpu import (gpu_clock_events, gpu_count, gpu_ecc, gp
                                         gpu_persistence, gpu_reset, gpu_row_remap)
 from trainctl.health.checks.host import host_cpus, host_defunct, host_disk, host_load, host_memory, host_shm
 from trainctl.health.checks.kernel import gpu_xid, nvswitch_sxid
+from trainctl.health.xid_catalog import xids_named
 from trainctl.health.checks.nvlink import nvlink_links, nvlink_topology
 from trainctl.health.checks.topo import topo_affinity
 from trainctl.health.expectations import NodeExpectations
@@ -245,6 +246,8 @@ def test_xids_that_need_action_fail(name, xids):
     result = gpu_xid(parsed("kernel/xid/" + name), None, None, None, NONE)
     assert result.status == Status.FAIL
     assert [e["xid"] for e in result.details["events"]] == xids
+    # the fleet history files the failure by the Xids its reason names, read by the catalogue's reader
+    assert xids_named(result.reason) == set(xids)
 
 
 def test_no_xid_passes():
