@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from support.sites import site_variant
-from support.slurm_standins import install, node_address
+from support.slurm_standins import RECORDED, install, node_address, running
 from test_gate import fabric_report, node_report
 from trainctl.detections import DetectionKind
 from trainctl.job import machine
@@ -36,6 +36,7 @@ from trainctl.job.follow import HTML_COMMAND
 from trainctl.job.jobdir import Kind
 from trainctl.launcher.plan import SubmitRequest, plan_job
 from trainctl.site import load_site
+from trainctl.slurm import PARTITION_FORMAT, SINFO_FORMAT
 
 TRAINCTL = str(Path(sys.executable).with_name("trainctl"))
 JOB_ID = "4242"
@@ -52,6 +53,21 @@ open(sys.argv[1], "w").write(os.environ["RANK"] + " " + os.environ["MASTER_ADDR"
 while True:
     steps += 1
     time.sleep(0.05)
+"""
+
+
+# The gate step's task: what `gate node` leaves on each node of the step (SLURM_STEP_NODELIST),
+# as the test set it in argv[1]: each node's report, marked final, then rank 0's fabric report.
+GATE_TASK = """import json, os, sys
+from trainctl.slurm import expand_hostlist
+answers, gate_dir = json.load(open(sys.argv[1])), sys.argv[2]
+os.makedirs(os.path.join(gate_dir, "nodes"), exist_ok=True)
+hosts = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
+for host in hosts:
+    json.dump(answers["reports"][host], open(os.path.join(gate_dir, "nodes", host + ".json"), "w"))
+    json.dump({"host": host}, open(os.path.join(gate_dir, "nodes", host + ".final"), "w"))
+fabric = dict(answers["fabric"], nodes={host: answers["fabric"]["nodes"][host] for host in hosts})
+json.dump(fabric, open(os.path.join(gate_dir, "fabric.json"), "w"))
 """
 
 
@@ -80,13 +96,17 @@ class Job:
 
     def __init__(self, tmp_path: Path, *, site_changes: dict | None = None, drain_on: tuple[str, ...] = (),
                  tasks: dict | None = None, program: tuple[str, ...] = ("/bin/true",), **request):
+        self.answers = tmp_path / "gate-answers.json"
         self.tmp = tmp_path
         self.submit_dir = tmp_path / "submit"
         self.submit_dir.mkdir()
         site = site_variant(tmp_path, "local-demo", site_changes or {})
         if drain_on:   # a key the demo site leaves at its default (off)
-            site.write_text(site.read_text().replace("[gate]\n", f"[gate]\ndrain_on = {json.dumps(list(drain_on))}\n"))
-        self.slurm = install(tmp_path / "slurm", job_id=JOB_ID, nodes=ALLOCATED, tasks=tasks)
+            setting = f"drain_on = {json.dumps(list(drain_on))}"
+            site.write_text(site.read_text().replace("[gate]\n", f"[gate]\n{setting}\n"))
+        gate_dir = self.submit_dir / f"trainctl-gate-{JOB_ID}"
+        gate_task = {machine.GATE_STEP: [sys.executable, "-c", GATE_TASK, str(self.answers), str(gate_dir)]}
+        self.slurm = install(tmp_path / "slurm", job_id=JOB_ID, nodes=ALLOCATED, tasks=gate_task | (tasks or {}))
         self.plan = plan_job(load_site(str(site)).config,
                              SubmitRequest(site_ref=str(site), program=program, nodes=2, spare=2, **request),
                              node_trainctl=TRAINCTL, node_python=sys.executable, command=("trainctl", "submit"),
@@ -95,7 +115,8 @@ class Job:
         self.script.write_text("#!/bin/bash\n#SBATCH --nodes=4\nexec trainctl job run --plan plan.json\n")
         env = {name: value for name, value in os.environ.items() if not name.startswith("SLURM")}
         env.update(PATH=self.slurm.path, SLURM_JOB_ID=JOB_ID, SLURM_JOBID=JOB_ID, SLURM_JOB_NAME="job.sh",
-                   SLURM_SUBMIT_DIR=str(self.submit_dir), SLURM_JOB_NODELIST="node[1-4]", SLURM_NODELIST="node[1-4]",
+                   SLURM_SUBMIT_DIR=str(self.submit_dir), SLURM_JOB_NODELIST="node[1-4]",
+                   SLURM_NODELIST="node[1-4]",
                    SLURM_JOB_NUM_NODES="4", SLURM_NNODES="4", SLURM_TASKS_PER_NODE="1(x4)",
                    SLURM_JOB_CPUS_PER_NODE="1(x4)", SLURMD_NODENAME="node1")
         self.driver = JobDriver(self.plan, str(self.script), env)
@@ -107,29 +128,21 @@ class Job:
         events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         return [event for event in events if not kinds or event["event"] in kinds]
 
-    def reports(self, failing: dict[str, str]):
-        """What `gate node` leaves on every allocated node: a report (NVLink failing where named),
-        marked final, and rank 0's fabric report with nobody excluded."""
-        nodes = self.gate_dir / "nodes"
-        nodes.mkdir()
-        for host in ALLOCATED:
-            check = ("nvlink.links", "fail", failing[host]) if host in failing else ("nvlink.links", "ok", "fine")
-            (nodes / f"{host}.json").write_text(json.dumps(node_report(host, check)))
-            (nodes / f"{host}.final").write_text(json.dumps({"host": host}))
+    def gate_answers(self, failing: dict[str, str]):
+        """What the next gate step's nodes report (GATE_TASK): NVLink failing where named, and
+        rank 0's fabric report with nobody excluded."""
+        reports = {host: node_report(host, ("nvlink.links", "fail", failing[host]) if host in failing
+                                     else ("nvlink.links", "ok", "fine")) for host in ALLOCATED}
         fabric = fabric_report().to_json()
         fabric["nodes"] = {f"node{n[1:]}": value for n, value in fabric["nodes"].items()}
-        (self.gate_dir / "fabric.json").write_text(json.dumps(fabric))
+        self.answers.write_text(json.dumps({"reports": reports, "fabric": fabric}))
 
     def end(self):
         for step in (self.driver.step, self.driver.agents):
             if step is not None and step.poll() is None:
                 step.kill()
                 step.wait()
-        for step in self.slurm.state()["steps"]:   # a sentinel the test left running, say
-            try:
-                os.kill(step["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.slurm.end_steps()
 
 
 @pytest.fixture
@@ -168,8 +181,8 @@ def test_journal_say_and_finish_write_the_journal_and_the_jobs_output(job, capsy
 
 @covers(machine.RunGate)
 def test_a_passing_gate_answers_the_nodes_gate_decide_chose_and_journals_each_verdict(job, capsys):
-    run = job(tasks={machine.GATE_STEP: ["true"]})   # each node's task: its report is in (written here)
-    run.reports({"node2": "GPU 3: NVLink 3, 5 inactive"})
+    run = job()
+    run.gate_answers({"node2": "GPU 3: NVLink 3, 5 inactive"})
     decided = run.driver.carry_out(machine.RunGate())
     assert decided == machine.GateDecided("node[1,3]", ("node1", "node3"), node_address("node1"), ("node4",),
                                           {"node2": "nvlink.links: GPU 3: NVLink 3, 5 inactive"})
@@ -191,12 +204,24 @@ def test_a_passing_gate_answers_the_nodes_gate_decide_chose_and_journals_each_ve
     assert (f"trainctl: running on node[1,3], MASTER_ADDR {node_address('node1')} "
             f"(gate report: {run.gate_dir}/report.txt)") in out
 
+    # again after a detection named node3: the first round's files go aside, the gate checks the others
+    run.gate_answers({})
+    again = run.driver.carry_out(machine.RunGate(("node1", "node2", "node4"), archive=1))
+    assert again == machine.GateDecided("node[1-2]", ("node1", "node2"), node_address("node1"), ("node4",), {})
+    assert json.loads((run.gate_dir / "rounds" / "1" / "decision.json").read_text())["chosen"] == ["node1", "node3"]
+    assert run.slurm.calls("srun")[-1][1:] == machine.gate_step_argv(run.plan, str(run.gate_dir), 4,
+                                                                     ("node1", "node2", "node4"))[1:]
+    events = run.journal()[len(events):]
+    assert [e["event"] for e in events] == ["gate_start"] + ["node_verdict"] * 3 + ["gate_end"]   # no "submitted"
+    assert fields(events[0]) == {"event": "gate_start", "nodes": ["node1", "node2", "node4"],
+                                 "evidence": "rounds/1"}
+
 
 @covers(machine.Retry)
 def test_a_refused_gate_answers_its_status_and_the_retry_submits_the_successor_around_the_bad_nodes(job, capsys):
-    run = job(tasks={machine.GATE_STEP: ["true"]}, retries=1)
-    run.reports({"node2": "GPU 3: NVLink 3, 5 inactive", "node3": "GPU 0: NVLink 1 inactive",
-                 "node4": "GPU 1: NVLink 2 inactive"})
+    run = job(retries=1)
+    run.gate_answers({"node2": "GPU 3: NVLink 3, 5 inactive", "node3": "GPU 0: NVLink 1 inactive",
+                      "node4": "GPU 1: NVLink 2 inactive"})
     refused = run.driver.carry_out(machine.RunGate())
     assert refused.status == 2 and refused.retryable
     assert set(refused.gate_named) == {"node2", "node3", "node4"}
@@ -238,9 +263,7 @@ def test_the_release_moves_the_sentinel_and_answers_what_scontrols_resize_script
                                           ("SLURM_JOB_CPUS_PER_NODE", "1(x2)")),
                                       ("SLURM_NPROCS", "SLURM_NTASKS", "SLURM_TASKS_PER_NODE"))
     assert ["scancel", "--quiet", sentinel["id"]] in run.slurm.calls("scancel")
-    wait_for(lambda: not Path(f"/proc/{sentinel['pid']}").exists() or
-             Path(f"/proc/{sentinel['pid']}/stat").read_text().rpartition(")")[2].split()[0] == "Z",
-             "the sentinel's end")
+    wait_for(lambda: not running(sentinel), "the sentinel's end")
     assert ["scontrol", "update", f"JobId={JOB_ID}", "NodeList=node[1,3]"] in run.slurm.calls("scontrol")
     assert (run.gate_dir / f"slurm_job_{JOB_ID}_resize.sh").is_file()       # scontrol ran in the gate directory
     assert not (run.submit_dir / f"slurm_job_{JOB_ID}_resize.sh").exists()
@@ -254,14 +277,16 @@ def test_a_training_step_runs_is_watched_asked_to_save_and_stopped_with_its_agen
     started = tmp_path / "rank0"
     run = job(program=(sys.executable, "-c", LOOP, str(started)),
               tasks={machine.AGENT_STEP: ["sleep", "600"]})    # an agent that never writes
-    training = machine.RunTraining("node[1,3]", 2, "10.77.4.1", start_sentinel=False)
+    training = machine.RunTraining("node[1,3]", 2, node_address("node1"), start_sentinel=False)
     answer = run.driver.carry_out(training)
     assert isinstance(answer, machine.TrainingStarted)
     assert run.journal(Kind.TRAINING_START)[-1]["t"] == answer.t
     (srun,) = wait_for(lambda: run.slurm.calls("srun"), "srun's start")
-    assert srun[1:] == machine.training_argv(run.plan, training, str(run.gate_dir), run.driver.facts.binds_tasks)[1:]
+    assert srun[1:] == machine.training_argv(run.plan, training, str(run.gate_dir),
+                                             run.driver.facts.binds_tasks)[1:]
     # the real rank-exec made the program rank 0 of the job, with the gate's MASTER_ADDR
-    assert wait_for(lambda: started.is_file() and started.read_text(), "the program's start") == "0 10.77.4.1"
+    rank = wait_for(lambda: started.is_file() and started.read_text(), "the program's start")
+    assert rank == f"0 {node_address('node1')}"
     run.driver.carry_out(machine.StartAgents("node[1,3]", 2))
     agents = wait_for(lambda: run.slurm.step(machine.AGENT_STEP), "the agents' step")
 
@@ -293,7 +318,7 @@ def test_a_training_step_runs_is_watched_asked_to_save_and_stopped_with_its_agen
 @covers(machine.WaitStep)
 def test_a_step_that_ends_by_itself_answers_its_status(job):
     run = job(program=(sys.executable, "-c", "raise SystemExit(3)"), watch=False)
-    run.driver.carry_out(machine.RunTraining("node[1-2]", 2, "10.77.4.1", start_sentinel=False))
+    run.driver.carry_out(machine.RunTraining("node[1-2]", 2, node_address("node1"), start_sentinel=False))
     assert run.driver.carry_out(machine.WaitStep(poll=False)) == machine.StepEnded(3)
 
 
@@ -316,7 +341,8 @@ def test_a_drain_the_site_asks_for_is_made_and_read_back_from_slurms_record(job,
     err = capsys.readouterr().err
     assert f"trainctl: drain node2: {reason} (recorded in {tmp_path / 'sweeps.db'}" in err
     # looked at right before, and read back after (sinfo), drained through scontrol
-    assert ["scontrol", "update", "NodeName=node2", "State=DRAIN", f"Reason={reason}"] in run.slurm.calls("scontrol")
+    drained = ["scontrol", "update", "NodeName=node2", "State=DRAIN", f"Reason={reason}"]
+    assert drained in run.slurm.calls("scontrol")
     assert [call for call in run.slurm.calls("sinfo") if "node2" in call]
 
 
@@ -332,8 +358,52 @@ def test_a_site_without_drain_on_drains_nothing(job, capsys):
 def test_the_alert_runs_the_jobs_alert_command_on_the_newest_event_of_its_kind(job, tmp_path):
     sent = tmp_path / "alerts.jsonl"
     run = job(alert_command=("sh", "-c", 'cat >> "$0"', str(sent)))
-    run.driver.carry_out(machine.Journal(Kind.DETECTION, {"kind": "sick", "suspects": ["node2"], "evidence": "Xid 79"}))
+    run.driver.carry_out(machine.Journal(Kind.DETECTION, {"kind": "sick", "suspects": ["node2"],
+                                                          "evidence": "Xid 79"}))
     run.driver.carry_out(machine.Alert(Kind.DETECTION))
     run.driver.alerts.close()                                     # waits for the command's end
     (event,) = [json.loads(line) for line in sent.read_text().splitlines()]
     assert (event["job_id"], event["evidence"], event["suspects"]) == (JOB_ID, "Xid 79", ["node2"])
+
+
+def test_the_standins_print_what_slurm_printed_on_the_dev_cluster(tmp_path):
+    """The recorded job (tests/fixtures/recorded/README.md): the same commands in the same
+    situation print the recorded outputs, byte for byte (a drain's time aside)."""
+    recorded = RECORDED / "devcluster-slurm-22.05.8"
+    slurm = install(tmp_path / "slurm", job_id="1", nodes=ALLOCATED, next_job_id="1",
+                    tasks={machine.SENTINEL_STEP: ["sleep", "60"], machine.GATE_STEP: ["sleep", "60"]})
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SLURM")}
+    env.update(PATH=slurm.path, SLURM_JOBID="1", SLURM_JOB_ID="1", SLURM_NODELIST="node[1-4]",
+               SLURM_JOB_NODELIST="node[1-4]", SLURM_NNODES="4", SLURM_JOB_NUM_NODES="4",
+               SLURM_JOB_CPUS_PER_NODE="1(x4)", SLURM_TASKS_PER_NODE="1(x4)")
+
+    def run(*argv, **options):
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, check=True,
+                              **options).stdout
+
+    steps = []
+    for argv in (["--overlap", f"--job-name={machine.SENTINEL_STEP}", "--nodes=1", "--relative=1", "sleep", "60"],
+                 ["--nodelist=node[1,4]", "sleep", "60"],
+                 ["--overlap", f"--job-name={machine.GATE_STEP}", "--ntasks=4", "sleep", "60"]):
+        steps.append(subprocess.Popen(["srun", *argv], env=env))
+        wait_for(lambda: len(slurm.state()["steps"]) == len(steps), "the step's start")
+    try:
+        assert run("squeue", "--noheader", "--steps", "--jobs=1", "--format=%i %j") == \
+            (recorded / "squeue-steps.txt").read_text()
+    finally:
+        for step in steps:
+            step.kill()
+            step.wait()
+    assert run("sinfo", "-h", "-N", "-o", SINFO_FORMAT) == (recorded / "sinfo-states.txt").read_text()
+    assert run("sinfo", "-h", "-N", "-o", PARTITION_FORMAT) == (recorded / "sinfo-partitions.txt").read_text()
+    run("scontrol", "update", "NodeName=node4", "State=DRAIN", "Reason=trainctl: gpu.xid: Xid 79 (watch of job 1)")
+    draining = run("sinfo", "-h", "-N", "-o", SINFO_FORMAT)
+    when = slurm.state()["reasons"]["node4"]["time"]
+    assert draining.replace(when, "2026-12-05T01:32:26") == (recorded / "sinfo-states-draining.txt").read_text()
+    (tmp_path / "gate").mkdir()
+    assert run("scontrol", "update", "JobId=1", "NodeList=node[1,4]", cwd=tmp_path / "gate") == \
+        (recorded / "scontrol-update-nodelist.txt").read_text()
+    assert (tmp_path / "gate" / "slurm_job_1_resize.sh").read_text() == \
+        (recorded / "scontrol-update-nodelist-resize-sh.txt").read_text()
+    assert run("sbatch", "--parsable", input="#!/bin/bash\n") == (recorded / "sbatch-parsable.txt").read_text()
+    assert run("scontrol", "--version") == (recorded / "scontrol-version.txt").read_text()

@@ -9,9 +9,10 @@ nodes' drain reasons), and prints only what the real command printed on this pro
 cluster (Slurm 22.05.8), read from the recordings under tests/fixtures/recorded/ with the
 values of the test's job put in:
 
-- `srun`: registers the step (squeue lists it; scancel ends it), then becomes its one task: the
-  step's program, or the argv the test gave for steps of that name, with the task's SLURM_*
-  variables; `--output=` is honoured (%N %j %s %t %n %%), `--open-mode=append` too.
+- `srun`: registers the step (squeue lists it; scancel ends it), then becomes its one task (the
+  first node's, or --relative's): the step's program, or the argv the test gave for steps of that
+  name, with the task's SLURM_* variables (SLURM_STEP_NODELIST: all the step's nodes);
+  `--output=` is honoured (%N %j %s %t %n %%), `--open-mode=append` too.
 - `scontrol`: `--version`, `show config`, `show job -o`, `show node -o`, `update JobId= NodeList=`
   (writes slurm_job_<id>_resize.sh and .csh in its working directory, as update_job.c's
   _update_job_size does: each variable only where the caller's environment has it),
@@ -67,8 +68,14 @@ class Standins:
         return self.state()["submitted"]
 
     def step(self, name: str) -> dict | None:
-        """The newest step of that name ({"id", "name", "pid"})."""
+        """The newest step of that name ({"id", "name", "pid", "started", "argv"})."""
         return next((step for step in reversed(self.state()["steps"]) if step["name"] == name), None)
+
+    def end_steps(self) -> None:
+        """SIGKILL to every step's task still running (a sentinel a test left, say)."""
+        for step in self.state()["steps"]:
+            if running(step):
+                os.kill(step["pid"], signal.SIGKILL)
 
 
 def install(root: Path, *, job_id: str, nodes: list[str], job_name: str = "job.sh",
@@ -103,14 +110,19 @@ def main(command: str, root: str) -> None:
 
 
 @contextmanager
-def _locked_state(root: Path, write: bool = True):
-    """state.json, read (and written back) under a lock: steps start and end concurrently."""
+def _locked_state(root: Path):
+    """state.json, read and written back under a lock: steps start concurrently."""
     with open(root / "state.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         state = json.loads((root / "state.json").read_text())
         yield state
-        if write:
-            (root / "state.json").write_text(json.dumps(state))
+        (root / "state.json").write_text(json.dumps(state))
+
+
+def _state(root: Path) -> dict:
+    with open(root / "state.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        return json.loads((root / "state.json").read_text())
 
 
 def _options(args: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -129,13 +141,21 @@ def _expand(hostlist: str) -> list[str]:
     return expand_hostlist(hostlist)
 
 
-def _alive(pid: int) -> bool:
-    """A process that runs (a zombie its parent has not reaped yet has ended)."""
+def _process(pid: int) -> tuple[str, str]:
+    """(state, start time) of a process from /proc/PID/stat; ("", "") when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
+            fields = stat.read().rpartition(")")[2].split()
     except OSError:
-        return False
+        return "", ""
+    return fields[0], fields[19]   # proc(5): state is field 3, starttime field 22
+
+
+def running(step: dict) -> bool:
+    """The step's task still runs: its process, not another that took its PID since, and not a
+    zombie its parent has yet to reap."""
+    state, started = _process(step["pid"])
+    return state not in ("", "Z") and started == step["started"]
 
 
 def srun(root: Path, args: list[str]) -> int:
@@ -144,18 +164,21 @@ def srun(root: Path, args: list[str]) -> int:
         number = len(state["steps"])
         step_id = f"{state['job_id']}.{number}"
         name = options.get("--job-name") or os.path.basename(program[0])
-        state["steps"].append({"id": step_id, "name": name, "pid": os.getpid(), "argv": args})
+        state["steps"].append({"id": step_id, "name": name, "pid": os.getpid(),
+                               "started": _process(os.getpid())[1], "argv": args})
         held = state["nodes"]
         task = state["tasks"].get(name) or program
     nodes = _expand(options["--nodelist"]) if options.get("--nodelist") else held
     node = nodes[int(options.get("--relative", "0"))]
+    from trainctl.slurm import fold_hostlist
     env = dict(os.environ, SLURM_STEP_ID=str(number), SLURM_STEPID=str(number), SLURM_PROCID="0",
+               SLURM_STEP_NODELIST=fold_hostlist(nodes), SLURM_STEP_NUM_NODES=str(len(nodes)),
                SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_NTASKS="1", SLURM_TASKS_PER_NODE="1",
                SLURM_STEP_NUM_TASKS="1", SLURM_STEP_TASKS_PER_NODE="1", SLURMD_NODENAME=node)
     output = options.get("--output")
     if output:
-        path = re.sub(r"%[%Njstn]", lambda m: {"%%": "%", "%N": node, "%j": env.get("SLURM_JOB_ID", ""),
-                                               "%s": str(number), "%t": "0", "%n": "0"}[m.group()], output)
+        names = {"%%": "%", "%N": node, "%j": env.get("SLURM_JOB_ID", ""), "%s": str(number), "%t": "0", "%n": "0"}
+        path = re.sub(r"%[%Njstn]", lambda m: names[m.group()], output)
         append = options.get("--open-mode") == "append"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
         os.dup2(fd, 1)
@@ -171,8 +194,7 @@ def scontrol(root: Path, args: list[str]) -> int:
     if args == ["show", "config"]:
         sys.stdout.write((SLURM_22 / "scontrol-show-config.txt").read_text())
         return 0
-    with _locked_state(root, write=False) as state:
-        pass
+    state = _state(root)
     if args[:3] == ["show", "job", "-o"]:
         return _show_job(state, args[3])
     if args[:3] == ["show", "node", "-o"]:
@@ -198,17 +220,18 @@ def _with_values(record: str, values: dict[str, str]) -> str:
 def _show_job(state: dict, job_id: str) -> int:
     from trainctl.slurm import fold_hostlist
     if job_id != state["job_id"]:
-        print(f"slurm_load_jobs error: Invalid job id specified", file=sys.stderr)
+        print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr)
         return 1
     record = (SLURM_26 / "scontrol-show-job.txt").read_text().strip()
-    print(_with_values(record, {"JobId": job_id, "JobName": state["job_name"], "NodeList": fold_hostlist(state["nodes"]),
-                                "BatchHost": state["nodes"][0], "NumNodes": str(len(state["nodes"]))}))
+    print(_with_values(record, {"JobId": job_id, "JobName": state["job_name"],
+                                "NodeList": fold_hostlist(state["nodes"]), "BatchHost": state["nodes"][0],
+                                "NumNodes": str(len(state["nodes"]))}))
     return 0
 
 
 def node_address(node: str) -> str:
-    """The address the stand-in's Slurm gives a node: the dev cluster's, 10.77.4.N for nodeN."""
-    return f"10.77.4.{int(re.sub(r'[^0-9]', '', node) or 0)}"
+    """The address the stand-in's Slurm gives a node: the dev cluster's (instance 2, as in sinfo-states.txt)."""
+    return f"10.77.2.{int(re.sub(r'[^0-9]', '', node) or 0)}"
 
 
 def _show_nodes(state: dict, nodes: list[str]) -> int:
@@ -256,8 +279,7 @@ def _update_nodes(root: Path, nodes: list[str], settings: dict[str, str]) -> int
 
 def sinfo(root: Path, args: list[str]) -> int:
     from trainctl.slurm import PARTITION_FORMAT, SINFO_FORMAT
-    with _locked_state(root, write=False) as state:
-        pass
+    state = _state(root)
     asked = args[args.index("-o") + 1]
     only = set(_expand(args[args.index("-n") + 1])) if "-n" in args else None
     # the dev cluster's 4 nodes; those of the job are in use (mixed), as in sinfo-states.txt
@@ -281,13 +303,12 @@ def sinfo(root: Path, args: list[str]) -> int:
 
 
 def squeue(root: Path, args: list[str]) -> int:
-    with _locked_state(root, write=False) as state:
-        pass
+    state = _state(root)
     if "--steps" not in args or "--format=%i %j" not in args:
         print(f"squeue stand-in: not recorded: {args}", file=sys.stderr)
         return 1
     for step in state["steps"]:   # as squeue-steps.txt: the numbered steps, then the batch step
-        if _alive(step["pid"]):
+        if running(step):
             print(f"{step['id']} {step['name']}")
     print(f"{state['job_id']}.batch batch")
     return 0
@@ -295,10 +316,8 @@ def squeue(root: Path, args: list[str]) -> int:
 
 def scancel(root: Path, args: list[str]) -> int:
     target = [arg for arg in args if not arg.startswith("-")][0]
-    with _locked_state(root, write=False) as state:
-        pass
-    for step in state["steps"]:
-        if step["id"] == target and _alive(step["pid"]):
+    for step in _state(root)["steps"]:   # scancel(1): SIGTERM, then SIGKILL after KillWait (here: SIGTERM)
+        if step["id"] == target and running(step):
             os.kill(step["pid"], signal.SIGTERM)
     return 0
 
