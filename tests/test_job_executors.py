@@ -57,17 +57,19 @@ while True:
 
 
 # The gate step's task: what `gate node` leaves on each node of the step (SLURM_STEP_NODELIST),
-# as the test set it in argv[1]: each node's report, marked final, then rank 0's fabric report.
+# as the test set it in argv[1], written as `gate node` writes it (whole or not at all): each
+# node's report, marked final, then rank 0's fabric report.
 GATE_TASK = """import json, os, sys
+from pathlib import Path
+from trainctl.job.jobdir import JobPaths, write_json
 from trainctl.slurm import expand_hostlist
-answers, gate_dir = json.load(open(sys.argv[1])), sys.argv[2]
-os.makedirs(os.path.join(gate_dir, "nodes"), exist_ok=True)
+answers, paths = json.loads(Path(sys.argv[1]).read_text()), JobPaths(Path(sys.argv[2]))
+paths.node_reports.mkdir(parents=True, exist_ok=True)
 hosts = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
 for host in hosts:
-    json.dump(answers["reports"][host], open(os.path.join(gate_dir, "nodes", host + ".json"), "w"))
-    json.dump({"host": host}, open(os.path.join(gate_dir, "nodes", host + ".final"), "w"))
-fabric = dict(answers["fabric"], nodes={host: answers["fabric"]["nodes"][host] for host in hosts})
-json.dump(fabric, open(os.path.join(gate_dir, "fabric.json"), "w"))
+    write_json(paths.node_report(host), answers["reports"][host])
+    write_json(paths.node_report_final(host), {"host": host})
+write_json(paths.fabric, dict(answers["fabric"], nodes={host: answers["fabric"]["nodes"][host] for host in hosts}))
 """
 
 
@@ -97,7 +99,6 @@ class Job:
     def __init__(self, tmp_path: Path, *, site_changes: dict | None = None, drain_on: tuple[str, ...] = (),
                  tasks: dict | None = None, program: tuple[str, ...] = ("/bin/true",), **request):
         self.answers = tmp_path / "gate-answers.json"
-        self.tmp = tmp_path
         self.submit_dir = tmp_path / "submit"
         self.submit_dir.mkdir()
         site = site_variant(tmp_path, "local-demo", site_changes or {})
@@ -114,11 +115,11 @@ class Job:
         self.script = self.submit_dir / "job.sh"
         self.script.write_text("#!/bin/bash\n#SBATCH --nodes=4\nexec trainctl job run --plan plan.json\n")
         env = {name: value for name, value in os.environ.items() if not name.startswith("SLURM")}
+        # what Slurm 22.05.8 exported to the recorded batch job (tests/fixtures/recorded/README.md)
         env.update(PATH=self.slurm.path, SLURM_JOB_ID=JOB_ID, SLURM_JOBID=JOB_ID, SLURM_JOB_NAME="job.sh",
                    SLURM_SUBMIT_DIR=str(self.submit_dir), SLURM_JOB_NODELIST="node[1-4]",
-                   SLURM_NODELIST="node[1-4]",
-                   SLURM_JOB_NUM_NODES="4", SLURM_NNODES="4", SLURM_TASKS_PER_NODE="1(x4)",
-                   SLURM_JOB_CPUS_PER_NODE="1(x4)", SLURMD_NODENAME="node1")
+                   SLURM_NODELIST="node[1-4]", SLURM_JOB_NUM_NODES="4", SLURM_NNODES="4",
+                   SLURM_TASKS_PER_NODE="1(x4)", SLURM_JOB_CPUS_PER_NODE="1(x4)", SLURMD_NODENAME="node1")
         self.driver = JobDriver(self.plan, str(self.script), env)
         self.gate_dir = Path(self.driver.gate_dir)
 
