@@ -272,6 +272,16 @@ def test_the_release_moves_the_sentinel_and_answers_what_scontrols_resize_script
     assert "trainctl: released the nodes the job does not use; it now holds node[1,3]" in capsys.readouterr().out
 
 
+@covers(machine.Release)
+def test_a_release_without_the_resize_script_keeps_the_jobs_environment_and_says_so(job, capsys):
+    run = job()
+    del run.driver.base_env["SLURM_JOBID"]   # scontrol then rewrites no job environment (update_job.c)
+    assert run.driver.carry_out(machine.Release("node[1,3]", move_sentinel=False)) == machine.Resized(4)
+    assert run.slurm.calls("scancel") == [] and run.journal(Kind.RELEASED) == []
+    assert capsys.readouterr().err == (f"trainctl: warning: released the unused nodes, but scontrol wrote no "
+                                       f"{run.gate_dir}/slurm_job_{JOB_ID}_resize.sh: \n")   # it printed nothing
+
+
 @covers(machine.RunTraining, machine.StartAgents, machine.WaitStep, machine.PostCheckpointRequest,
         machine.SendSignal, machine.AwaitSave, machine.RequestStacks, machine.StopStep, machine.StepOver)
 def test_a_training_step_runs_is_watched_asked_to_save_and_stopped_with_its_agents(job, tmp_path):

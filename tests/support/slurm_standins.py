@@ -15,7 +15,8 @@ values of the test's job put in:
   `--output=` is honoured (%N %j %s %t %n %%), `--open-mode=append` too.
 - `scontrol`: `--version`, `show config`, `show job -o`, `show node -o`, `update JobId= NodeList=`
   (writes slurm_job_<id>_resize.sh and .csh in its working directory, as update_job.c's
-  _update_job_size does: each variable only where the caller's environment has it),
+  _update_job_size does: only inside a job (SLURM_JOBID), each variable only where the caller's
+  environment has it),
   `update JobId= Comment=`, `update NodeName= State=DRAIN|RESUME Reason=`.
 - `sinfo -h -N -o` with the two formats trainctl uses (trainctl.slurm SINFO_FORMAT, PARTITION_FORMAT).
 - `squeue --noheader --steps --jobs= --format=%i %j`: the job's live steps and its batch step.
@@ -246,6 +247,8 @@ def _resize(root: Path, job_id: str, hostlist: str) -> int:
     nodes = _expand(hostlist)
     with _locked_state(root) as state:
         state["nodes"] = nodes
+    if "SLURM_JOBID" not in os.environ:   # _update_job_size: "No job environment here to update"
+        return 0
     folded, count = fold_hostlist(nodes), len(nodes)
     # update_job.c, _update_job_size: a variable is rewritten only where the caller's environment has it
     sh, csh = [], []
