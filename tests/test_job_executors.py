@@ -333,6 +333,17 @@ def test_a_step_that_ends_by_itself_answers_its_status(job):
     assert run.driver.carry_out(machine.WaitStep(poll=False)) == machine.StepEnded(3)
 
 
+@covers(machine.WaitStep)
+def test_an_unwatched_step_that_saves_answers_the_save(job):
+    saves = ("import os, time; open(os.environ['TRAINCTL_CHECKPOINT_FILE'], 'w').write('epoch 1'); "
+             "time.sleep(600)")
+    run = job(program=(sys.executable, "-c", saves), watch=False)
+    run.driver.carry_out(machine.RunTraining("node[1-2]", 2, node_address("node1"), start_sentinel=False))
+    seen = run.driver.carry_out(machine.WaitStep(poll=False))   # at the next look, STEP_POLL_S on
+    assert isinstance(seen, machine.SaveSeen)
+    assert (seen.save.source, seen.save.note) == ("checkpoint.seen", "epoch 1")
+
+
 @covers(machine.Drain)
 def test_a_drain_the_site_asks_for_is_made_and_read_back_from_slurms_record(job, tmp_path, capsys, monkeypatch):
     run = job(drain_on=("unknown",), site_changes={"sweep.db": str(tmp_path / "sweeps.db")})
