@@ -557,6 +557,15 @@ def test_every_effect_the_machine_returns_has_one_executor_in_the_driver():
     assert set(driver.executors()) == set(typing.get_args(machine.Effect))
 
 
+def test_every_effect_has_its_executor_carried_out_by_a_test_without_slurm():
+    """A new effect type needs a test in tests/test_job_executors.py that carries out its executor."""
+    import typing
+
+    from test_job_executors import COVERED
+
+    assert set(typing.get_args(machine.Effect)) - COVERED == set()
+
+
 def test_a_step_that_fails_after_an_agent_fell_silent_is_a_hang_of_that_node():
     job = facts(spares=1, restarts=2, watch=WATCH)
     state, _ = training(job)
