@@ -63,8 +63,9 @@ def write_scontrol(bin_dir: Path, *, refuse_update: str = "") -> Path:
     scontrol-update.log beside itself. An update writes slurm_job_<id>_resize.sh in the current
     directory with the lines Slurm 22.05.8's scontrol wrote on the dev cluster
     (tests/test_release_cluster.py; src/scontrol/update_job.c, _update_job_size), less
-    SLURM_JOB_CPUS_PER_NODE, and prints scontrol's hint; or, with `refuse_update`, prints that
-    on stderr and exits 1."""
+    SLURM_JOB_CPUS_PER_NODE (and an empty .csh beside it), and prints scontrol's hint as
+    recorded there (fixtures/recorded/devcluster-slurm-22.05.8/scontrol-update-nodelist.txt);
+    or, with `refuse_update`, prints that on stderr and exits 1."""
     return _write(bin_dir / "scontrol", f"""#!{sys.executable}
 import sys
 from pathlib import Path
@@ -85,7 +86,9 @@ Path(name).write_text(f'export SLURM_NODELIST="{{nodes}}"\\nexport SLURM_JOB_NOD
                       f'export SLURM_NNODES={{len(expand_hostlist(nodes))}}\\n'
                       f'export SLURM_JOB_NUM_NODES={{len(expand_hostlist(nodes))}}\\n'
                       'unset SLURM_NPROCS\\nunset SLURM_NTASKS\\nunset SLURM_TASKS_PER_NODE\\n')
-print(f"To reset SLURM environment variables, execute\\n  For bash or sh shells:  . ./{{name}}")
+Path(name[:-3] + ".csh").write_text("")   # scontrol writes both; the job reads the .sh
+print(f"To reset Slurm environment variables, execute\\n  For bash or sh shells:  . ./{{name}}\\n"
+      f"  For csh shells:         source ./{{name[:-3]}}.csh")
 """)
 
 
