@@ -310,7 +310,7 @@ class JobDriver:
                 err=True)
         elif resize is None:
             say(f"trainctl: warning: released the unused nodes, but scontrol wrote no "
-                f"{self.gate_dir}/slurm_job_{self.job_id}_resize.sh: {output}", err=True)
+                f"{self.gate_dir}/slurm_job_{self.job_id}_resize.sh" + (f": {output}" if output else ""), err=True)
         else:
             exported, unset = machine.parse_resize_script(resize)
             holds = exported.get("SLURM_JOB_NODELIST", self.env.get("SLURM_JOB_NODELIST", ""))

@@ -279,7 +279,7 @@ def test_a_release_without_the_resize_script_keeps_the_jobs_environment_and_says
     assert run.driver.carry_out(machine.Release("node[1,3]", move_sentinel=False)) == machine.Resized(4)
     assert run.slurm.calls("scancel") == [] and run.journal(Kind.RELEASED) == []
     assert capsys.readouterr().err == (f"trainctl: warning: released the unused nodes, but scontrol wrote no "
-                                       f"{run.gate_dir}/slurm_job_{JOB_ID}_resize.sh: \n")   # it printed nothing
+                                       f"{run.gate_dir}/slurm_job_{JOB_ID}_resize.sh\n")   # it printed nothing
 
 
 @covers(machine.RunTraining, machine.StartAgents, machine.WaitStep, machine.PostCheckpointRequest,
