@@ -18,6 +18,7 @@ Assertions are about outcomes (what was journaled, which file was resumed from),
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from contextlib import ExitStack
 from pathlib import Path
@@ -119,10 +120,13 @@ def test_lightning_saves_on_the_watchs_request_without_a_requeue_then_hf_and_tor
     hf_events = journal(others_dir / f"trainctl-gate-{hf}")
     assert hf_record["JobState"] == "COMPLETED", job_output(others_dir, hf)
     assert any(e["event"] == "first_step" for e in hf_events), hf_events   # the watch saw its steps
-    # and the Trainer's last save (its checkpoint file is read once more at the step's end); the
-    # watch, if a busy machine made it ask for one, sends no signal
-    saves = [int(e["note"].split()[1]) for e in hf_events
-             if e["event"] == "checkpoint" and e["note"].startswith("step ")]   # the callback's, not a path
+    # and the Trainer's last save (its checkpoint file is read once more at the step's end), seen
+    # as the callback's "step N" or as a torch.save into checkpoint-N/ (each rank writes its RNG
+    # state there: whichever came last in a poll is the one journaled); the watch, if a busy
+    # machine made it ask for one, sends no signal
+    saves = [int(found.group(1)) for e in hf_events if e["event"] == "checkpoint"
+             for found in [re.match(r"step (\d+)$", e["note"]) or re.search(r"/checkpoint-(\d+)/", e["note"])]
+             if found]
     assert saves and saves[-1] >= 30, hf_events
     assert all(e["signal"] is None and e["listening"] for e in hf_events if e["event"] == "checkpoint_request")
     # the Trainer's own saves (save_steps 20, and at max_steps): a busy machine may add the watch's
