@@ -18,10 +18,9 @@ from collections.abc import Mapping, Sequence
 
 from trainctl.health.compute.judge import GpuVerdict
 from trainctl.gate_reasons import Reason
-from trainctl.job.decision import LOST, Decision, Exclusion, _one_line, _short_hostlist
+from trainctl.job.decision import LOST, Decision, Exclusion
 from trainctl.health.fabric.report import NOT_JUDGED, FabricReport
 from trainctl.health.versions import odd_nodes_out, versions_from_reports
-from trainctl.slurm import fold_hostlist
 
 UNKNOWN_POLICIES = ("exclude", "keep")   # the site's `[gate] unknown`
 # The gate's deadline beyond its parts' own timeouts: a probe is killed within 1 s of its

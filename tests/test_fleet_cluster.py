@@ -14,7 +14,6 @@ Each of the three jobs asks for 2 nodes with node4 among them (the site's extra 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from support.sites import site_variant
-from support.slurm_jobs import TRAINCTL, job_output, submit, wait_for_job
+from support.slurm_jobs import TRAINCTL, job_output, restarted_with, submit, wait_for_job
 from test_devcluster_jobs import HEALTHY_NVLINK, INACTIVE_LINKS, TRAIN, staged_nvidia_smi
 from trainctl.proc import run_checked
 from trainctl.slurm import accounted_jobs, expand_hostlist, parse_scontrol_oneliner
@@ -39,14 +38,8 @@ LEMON = "node4"
 def accounted(devcluster):
     """The session's cluster, started again with Slurm's accounting (slurmdbd, MariaDB): `history
     ingest` folds a journal in only once sacct vouches for it. Restored afterwards."""
-    original = devcluster.spec
-    devcluster.spec = dataclasses.replace(original, accounting=True)
-    try:
-        devcluster.up()     # holds the session's lock already; tears the running cluster down first
-        yield devcluster
-    finally:
-        devcluster.spec = original
-        devcluster.up()
+    with restarted_with(devcluster, accounting=True) as cluster:
+        yield cluster
 
 
 def test_three_jobs_that_exclude_node4_make_it_a_lemon_the_next_submit_leaves_out(accounted, tmp_path):

@@ -4,7 +4,6 @@
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 from trainctl.slurm import fold_hostlist

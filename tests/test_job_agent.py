@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from support.replay import LIBRARY, swap_replay, write_replay
+from support.replay import LIBRARY, swap_replay
 from trainctl.errors import ParseError
 from trainctl.health.parse.schedstat import parse_schedstat
 from trainctl.health.status import CheckResult, Status

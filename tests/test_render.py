@@ -187,9 +187,11 @@ def run_with_standins(tmp_path: Path, request: SubmitRequest, job_id: str, *, re
                     version="0.1.0")
     script = render_script(plan)
     check_shell(script, tmp_path)
+    nodes = f"node[1-{plan.allocated_nodes}]"   # and their older names, as a batch job has them
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(tmp_path),
-               SLURM_JOB_ID=job_id, SLURM_JOB_NUM_NODES=str(plan.allocated_nodes),
-               SLURM_JOB_NODELIST=f"node[1-{plan.allocated_nodes}]", SLURMD_NODENAME="node1")
+               SLURM_JOB_ID=job_id, SLURM_JOBID=job_id, SLURM_JOB_NUM_NODES=str(plan.allocated_nodes),
+               SLURM_NNODES=str(plan.allocated_nodes), SLURM_JOB_NODELIST=nodes, SLURM_NODELIST=nodes,
+               SLURMD_NODENAME="node1")
     script_path = tmp_path / "job.sh"   # as slurmd runs it: a file, whose path is the script's $0
     script_path.write_text(script)
     result = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, env=env, cwd=tmp_path,

@@ -3,19 +3,17 @@ HealthCheckProgram and Prolog, with node2's nvidia-smi replaying a recorded NVLi
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 import pytest
 
 from support.replay import LIBRARY, write_replay
-from support.slurm_jobs import TERMINAL_STATES
+from support.slurm_jobs import TERMINAL_STATES, restarted_with
 from trainctl.health.slurm_hook import (DRAIN, EPILOG, HEALTH_CHECK, KEEP, NONE, PROLOG, RELEASE, RESUME, SKIP,
                                         OwnDrain, Plan, exit_code, plan_action, role_from_env)
 from trainctl.cli import cli
@@ -171,19 +169,6 @@ def hook_wrapper(cluster, tmp_path: Path) -> Path:
     return script
 
 
-@contextmanager
-def restarted_with(cluster, extra_slurm_conf: list[str]):
-    """The session's cluster, started again with extra slurm.conf lines; restored afterwards."""
-    original = cluster.spec
-    cluster.spec = dataclasses.replace(original, extra_slurm_conf=tuple(extra_slurm_conf))
-    try:
-        cluster.up()     # holds the session's lock already; tears the running cluster down first
-        yield cluster
-    finally:
-        cluster.spec = original
-        cluster.up()
-
-
 def stage_nvlink(cluster, faulty: set[str]) -> None:
     for name in cluster.spec.node_names:
         write_replay(cluster.node_bin_dir(name), "nvidia-smi",
@@ -225,7 +210,7 @@ def test_slurmd_health_check_drains_the_faulty_node_and_resumes_it_when_fixed(de
     hook = hook_wrapper(devcluster, tmp_path)
     conf = contrib_conf(hook, ("HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState"),
                         HealthCheckInterval=str(HEALTH_CHECK_INTERVAL_S))
-    with restarted_with(devcluster, conf) as cluster:
+    with restarted_with(devcluster, extra_slurm_conf=tuple(conf)) as cluster:
         scontrol(cluster, "update", "NodeName=node3", "State=DRAIN", "Reason=bad DIMM")   # an admin's drain
         scontrol(cluster, "update", "NodeName=node4", "State=DRAIN", "Reason=swap PSU")   # failing, and an admin's
         stage_nvlink(cluster, faulty={"node2", "node4"})
@@ -252,7 +237,7 @@ def test_slurmd_health_check_drains_the_faulty_node_and_resumes_it_when_fixed(de
 def test_prolog_keeps_the_job_off_a_failing_node_and_drains_it_with_trainctls_reason(devcluster, tmp_path):
     hook = hook_wrapper(devcluster, tmp_path)
     conf = contrib_conf(hook, ("Prolog", "PrologFlags", "PrologEpilogTimeout", "SchedulerParameters"))
-    with restarted_with(devcluster, conf) as cluster:
+    with restarted_with(devcluster, extra_slurm_conf=tuple(conf)) as cluster:
         stage_nvlink(cluster, faulty={"node2"})
         job = run_checked(["sbatch", "--parsable", "-N1", "-w", "node2", "-o", str(tmp_path / "job.out"),
                            "--wrap", "hostname"], timeout=15, env=cluster.client_env(), cwd=tmp_path).stdout.strip()
@@ -277,7 +262,8 @@ def test_prolog_keeps_the_job_off_a_failing_node_and_drains_it_with_trainctls_re
 @pytest.mark.cluster
 def test_epilog_drains_a_node_that_broke_during_the_job_and_exits_0(devcluster, tmp_path):
     hook = hook_wrapper(devcluster, tmp_path)
-    with restarted_with(devcluster, contrib_conf(hook, ("Epilog", "PrologEpilogTimeout"))) as cluster:
+    conf = contrib_conf(hook, ("Epilog", "PrologEpilogTimeout"))
+    with restarted_with(devcluster, extra_slurm_conf=tuple(conf)) as cluster:
         stage_nvlink(cluster, faulty=set())
         # The NVLinks "fail" while the job runs: the job stages the fault itself, then ends.
         faulty = cluster.node_bin_dir("node2") / "nvidia-smi"

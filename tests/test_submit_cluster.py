@@ -8,7 +8,6 @@ quoting, the steps, the hand-over to the real rank-exec, and the program's view 
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from support.slurm_jobs import submit, wait_for_job
 from support.submit_standins import nasty, read_dumps, standin_site, write_dump_program, write_trainctl
 from trainctl.proc import run_checked
-from trainctl.slurm import parse_scontrol_oneliner, parse_slurm_version
+from trainctl.slurm import parse_slurm_version
 
 pytestmark = pytest.mark.cluster
 

@@ -1,8 +1,11 @@
-"""Submitting through `trainctl submit` on the dev cluster and waiting for the job to end."""
+"""Submitting through `trainctl submit` on the dev cluster and waiting for the job to end; the
+session's cluster started again with another spec."""
 
+import dataclasses
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from trainctl.job.jobdir import JOURNAL, read_journal
@@ -52,3 +55,16 @@ def wait_until(what: str, predicate, timeout_s: float) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
         time.sleep(0.5)
+
+
+@contextmanager
+def restarted_with(cluster, **changes):
+    """The session's cluster, started again with its spec changed (`changes`); restored afterwards."""
+    original = cluster.spec
+    cluster.spec = dataclasses.replace(original, **changes)
+    try:
+        cluster.up()     # holds the session's lock already; tears the running cluster down first
+        yield cluster
+    finally:
+        cluster.spec = original
+        cluster.up()

@@ -243,12 +243,19 @@ def _show_nodes(state: dict, nodes: list[str]) -> int:
 
 
 def _resize(root: Path, job_id: str, hostlist: str) -> int:
-    from trainctl.slurm import fold_hostlist
     nodes = _expand(hostlist)
     with _locked_state(root) as state:
         state["nodes"] = nodes
+    write_resize_script(job_id, nodes)
+    return 0
+
+
+def write_resize_script(job_id: str, nodes: list[str]) -> None:
+    """What `scontrol update JobId= NodeList=` writes and prints in a job (also the submit tests'
+    stand-in scontrol's, tests/support/submit_standins.py)."""
+    from trainctl.slurm import fold_hostlist
     if "SLURM_JOBID" not in os.environ:   # _update_job_size: "No job environment here to update"
-        return 0
+        return
     folded, count = fold_hostlist(nodes), len(nodes)
     # update_job.c, _update_job_size: a variable is rewritten only where the caller's environment has it
     sh, csh = [], []
@@ -266,7 +273,6 @@ def _resize(root: Path, job_id: str, hostlist: str) -> int:
     Path(f"slurm_job_{job_id}_resize.csh").write_text("".join(line + "\n" for line in csh))
     sys.stdout.write((SLURM_22 / "scontrol-update-nodelist.txt").read_text().replace("slurm_job_1_",
                                                                                      f"slurm_job_{job_id}_"))
-    return 0
 
 
 def _update_nodes(root: Path, nodes: list[str], settings: dict[str, str]) -> int:

@@ -60,15 +60,14 @@ exec "$@"
 
 def write_scontrol(bin_dir: Path, *, refuse_update: str = "") -> Path:
     """`scontrol show hostnames LIST`, and `update JobId=ID NodeList=LIST`, logged to
-    scontrol-update.log beside itself. An update writes slurm_job_<id>_resize.sh in the current
-    directory with the lines Slurm 22.05.8's scontrol wrote on the dev cluster
-    (tests/test_release_cluster.py; src/scontrol/update_job.c, _update_job_size), less
-    SLURM_JOB_CPUS_PER_NODE (and an empty .csh beside it), and prints scontrol's hint as
-    recorded there (fixtures/recorded/devcluster-slurm-22.05.8/scontrol-update-nodelist.txt);
-    or, with `refuse_update`, prints that on stderr and exits 1."""
+    scontrol-update.log beside itself. An update writes and prints what Slurm 22.05.8's scontrol
+    did on the dev cluster (`slurm_standins.write_resize_script`); or, with `refuse_update`,
+    prints that on stderr and exits 1."""
     return _write(bin_dir / "scontrol", f"""#!{sys.executable}
 import sys
 from pathlib import Path
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from slurm_standins import write_resize_script
 from trainctl.slurm import expand_hostlist
 args = sys.argv[1:]
 if args[:2] == ["show", "hostnames"]:
@@ -80,15 +79,7 @@ with open(Path(__file__).with_name("scontrol-update.log"), "a") as log:
 if {refuse_update!r}:
     print({refuse_update!r}, file=sys.stderr)
     sys.exit(1)
-job_id, nodes = args[1].split("=", 1)[1], args[2].split("=", 1)[1]
-name = f"slurm_job_{{job_id}}_resize.sh"
-Path(name).write_text(f'export SLURM_NODELIST="{{nodes}}"\\nexport SLURM_JOB_NODELIST="{{nodes}}"\\n'
-                      f'export SLURM_NNODES={{len(expand_hostlist(nodes))}}\\n'
-                      f'export SLURM_JOB_NUM_NODES={{len(expand_hostlist(nodes))}}\\n'
-                      'unset SLURM_NPROCS\\nunset SLURM_NTASKS\\nunset SLURM_TASKS_PER_NODE\\n')
-Path(name[:-3] + ".csh").write_text("")   # scontrol writes both; the job reads the .sh
-print(f"To reset Slurm environment variables, execute\\n  For bash or sh shells:  . ./{{name}}\\n"
-      f"  For csh shells:         source ./{{name[:-3]}}.csh")
+write_resize_script(args[1].split("=", 1)[1], expand_hostlist(args[2].split("=", 1)[1]))
 """)
 
 
